@@ -1,0 +1,194 @@
+#include "core/cli/commands.h"
+
+#include <cstdio>
+#include <map>
+#include <optional>
+
+#include "core/cli/exit_codes.h"
+#include "core/comm/cuda/cuda_probe.h"
+#include "core/comm/device.h"
+#include "core/comm/mpi_world.h"
+#include "core/comm/topology.h"
+#include "core/config/effective_log.h"
+#include "core/config/errors.h"
+#include "core/config/resolve.h"
+#include "core/config/schema.h"
+
+namespace bigmac::cli {
+namespace {
+
+void PrintProblems(const std::string& header, const std::vector<std::string>& problems) {
+  std::fprintf(stderr, "%s (%zu problem%s):\n", header.c_str(), problems.size(),
+               problems.size() == 1 ? "" : "s");
+  for (const std::string& problem : problems) std::fprintf(stderr, "  - %s\n", problem.c_str());
+}
+
+// "0-3,6".
+std::string FormatRanks(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (text.empty() ? "" : ",") + std::to_string(ranks[i]) +
+            (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return text;
+}
+
+uint64_t Fingerprint(const std::vector<std::string>& problems) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (const std::string& problem : problems) {
+    for (unsigned char byte : problem + "\n") {
+      hash ^= byte;
+      hash *= 1099511628211ULL;
+    }
+  }
+  return hash;
+}
+
+// Start-up agreement, the first communication of a run: every rank learns whether every other
+// rank accepted the configuration and whether all hold the same one. Returns true when all
+// agree; otherwise every rank has printed why and must exit with kExitConfig. `what` names the
+// step ("configuration", "device placement").
+bool AllRanksAgree(const comm::MpiWorld& world, const std::string& what,
+                   const std::vector<std::string>& problems, uint64_t config_hash) {
+  // 0 = fine; otherwise a fingerprint of the problems, so identical reports print once.
+  const int64_t status = problems.empty() ? 0 : static_cast<int64_t>(Fingerprint(problems) | 1);
+  const std::vector<int64_t> statuses = world.AllGather(status);
+  const std::vector<int64_t> hashes = world.AllGather(static_cast<int64_t>(config_hash));
+  std::vector<int> failed;
+  for (int r = 0; r < world.size(); ++r) {
+    if (statuses[r] != 0) failed.push_back(r);
+  }
+  const int me = world.rank();
+  if (!failed.empty()) {
+    if (status != 0) {
+      bool first_with_this_report = true;
+      for (int r : failed) {
+        if (r < me && statuses[r] == status) first_with_this_report = false;
+      }
+      if (first_with_this_report) {
+        PrintProblems("bigmac: rank " + std::to_string(me) + ": invalid " + what, problems);
+      }
+    }
+    std::fprintf(stderr, "bigmac: rank %d exits with code %d: %s rejected by rank(s) %s\n", me,
+                 kExitConfig, what.c_str(), FormatRanks(failed).c_str());
+    return false;
+  }
+  std::map<int64_t, std::vector<int>> ranks_by_hash;
+  for (int r = 0; r < world.size(); ++r) ranks_by_hash[hashes[r]].push_back(r);
+  if (ranks_by_hash.size() > 1) {
+    if (me == 0) {
+      std::string groups;
+      for (const auto& [hash, ranks] : ranks_by_hash) {
+        char hex[17];
+        std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+        groups += std::string(groups.empty() ? "" : "; ") + "ranks " + FormatRanks(ranks) + " have " + hex;
+      }
+      std::fprintf(stderr,
+                   "bigmac: the ranks hold different effective configurations (%s). Every rank "
+                   "must read the same file and the same --set values.\n",
+                   groups.c_str());
+    }
+    std::fprintf(stderr, "bigmac: rank %d exits with code %d: config hash differs across ranks\n", me,
+                 kExitConfig);
+    return false;
+  }
+  return true;
+}
+
+void PrintLines(const std::vector<std::string>& lines) {
+  for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+std::string ConfigKeysHelp() {
+  std::string text = "Config keys (YAML sections, or --set key=value):\n";
+  const config::Config defaults;
+  for (const config::KeyInfo& key : config::AllKeys()) {
+    text += "  " + key.path + " = " + config::FormatValue(defaults, key) + "  [" +
+            config::LayerName(key.layer) + "] " + key.help;
+    if (!key.choices.empty()) {
+      std::string choices;
+      for (const std::string& choice : key.choices) choices += (choices.empty() ? "" : "|") + choice;
+      text += " (" + choices + ")";
+    }
+    text += "\n";
+  }
+  text += "Launch layer (never in the config): the rank count comes from mpirun -np / sbatch;\n"
+          "dp = world_size / (pp_size * tp_size) is derived, never written.";
+  return text;
+}
+
+int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
+  comm::MpiWorld world(argc, argv);
+  // Load and check locally: nothing is allocated and nothing is communicated until all agree.
+  std::optional<config::ResolvedConfig> resolved;
+  std::vector<std::string> problems;
+  try {
+    resolved = config::Resolve(config::LoadConfig(options.config, options.overrides), world.size(),
+                               "mpirun ranks (MPI_COMM_WORLD)");
+  } catch (const config::ConfigError& error) {
+    problems = error.problems();
+  }
+  if (!AllRanksAgree(world, "configuration", problems, resolved ? resolved->hash : 0)) {
+    return kExitConfig;
+  }
+
+  world.DiscoverNode();
+  const std::string& backend = resolved->values().device().backend();
+  comm::DevicePlacement device;
+  std::string device_error;
+  const int cuda_devices = backend == "cuda" ? comm::cuda::DeviceCount() : 0;
+  if (!comm::ChooseDevice(backend, world.local_rank(), world.local_size(), cuda_devices, &device,
+                          &device_error)) {
+    problems = {"host " + world.host() + ": " + device_error};
+  }
+  if (!AllRanksAgree(world, "device placement", problems, resolved->hash)) return kExitConfig;
+
+  const comm::Topology topology(world.size(), resolved->pp, resolved->dp, resolved->tp);
+  comm::GroupComms comms = comm::GroupComms::Create(topology, world.rank());
+  if (world.rank() == 0) PrintLines(config::EffectiveConfigLines(*resolved));
+  const std::string placement = "host=" + world.host() + " local_rank=" +
+                                std::to_string(world.local_rank()) + " device=" + device.ToString();
+  const std::vector<std::string> rank_lines =
+      world.GatherToRoot("[rank] " + comm::FormatRankLine(topology, resolved->partition, world.rank(), placement));
+  if (world.rank() == 0) PrintLines(rank_lines);
+  comms.Free();
+
+  if (options.dry_run) {
+    if (world.rank() == 0) {
+      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n", world.size());
+    }
+    return kExitOk;
+  }
+  if (world.rank() == 0) {
+    std::fprintf(stderr,
+                 "bigmac: this build has no training engine yet (it lands with the model and "
+                 "pipeline engine); only --dry-run is available\n");
+  }
+  return kExitFailure;
+}
+
+int RunPlan(const PlanOptions& options) {
+  try {
+    const config::ResolvedConfig resolved = config::Resolve(
+        config::LoadConfig(options.config, options.overrides), options.world_size, "--world-size");
+    PrintLines(config::EffectiveConfigLines(resolved));
+    const comm::Topology topology(resolved.world_size, resolved.pp, resolved.dp, resolved.tp);
+    std::vector<std::string> lines;
+    for (int rank = 0; rank < resolved.world_size; ++rank) {
+      lines.push_back("[rank] " + comm::FormatRankLine(topology, resolved.partition, rank, ""));
+    }
+    PrintLines(lines);
+    return kExitOk;
+  } catch (const config::ConfigError& error) {
+    PrintProblems("bigmac: invalid configuration", error.problems());
+    return kExitConfig;
+  }
+}
+
+}  // namespace bigmac::cli

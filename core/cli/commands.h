@@ -1,0 +1,32 @@
+#ifndef BIGMAC_CORE_CLI_COMMANDS_H_
+#define BIGMAC_CORE_CLI_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace bigmac::cli {
+
+struct TrainOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+};
+
+struct PlanOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  int world_size = 1;
+};
+
+// `bigmac train`: one rank per process under mpirun. Returns the exit code (exit_codes.h).
+int RunTrain(const TrainOptions& options, int* argc, char*** argv);
+
+// `bigmac plan`: the dry-run's printout for a given world size, without MPI.
+int RunPlan(const PlanOptions& options);
+
+// Help text listing every config key with its layer, default and meaning.
+std::string ConfigKeysHelp();
+
+}  // namespace bigmac::cli
+
+#endif  // BIGMAC_CORE_CLI_COMMANDS_H_

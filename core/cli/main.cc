@@ -1,0 +1,45 @@
+// The bigmac command line: `bigmac train`, `bigmac plan`.
+#include <CLI/CLI.hpp>
+
+#include "core/cli/commands.h"
+#include "core/cli/exit_codes.h"
+
+int main(int argc, char** argv) {
+  using bigmac::cli::kExitConfig;
+  CLI::App app{"BigMac: pipeline-parallel training of transformer models.\n"
+               "Run `bigmac <command> --help` for a command's options."};
+  app.require_subcommand(1);
+  app.footer("Exit codes: docs/exit_codes.md. Config layers: docs/config.md.");
+
+  bigmac::cli::TrainOptions train_options;
+  CLI::App* train = app.add_subcommand(
+      "train", "Train under mpirun (one rank per device). --dry-run validates the configuration on "
+               "every rank and prints the effective config and each rank's coordinates and stage.");
+  train->add_option("--config", train_options.config, "YAML (.yaml) or text proto (.textproto) config file")
+      ->required();
+  train->add_option("--set", train_options.overrides,
+                    "override a key: --set parallel.pp_size=4 --set model.layers_per_stage=[7,7,7,6]; "
+                    "applied after the file, in order");
+  train->add_flag("--dry-run", train_options.dry_run,
+                  "check and print the effective configuration and topology, then exit");
+  train->footer(bigmac::cli::ConfigKeysHelp());
+
+  bigmac::cli::PlanOptions plan_options;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Print what `train --dry-run` would print for a world size, without MPI.");
+  plan->add_option("--config", plan_options.config, "YAML (.yaml) or text proto (.textproto) config file")
+      ->required();
+  plan->add_option("--world-size", plan_options.world_size, "number of ranks mpirun would start")
+      ->required();
+  plan->add_option("--set", plan_options.overrides, "override a key (as for train)");
+  plan->footer(bigmac::cli::ConfigKeysHelp());
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : kExitConfig;
+  }
+  if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
+  return bigmac::cli::RunPlan(plan_options);
+}

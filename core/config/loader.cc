@@ -1,0 +1,346 @@
+#include "core/config/loader.h"
+
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/config/errors.h"
+#include "core/config/schema.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "yaml-cpp/yaml.h"
+
+namespace bigmac::config {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+template <typename T>
+bool ParseNumber(const std::string& text, T* value) {
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  if (begin != end && *begin == '+') ++begin;
+  auto [ptr, ec] = std::from_chars(begin, end, *value);
+  return ec == std::errc() && ptr == end && begin != end;
+}
+
+std::string TypeName(const FieldDescriptor* field) {
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+    case FieldDescriptor::CPPTYPE_INT64:
+      return "an integer";
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return "a number";
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return "true or false";
+    default:
+      return "a string";
+  }
+}
+
+// Stores one scalar `text` into `field` of `message` (appending if repeated). Returns "" or why not.
+std::string StoreScalar(Message* message, const FieldDescriptor* field, const std::string& text) {
+  const Reflection* reflection = message->GetReflection();
+  const bool repeated = field->is_repeated();
+  bool ok = true;
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32: {
+      int32_t value = 0;
+      ok = ParseNumber(text, &value);
+      if (ok) repeated ? reflection->AddInt32(message, field, value)
+                       : reflection->SetInt32(message, field, value);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_INT64: {
+      int64_t value = 0;
+      ok = ParseNumber(text, &value);
+      if (ok) repeated ? reflection->AddInt64(message, field, value)
+                       : reflection->SetInt64(message, field, value);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_DOUBLE: {
+      double value = 0;
+      ok = ParseNumber(text, &value);
+      if (ok) repeated ? reflection->AddDouble(message, field, value)
+                       : reflection->SetDouble(message, field, value);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_BOOL: {
+      ok = text == "true" || text == "false";
+      if (ok) repeated ? reflection->AddBool(message, field, text == "true")
+                       : reflection->SetBool(message, field, text == "true");
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_STRING:
+      repeated ? reflection->AddString(message, field, text)
+               : reflection->SetString(message, field, text);
+      break;
+    default:
+      return "has a type the loader does not support";
+  }
+  if (!ok) return "expected " + TypeName(field) + ", got '" + text + "'";
+  return "";
+}
+
+// The message that holds `key`'s leaf, created on the way down.
+Message* LeafParent(Config* config, const KeyInfo& key) {
+  Message* message = config;
+  for (size_t i = 0; i + 1 < key.chain.size(); ++i) {
+    message = message->GetReflection()->MutableMessage(message, key.chain[i]);
+  }
+  return message;
+}
+
+class Loader {
+ public:
+  explicit Loader(LoadedConfig* out) : out_(out), keys_(AllKeys()) {}
+
+  void LoadFile(const std::string& file) {
+    std::ifstream stream(file);
+    if (!stream) {
+      problems_.push_back(file + ": cannot open the config file");
+      return;
+    }
+    std::stringstream text;
+    text << stream.rdbuf();
+    if (EndsWith(file, ".yaml") || EndsWith(file, ".yml")) {
+      LoadYaml(file, text.str());
+    } else if (EndsWith(file, ".textproto") || EndsWith(file, ".txtpb") ||
+               EndsWith(file, ".pbtxt")) {
+      LoadTextProto(file, text.str());
+    } else {
+      problems_.push_back(file +
+                          ": unknown config format; use .yaml/.yml (YAML) or "
+                          ".textproto/.txtpb/.pbtxt (protobuf text format)");
+    }
+  }
+
+  void ApplyOverride(const std::string& assignment) {
+    const size_t equals = assignment.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      problems_.push_back("--set '" + assignment + "': expected key=value, e.g. --set parallel.pp_size=4");
+      return;
+    }
+    const std::string path = assignment.substr(0, equals);
+    const std::string value_text = assignment.substr(equals + 1);
+    const std::string where = "--set " + path;
+    const KeyInfo* key = FindKey(keys_, path);
+    if (!key) {
+      problems_.push_back(where + ": " + ExplainUnknownKey(keys_, path));
+      return;
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      problems_.push_back(where + ": cannot parse value '" + value_text + "': " + e.msg);
+      return;
+    }
+    SetLeaf(*key, value, where, Source::Override());
+  }
+
+  std::vector<std::string>& problems() { return problems_; }
+
+ private:
+  void LoadYaml(const std::string& file, const std::string& text) {
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      problems_.push_back(file + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+      return;
+    }
+    if (root.IsNull()) return;  // an empty file leaves every default in place
+    if (!root.IsMap()) {
+      problems_.push_back(file + ": expected a mapping of sections (parallel:, train:, model:, ...)");
+      return;
+    }
+    WalkYamlMap(file, root, "");
+  }
+
+  void WalkYamlMap(const std::string& file, const YAML::Node& map, const std::string& prefix) {
+    std::map<std::string, int> seen_at_line;
+    for (const auto& entry : map) {
+      const int line = entry.first.Mark().line + 1;
+      const std::string where = file + ":" + std::to_string(line);
+      if (!entry.first.IsScalar()) {
+        problems_.push_back(where + ": keys must be plain names");
+        continue;
+      }
+      const std::string path = prefix + entry.first.Scalar();
+      if (auto [it, inserted] = seen_at_line.emplace(path, line); !inserted) {
+        problems_.push_back(where + ": '" + path + "' is written twice (first at line " +
+                            std::to_string(it->second) + "); keep one");
+        continue;
+      }
+      if (const KeyInfo* key = FindKey(keys_, path)) {
+        SetLeaf(*key, entry.second, where + ": " + path, Source::File(file, line));
+      } else if (IsSection(path)) {
+        if (entry.second.IsMap()) {
+          WalkYamlMap(file, entry.second, path + ".");
+        } else if (!entry.second.IsNull()) {
+          problems_.push_back(where + ": '" + path + "' is a section; write its keys under it");
+        }
+      } else {
+        problems_.push_back(where + ": " + ExplainUnknownKey(keys_, path));
+      }
+    }
+  }
+
+  bool IsSection(const std::string& path) const {
+    for (const KeyInfo& key : keys_) {
+      if (key.path.rfind(path + ".", 0) == 0) return true;
+    }
+    return false;
+  }
+
+  void SetLeaf(const KeyInfo& key, const YAML::Node& value, const std::string& where, Source source) {
+    Message* parent = LeafParent(&out_->values, key);
+    const FieldDescriptor* field = key.field();
+    if (!value.IsDefined() || value.IsNull()) {
+      problems_.push_back(where + ": no value given");
+      return;
+    }
+    if (field->is_repeated()) {
+      if (!value.IsSequence()) {
+        problems_.push_back(where + ": expected a list like [7, 7, 7, 6], got '" +
+                            (value.IsScalar() ? value.Scalar() : std::string("a mapping")) + "'");
+        return;
+      }
+      parent->GetReflection()->ClearField(parent, field);
+      for (const YAML::Node& item : value) {
+        if (!item.IsScalar()) {
+          problems_.push_back(where + ": list items must be plain values");
+          return;
+        }
+        if (std::string error = StoreScalar(parent, field, item.Scalar()); !error.empty()) {
+          problems_.push_back(where + ": " + error);
+          return;
+        }
+      }
+    } else {
+      if (!value.IsScalar()) {
+        problems_.push_back(where + ": expected a single value (" + TypeName(field) + "), got a " +
+                            (value.IsSequence() ? "list" : "mapping"));
+        return;
+      }
+      if (std::string error = StoreScalar(parent, field, value.Scalar()); !error.empty()) {
+        problems_.push_back(where + ": " + error);
+        return;
+      }
+    }
+    out_->sources.Set(key.path, std::move(source));
+  }
+
+  // protobuf's text parser reports unknown fields itself; this rewrites them in our terms.
+  class TextErrors : public google::protobuf::io::ErrorCollector {
+   public:
+    TextErrors(const Loader* loader, std::string file) : loader_(loader), file_(std::move(file)) {}
+    void AddError(int line, google::protobuf::io::ColumnNumber, const std::string& message) override {
+      messages.push_back(file_ + ":" + std::to_string(line + 1) + ": " + loader_->Translate(message));
+    }
+    std::vector<std::string> messages;
+
+   private:
+    const Loader* loader_;
+    std::string file_;
+  };
+
+  // 'Message type "bigmac.config.Parallel" has no field named "dp_size".' -> our explanation.
+  std::string Translate(const std::string& message) const {
+    const std::string marker = "has no field named \"";
+    const size_t field_at = message.find(marker);
+    const size_t type_at = message.find('"');
+    if (field_at == std::string::npos || type_at == std::string::npos) return message;
+    const std::string type = message.substr(type_at + 1, message.find('"', type_at + 1) - type_at - 1);
+    const size_t name_start = field_at + marker.size();
+    const std::string name = message.substr(name_start, message.find('"', name_start) - name_start);
+    return ExplainUnknownKey(keys_, SectionPrefix(type) + name);
+  }
+
+  std::string SectionPrefix(const std::string& message_type) const {
+    for (const KeyInfo& key : keys_) {
+      std::string prefix;
+      for (const FieldDescriptor* field : key.chain) {
+        if (field->containing_type()->full_name() == message_type) return prefix;
+        prefix += field->name() + ".";
+      }
+    }
+    return "";
+  }
+
+  void LoadTextProto(const std::string& file, const std::string& text) {
+    google::protobuf::TextFormat::Parser parser;
+    google::protobuf::TextFormat::ParseInfoTree locations;
+    TextErrors errors(this, file);
+    parser.RecordErrorsTo(&errors);
+    parser.WriteLocationsTo(&locations);
+    Config parsed;
+    if (!parser.ParseFromString(text, &parsed)) {
+      problems_.insert(problems_.end(), errors.messages.begin(), errors.messages.end());
+      if (errors.messages.empty()) problems_.push_back(file + ": cannot parse as protobuf text format");
+      return;
+    }
+    out_->values.MergeFrom(parsed);
+    for (const KeyInfo& key : keys_) {
+      const google::protobuf::TextFormat::ParseInfoTree* tree = &locations;
+      const Message* message = &parsed;
+      bool present = true;
+      for (size_t i = 0; i + 1 < key.chain.size() && present; ++i) {
+        present = message->GetReflection()->HasField(*message, key.chain[i]);
+        if (!present) break;
+        message = &message->GetReflection()->GetMessage(*message, key.chain[i]);
+        tree = tree ? tree->GetTreeForNested(key.chain[i], 0) : nullptr;
+      }
+      if (!present) continue;
+      const FieldDescriptor* field = key.field();
+      const Reflection* reflection = message->GetReflection();
+      if (field->is_repeated() ? reflection->FieldSize(*message, field) == 0
+                               : !reflection->HasField(*message, field)) {
+        continue;
+      }
+      const int line = tree ? tree->GetLocation(field, field->is_repeated() ? 0 : -1).line + 1 : 0;
+      out_->sources.Set(key.path, Source::File(file, line));
+    }
+  }
+
+  LoadedConfig* out_;
+  std::vector<KeyInfo> keys_;
+  std::vector<std::string> problems_;
+};
+
+}  // namespace
+
+LoadedConfig LoadConfig(const std::string& file, const std::vector<std::string>& overrides) {
+  LoadedConfig loaded;
+  loaded.file = file;
+  loaded.overrides = overrides;
+  Loader loader(&loaded);
+  if (!file.empty()) loader.LoadFile(file);
+  for (const std::string& assignment : overrides) loader.ApplyOverride(assignment);
+  if (!loader.problems().empty()) throw ConfigError(std::move(loader.problems()));
+  return loaded;
+}
+
+std::string PrecedenceLine(const LoadedConfig& loaded) {
+  std::string line = "default";
+  if (!loaded.file.empty()) line += " < " + loaded.file;
+  line += " < --set";
+  if (!loaded.overrides.empty()) {
+    line += " (" + std::to_string(loaded.overrides.size()) +
+            (loaded.overrides.size() == 1 ? " override)" : " overrides)");
+  }
+  return line + "; later wins";
+}
+
+}  // namespace bigmac::config

@@ -1,0 +1,30 @@
+#ifndef BIGMAC_CORE_CONFIG_LOADER_H_
+#define BIGMAC_CORE_CONFIG_LOADER_H_
+
+#include <string>
+#include <vector>
+
+#include "core/config/config.pb.h"
+#include "core/config/provenance.h"
+
+namespace bigmac::config {
+
+// The merged configuration before validation: defaults < file < --set, with a source per key.
+struct LoadedConfig {
+  Config values;
+  Provenance sources;
+  std::string file;                    // empty when no file was given
+  std::vector<std::string> overrides;  // the --set arguments, in order
+};
+
+// Loads `file` (YAML: .yaml/.yml; text proto: .textproto/.txtpb/.pbtxt) if not empty, then applies
+// each "key=value" override in order. Values in overrides are YAML, so lists read "[7,7,7,6]".
+// Throws ConfigError listing every problem found (unknown or misplaced keys, bad values, syntax).
+LoadedConfig LoadConfig(const std::string& file, const std::vector<std::string>& overrides);
+
+// "default < configs/x.yaml < --set (2 overrides)": the merge order, printed in the [cfg] log.
+std::string PrecedenceLine(const LoadedConfig& loaded);
+
+}  // namespace bigmac::config
+
+#endif  // BIGMAC_CORE_CONFIG_LOADER_H_

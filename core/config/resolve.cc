@@ -1,0 +1,186 @@
+#include "core/config/resolve.h"
+
+#include <algorithm>
+
+#include "core/config/errors.h"
+#include "core/config/schema.h"
+#include "core/schedule/constraints.h"
+
+namespace bigmac::config {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+// "parallel.pp_size=3 (--set)".
+class Describer {
+ public:
+  explicit Describer(const LoadedConfig& loaded) : loaded_(loaded) {}
+
+  std::string operator()(const std::string& key, int64_t value) const {
+    return key + "=" + std::to_string(value) + " (" + loaded_.sources.Get(key).ToString() + ")";
+  }
+  std::string operator()(const std::string& key, const std::string& value) const {
+    return key + "=" + value + " (" + loaded_.sources.Get(key).ToString() + ")";
+  }
+  // " [set by: a (file:3), b (--set)]" for the non-default keys among `keys`.
+  std::string SetBy(const std::vector<std::string>& keys) const {
+    std::string text;
+    for (const std::string& key : keys) {
+      if (loaded_.sources.IsDefault(key)) continue;
+      text += (text.empty() ? "" : ", ") + key + " (" + loaded_.sources.Get(key).ToString() + ")";
+    }
+    return text.empty() ? " [all from defaults]" : " [set by: " + text + "]";
+  }
+
+ private:
+  const LoadedConfig& loaded_;
+};
+
+// Allowed values and minimums declared in config.proto.
+void CheckSchemaRules(const LoadedConfig& loaded, const Describer& describe,
+                      std::vector<std::string>& problems) {
+  for (const KeyInfo& key : AllKeys()) {
+    const Message& parent = LeafMessage(loaded.values, key);
+    const FieldDescriptor* field = key.field();
+    if (field->is_repeated()) continue;
+    const auto* reflection = parent.GetReflection();
+    if (!key.choices.empty()) {
+      const std::string value = reflection->GetString(parent, field);
+      if (std::find(key.choices.begin(), key.choices.end(), value) == key.choices.end()) {
+        std::string allowed;
+        for (const std::string& choice : key.choices) allowed += (allowed.empty() ? "" : ", ") + choice;
+        std::vector<std::string> near = Suggest(value, key.choices);
+        problems.push_back(describe(key.path, "'" + value + "'") + " is not one of: " + allowed +
+                           (near.empty() ? "" : " (did you mean '" + near.front() + "'?)"));
+      }
+    }
+    if (key.has_min && field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
+      const int64_t value = reflection->GetInt32(parent, field);
+      if (value < key.min) {
+        problems.push_back(describe(key.path, value) + " must be >= " + std::to_string(key.min) +
+                           (key.help.empty() ? "" : " (" + key.help + ")"));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance& sources) {
+  const Model& model = values.model();
+  partition::PartitionSpec spec;
+  spec.num_layers = model.num_layers();
+  spec.pp = values.parallel().pp_size();
+  spec.virtual_stages = values.parallel().virtual_stages();
+  spec.origin = model.layers_per_stage_origin();
+  spec.layers_per_stage.assign(model.layers_per_stage().begin(), model.layers_per_stage().end());
+  for (int point : model.split_points()) spec.split_points.push_back(point - spec.origin);
+  const bool has_lists = !spec.layers_per_stage.empty() || !spec.split_points.empty();
+  // An explicit list with the policy left at its default means "explicit".
+  if (has_lists && sources.IsDefault("model.partition")) {
+    spec.policy = partition::Policy::kExplicit;
+  } else if (!partition::ParsePolicy(model.partition(), &spec.policy)) {
+    spec.policy = partition::Policy::kSpreadFirst;  // CheckSchemaRules reports the bad name
+  }
+  return spec;
+}
+
+std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_size) {
+  std::vector<std::string> problems;
+  const Describer describe(loaded);
+  const Config& values = loaded.values;
+  CheckSchemaRules(loaded, describe, problems);
+  if (!problems.empty()) return problems;  // the rules below assume positive sizes and known names
+
+  const Parallel& parallel = values.parallel();
+  const Train& train = values.train();
+  const Model& model = values.model();
+  const int pp = parallel.pp_size();
+  const int tp = parallel.tp_size();
+  if (world_size % (pp * tp) != 0) {
+    problems.push_back("world_size=" + std::to_string(world_size) + " (launch) must be divisible by pp*tp: pp=" +
+                       std::to_string(pp) + " (parallel.pp_size, " +
+                       loaded.sources.Get("parallel.pp_size").ToString() + ") * tp=" + std::to_string(tp) +
+                       " (parallel.tp_size, " + loaded.sources.Get("parallel.tp_size").ToString() +
+                       ") = " + std::to_string(pp * tp) + ", and " + std::to_string(world_size) + " % " +
+                       std::to_string(pp * tp) + " = " + std::to_string(world_size % (pp * tp)) +
+                       " (rule: dp = world_size / (pp_size * tp_size) must be a whole number)");
+  }
+  if (model.hidden_size() % model.num_heads() != 0) {
+    problems.push_back(describe("model.hidden_size", model.hidden_size()) + " must be divisible by " +
+                       describe("model.num_heads", model.num_heads()) + " (rule: head_dim = hidden_size / num_heads)");
+  }
+  if (model.num_heads() % tp != 0) {
+    problems.push_back(describe("model.num_heads", model.num_heads()) + " must be divisible by " +
+                       describe("parallel.tp_size", tp) + " (rule: each tensor-parallel rank holds num_heads/tp_size heads)");
+  }
+  const int accum = train.gradient_accumulation_steps();
+  const int microbatches = NumMicrobatches(values);
+  if (accum % microbatches != 0) {
+    problems.push_back(describe("train.gradient_accumulation_steps", accum) + " must be a multiple of " +
+                       describe("parallel.num_microbatches", microbatches) +
+                       " (rule: an optimizer step is a whole number of pipeline flushes, accum % num_microbatches == 0; " +
+                       std::to_string(accum) + " % " + std::to_string(microbatches) + " = " +
+                       std::to_string(accum % microbatches) + ")");
+  }
+  schedule::Kind kind = schedule::Kind::k1F1B;
+  schedule::ParseKind(parallel.schedule(), &kind);
+  for (const std::string& problem : schedule::CheckScheduleConstraints(kind, pp, parallel.virtual_stages(), microbatches)) {
+    problems.push_back(problem + describe.SetBy({"parallel.schedule", "parallel.pp_size", "parallel.virtual_stages",
+                                                  "parallel.num_microbatches", "train.gradient_accumulation_steps"}));
+  }
+  for (const std::string& problem : partition::CheckSpec(PartitionSpecOf(values, loaded.sources))) {
+    problems.push_back(problem + describe.SetBy({"model.num_layers", "model.partition", "model.layers_per_stage",
+                                                  "model.split_points", "model.layers_per_stage_origin",
+                                                  "parallel.pp_size", "parallel.virtual_stages"}));
+  }
+  if (values.precision().dtype() != "fp32" && values.device().backend() == "cpu") {
+    problems.push_back(describe("precision.dtype", values.precision().dtype()) + " needs " +
+                       describe("device.backend", std::string("cpu")) +
+                       " to be cuda: the CPU backend computes in fp32 only");
+  }
+  return problems;
+}
+
+ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& world_source) {
+  if (world_size < 1) {
+    throw ConfigError({"world_size=" + std::to_string(world_size) + " (" + world_source + ") must be >= 1"});
+  }
+  if (std::vector<std::string> problems = CheckConstraints(loaded, world_size); !problems.empty()) {
+    throw ConfigError(std::move(problems));
+  }
+  ResolvedConfig resolved;
+  const Config& values = loaded.values;
+  resolved.world_size = world_size;
+  resolved.world_source = Source::Launch(world_source);
+  resolved.pp = values.parallel().pp_size();
+  resolved.tp = values.parallel().tp_size();
+  resolved.dp = DataParallelSize(world_size, resolved.pp, resolved.tp);
+  resolved.batch = MakeBatchPlan(values, resolved.dp);
+  const partition::PartitionSpec spec = PartitionSpecOf(values, loaded.sources);
+  resolved.partition = partition::MakePartition(spec);
+  resolved.policy = spec.policy;
+  if (values.parallel().num_microbatches() == 0) {
+    loaded.sources.Set("parallel.num_microbatches", Source::Derived("= train.gradient_accumulation_steps"));
+  }
+  if (spec.policy == partition::Policy::kExplicit && loaded.sources.IsDefault("model.partition")) {
+    loaded.sources.Set("model.partition", Source::Derived("explicit lists given"));
+  }
+  resolved.hash = ConfigHash(values);
+  resolved.loaded = std::move(loaded);
+  return resolved;
+}
+
+uint64_t ConfigHash(const Config& values) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (const KeyInfo& key : AllKeys()) {
+    for (unsigned char byte : key.path + "=" + FormatValue(values, key) + "\n") {
+      hash ^= byte;
+      hash *= 1099511628211ULL;
+    }
+  }
+  return hash;
+}
+
+}  // namespace bigmac::config

@@ -1,0 +1,48 @@
+#ifndef BIGMAC_CORE_CONFIG_RESOLVE_H_
+#define BIGMAC_CORE_CONFIG_RESOLVE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/batch.h"
+#include "core/config/loader.h"
+#include "core/partition/partition.h"
+
+namespace bigmac::config {
+
+// The effective configuration: loaded values plus everything derived from them and the launch.
+// Only a configuration that passed every start-up check becomes one.
+struct ResolvedConfig {
+  LoadedConfig loaded;  // values and sources; derived keys carry Source::kDerived
+  int world_size = 1;
+  Source world_source;
+  int pp = 1;
+  int tp = 1;
+  int dp = 1;
+  BatchPlan batch;
+  partition::Partition partition;
+  partition::Policy policy = partition::Policy::kSpreadFirst;
+  uint64_t hash = 0;  // of the effective values; ranks compare it
+
+  const Config& values() const { return loaded.values; }
+  const Provenance& sources() const { return loaded.sources; }
+};
+
+// Every hard constraint, checked before any allocation or communication. Each problem names the
+// fields, their values and sources, and the rule. Empty: the configuration can run.
+std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_size);
+
+// Checks, derives dp, the batch plan and the partition, and fills in derived sources.
+// `world_source` says how the launcher told us the world size. Throws ConfigError.
+ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& world_source);
+
+// FNV-1a of the deterministic serialization of the effective values.
+uint64_t ConfigHash(const Config& values);
+
+// The partition spec the model section describes (layer numbers converted to 0-based layer_ids).
+partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance& sources);
+
+}  // namespace bigmac::config
+
+#endif  // BIGMAC_CORE_CONFIG_RESOLVE_H_
