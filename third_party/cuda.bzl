@@ -43,4 +43,6 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         deps = deps + ["@cuda//:cudart"],
         visibility = visibility,
         alwayslink = True,
+        # Link the objects into the executable: a shared library would miss the static cudart symbols.
+        linkstatic = True,
     )

@@ -300,7 +300,7 @@ class Loader {
         present = message->GetReflection()->HasField(*message, key.chain[i]);
         if (!present) break;
         message = &message->GetReflection()->GetMessage(*message, key.chain[i]);
-        tree = tree ? tree->GetTreeForNested(key.chain[i], 0) : nullptr;
+        tree = tree ? tree->GetTreeForNested(key.chain[i], -1) : nullptr;
       }
       if (!present) continue;
       const FieldDescriptor* field = key.field();

@@ -233,10 +233,10 @@ std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view
     }
   }
   const std::string section = FirstComponent(path);
-  if (path.find('.') != std::string_view::npos &&
-      std::find(sections.begin(), sections.end(), section) == sections.end()) {
+  if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
     std::vector<std::string> near = Suggest(section, sections);
-    return "unknown section '" + section + "' in " + quoted +
+    return "unknown section '" + section + "'" +
+           (path.find('.') == std::string_view::npos ? "" : " in " + quoted) +
            (near.empty() ? "" : "; did you mean '" + near.front() + "'?") +
            " (sections: " + JoinQuoted(sections) + ")";
   }

@@ -1,0 +1,56 @@
+#include "tests/testing/run.h"
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+
+namespace bigmac::testutil {
+
+RunResult RunCommand(const std::string& command, int deadline_seconds) {
+  RunResult result;
+  std::string quoted;
+  for (char c : command) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string wrapped = "timeout -k 5 " + std::to_string(deadline_seconds) + " /bin/sh -c '" +
+                              quoted + "' 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen(wrapped.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed: " + command);
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string Runfile(const std::string& path) {
+  const char* root = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (!root) return path;  // run by hand from the workspace root
+  return std::string(root) + "/" + (workspace ? workspace : "bigmac") + "/" + path;
+}
+
+std::string WriteTempFile(const std::string& name, const std::string& contents) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << contents;
+  return path;
+}
+
+std::string Mpirun(int ranks) {
+  return "mpirun -np " + std::to_string(ranks) +
+         " --oversubscribe --bind-to none --mca btl self,vader --mca btl_vader_single_copy_mechanism none";
+}
+
+int CountOccurrences(const std::string& text, const std::string& needle) {
+  int count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++count;
+  return count;
+}
+
+}  // namespace bigmac::testutil

@@ -1,0 +1,31 @@
+#ifndef BIGMAC_TESTS_TESTING_RUN_H_
+#define BIGMAC_TESTS_TESTING_RUN_H_
+
+#include <string>
+
+namespace bigmac::testutil {
+
+struct RunResult {
+  int exit_code = -1;  // 124: killed by the deadline
+  std::string output;  // stdout and stderr, interleaved
+  double seconds = 0;
+};
+
+// Runs `command` through /bin/sh with a hard deadline (a hang fails the test instead of stalling it).
+RunResult RunCommand(const std::string& command, int deadline_seconds = 120);
+
+// Path of a runfile of this workspace, e.g. Runfile("bigmac") or Runfile("configs/tiny_pp4.yaml").
+std::string Runfile(const std::string& path);
+
+// A fresh file under the test's temporary directory holding `contents`; returns its path.
+std::string WriteTempFile(const std::string& name, const std::string& contents);
+
+// "mpirun -np N --oversubscribe" with the settings the CPU tests need (see launch/README).
+std::string Mpirun(int ranks);
+
+// Number of (possibly overlapping) occurrences of `needle` in `text`.
+int CountOccurrences(const std::string& text, const std::string& needle);
+
+}  // namespace bigmac::testutil
+
+#endif  // BIGMAC_TESTS_TESTING_RUN_H_
