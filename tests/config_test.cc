@@ -79,7 +79,8 @@ TEST(ConfigPrecedence, SetOverridesFileAndLastSetWins) {
 }
 
 TEST(ConfigPrecedence, SetReplacesAWholeList) {
-  const std::string yaml = std::string(kBase) + "  partition: explicit\n  layers_per_stage: [7, 7, 7, 6]\n";
+  const std::string yaml =
+      std::string(kBase) + "  partition: explicit\n  layers_per_stage: [7, 7, 7, 6]\n";
   const LoadedConfig loaded =
       LoadConfig(WriteTempFile("l.yaml", yaml), {"model.layers_per_stage=[6,7,7,7]"});
   ASSERT_EQ(loaded.values.model().layers_per_stage_size(), 4);
@@ -112,7 +113,8 @@ model { num_layers: 27 hidden_size: 64 num_heads: 4 vocab_size: 512 }
 )";
   const std::string path = WriteTempFile("c.textproto", textproto);
   const ResolvedConfig from_text = Resolve(LoadConfig(path, {}), 8, "test");
-  const ResolvedConfig from_yaml = Resolve(LoadConfig(WriteTempFile("c.yaml", kBase), {}), 8, "test");
+  const ResolvedConfig from_yaml =
+      Resolve(LoadConfig(WriteTempFile("c.yaml", kBase), {}), 8, "test");
   EXPECT_EQ(from_text.hash, from_yaml.hash);
   EXPECT_EQ(from_text.sources().Get("parallel.pp_size").ToString(), path + ":2");
   EXPECT_EQ(from_text.sources().Get("train.seq_length").ToString(), path + ":6");
@@ -129,7 +131,8 @@ TEST(ConfigHash, ChangesWithAnyValueAndIgnoresSources) {
 
 TEST(EffectiveLog, HasTheSeedLinesWithSources) {
   const std::string path = WriteTempFile("log.yaml", kBase);
-  const ResolvedConfig resolved = Resolve(LoadConfig(path, {"train.micro_batch_size=3"}), 8, "mpirun");
+  const ResolvedConfig resolved =
+      Resolve(LoadConfig(path, {"train.micro_batch_size=3"}), 8, "mpirun");
   const std::string log = Join(EffectiveConfigLines(resolved));
   EXPECT_NE(log.find("[cfg] world_size=8 pp=4 tp=1 dp=2\n"), std::string::npos) << log;
   EXPECT_NE(log.find("[cfg] micro_bs=3 accum=8 num_microbatches=8 global_bs=48 "
@@ -137,14 +140,18 @@ TEST(EffectiveLog, HasTheSeedLinesWithSources) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find("micro_bs <- --set"), std::string::npos) << log;
-  EXPECT_NE(log.find("[cfg] split_points=[7, 14, 21] policy=spread_first"), std::string::npos) << log;
-  EXPECT_NE(log.find("[cfg] stage 3 -> pp rank 3: layers 21-26 (6) + head"), std::string::npos) << log;
-  EXPECT_NE(log.find("parallel.pp_size = 4 <- " + path + ":2 [schedule]"), std::string::npos) << log;
+  EXPECT_NE(log.find("[cfg] split_points=[7, 14, 21] policy=spread_first"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("[cfg] stage 3 -> pp rank 3: layers 21-26 (6) + head"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("parallel.pp_size = 4 <- " + path + ":2 [schedule]"), std::string::npos)
+      << log;
   EXPECT_NE(log.find("model.num_layers = 27 <- " + path + ":10 [model]"), std::string::npos) << log;
 }
 
 TEST(EffectiveLog, OriginOnePrintsOneBasedNumbers) {
-  const std::string yaml = std::string(kBase) + "  layers_per_stage_origin: 1\n  split_points: [7, 14, 21]\n";
+  const std::string yaml =
+      std::string(kBase) + "  layers_per_stage_origin: 1\n  split_points: [7, 14, 21]\n";
   const ResolvedConfig resolved = Resolve(LoadConfig(WriteTempFile("o.yaml", yaml), {}), 4, "test");
   // Written 1-based: stage 1 starts at layer 7 (1-based) = layer_id 6.
   EXPECT_EQ(resolved.partition.SplitPoints(), (std::vector<int>{6, 13, 20}));
@@ -155,7 +162,8 @@ TEST(EffectiveLog, OriginOnePrintsOneBasedNumbers) {
 }
 
 TEST(ConfigErrors, ReportsEveryProblemAtOnce) {
-  const std::string problems = Problems(std::string(kBase) + "  hidden_size: 65\nbogus: 1\n", {"parallel.pp_size=0"}, 8);
+  const std::string problems =
+      Problems(std::string(kBase) + "  hidden_size: 65\nbogus: 1\n", {"parallel.pp_size=0"}, 8);
   EXPECT_NE(problems.find("written twice"), std::string::npos) << problems;
   EXPECT_NE(problems.find("unknown"), std::string::npos) << problems;
 }
@@ -177,73 +185,198 @@ class InvalidConfigTest : public ::testing::TestWithParam<InvalidCase> {};
 TEST_P(InvalidConfigTest, FailsNamingTheRule) {
   const InvalidCase& c = GetParam();
   const std::string yaml = c.replace_base ? c.yaml : std::string(kBase) + c.yaml;
-  const std::string problems = Problems(yaml, c.sets, c.world_size, std::string(c.name) + c.extension);
+  const std::string problems =
+      Problems(yaml, c.sets, c.world_size, std::string(c.name) + c.extension);
   ASSERT_FALSE(problems.empty()) << "accepted: " << yaml;
   EXPECT_NE(problems.find(c.fragment), std::string::npos)
-      << "expected fragment: " << c.fragment << "\nactual:\n" << problems;
+      << "expected fragment: " << c.fragment << "\nactual:\n"
+      << problems;
 }
 
 const InvalidCase kInvalidCases[] = {
-    {"world_not_divisible", "", {"parallel.pp_size=3"}, 8,
+    {"world_not_divisible",
+     "",
+     {"parallel.pp_size=3"},
+     8,
      "world_size=8 (launch) must be divisible by pp*tp: pp=3 (parallel.pp_size, --set) * tp=1"},
-    {"dp_written", "", {"parallel.dp_size=2"}, 8, "dp is derived as world_size / (pp_size * tp_size)"},
+    {"dp_written",
+     "",
+     {"parallel.dp_size=2"},
+     8,
+     "dp is derived as world_size / (pp_size * tp_size)"},
     {"dp_in_file", "  data_parallel_size: 2\n", {}, 8, "dp is derived"},
     {"world_size_in_file", "world_size: 8\n", {}, 8, "belongs to the launch layer"},
     {"gpus_per_node", "", {"parallel.gpus_per_node=8"}, 8, "belongs to the launch layer"},
     {"typo_key", "", {"parallel.pp_szie=4"}, 8, "did you mean 'parallel.pp_size'?"},
-    {"typo_section", "paralel:\n  pp_size: 4\n", {}, 8, "unknown section 'paralel'; did you mean 'parallel'?"},
-    {"wrong_section", "", {"parallel.micro_batch_size=2"}, 8, "write it as 'train.micro_batch_size'"},
-    {"wrong_layer_lps", "", {"parallel.layers_per_stage=[7,7,7,6]"}, 8,
+    {"typo_section",
+     "paralel:\n  pp_size: 4\n",
+     {},
+     8,
+     "unknown section 'paralel'; did you mean 'parallel'?"},
+    {"wrong_section",
+     "",
+     {"parallel.micro_batch_size=2"},
+     8,
+     "write it as 'train.micro_batch_size'"},
+    {"wrong_layer_lps",
+     "",
+     {"parallel.layers_per_stage=[7,7,7,6]"},
+     8,
      "layers_per_stage belongs to the model layer; write it as 'model.layers_per_stage'"},
-    {"wrong_layer_num_layers", "", {"train.num_layers=12"}, 8, "belongs to the model layer; write it as 'model.num_layers'"},
-    {"wrong_layer_pp_in_model", "", {"model.pp_size=4"}, 8, "belongs to the schedule layer; write it as 'parallel.pp_size'"},
+    {"wrong_layer_num_layers",
+     "",
+     {"train.num_layers=12"},
+     8,
+     "belongs to the model layer; write it as 'model.num_layers'"},
+    {"wrong_layer_pp_in_model",
+     "",
+     {"model.pp_size=4"},
+     8,
+     "belongs to the schedule layer; write it as 'parallel.pp_size'"},
     {"foreign_alias", "", {"parallel.pipeline_size=4"}, 8, "did you mean 'parallel.pp_size'?"},
     {"global_batch_written", "", {"train.global_batch_size=64"}, 8, "global batch is derived"},
     {"not_an_integer", "", {"parallel.pp_size=four"}, 8, "expected an integer, got 'four'"},
     {"int_overflow", "", {"parallel.pp_size=99999999999"}, 8, "expected an integer"},
     {"list_for_scalar", "", {"parallel.pp_size=[1,2]"}, 8, "expected a single value"},
-    {"scalar_for_list", "  partition: explicit\n  layers_per_stage: 7\n", {}, 8, "expected a list like [7, 7, 7, 6]"},
-    {"duplicate_key", "  num_layers: 28\n", {}, 8, "'model.num_layers' is written twice (first at line 10)"},
+    {"scalar_for_list",
+     "  partition: explicit\n  layers_per_stage: 7\n",
+     {},
+     8,
+     "expected a list like [7, 7, 7, 6]"},
+    {"duplicate_key",
+     "  num_layers: 28\n",
+     {},
+     8,
+     "'model.num_layers' is written twice (first at line 10)"},
     {"yaml_syntax", "model: [unclosed\n", {}, 8, "YAML syntax error", true},
     {"section_scalar", "parallel: 4\n", {}, 8, "'parallel' is a section", true},
     {"no_value", "", {"parallel.pp_size="}, 8, "no value given"},
     {"set_without_equals", "", {"parallel.pp_size"}, 8, "expected key=value"},
-    {"bad_schedule", "", {"parallel.schedule=1F1B"}, 8, "is not one of: gpipe, 1f1b, interleaved_1f1b, zb_h1 (did you mean '1f1b'?)"},
-    {"bad_policy", "", {"model.partition=spread"}, 8, "model.partition='spread' (--set) is not one of"},
-    {"bad_dtype", "", {"precision.dtype=fp64"}, 8, "precision.dtype='fp64' (--set) is not one of: fp32, bf16, fp16"},
+    {"bad_schedule",
+     "",
+     {"parallel.schedule=1F1B"},
+     8,
+     "is not one of: gpipe, 1f1b, interleaved_1f1b, zb_h1 (did you mean '1f1b'?)"},
+    {"bad_policy",
+     "",
+     {"model.partition=spread"},
+     8,
+     "model.partition='spread' (--set) is not one of"},
+    {"bad_dtype",
+     "",
+     {"precision.dtype=fp64"},
+     8,
+     "precision.dtype='fp64' (--set) is not one of: fp32, bf16, fp16"},
     {"pp_zero", "", {"parallel.pp_size=0"}, 8, "parallel.pp_size=0 (--set) must be >= 1"},
-    {"mbs_zero", "", {"train.micro_batch_size=0"}, 8, "train.micro_batch_size=0 (--set) must be >= 1"},
+    {"mbs_zero",
+     "",
+     {"train.micro_batch_size=0"},
+     8,
+     "train.micro_batch_size=0 (--set) must be >= 1"},
     {"vocab_one", "", {"model.vocab_size=1"}, 8, "model.vocab_size=1 (--set) must be >= 2"},
-    {"too_few_layers", "", {"model.num_layers=3"}, 8, "model.num_layers=3 is less than the stage count pp_size*virtual_stages = 4*1 = 4"},
-    {"lps_length", "  partition: explicit\n  layers_per_stage: [9, 9, 9]\n", {}, 8,
-     "model.layers_per_stage=[9, 9, 9] has 3 entries but needs one per stage: pp_size*virtual_stages = 4*1 = 4"},
+    {"too_few_layers",
+     "",
+     {"model.num_layers=3"},
+     8,
+     "model.num_layers=3 is less than the stage count pp_size*virtual_stages = 4*1 = 4"},
+    {"lps_length",
+     "  partition: explicit\n  layers_per_stage: [9, 9, 9]\n",
+     {},
+     8,
+     "model.layers_per_stage=[9, 9, 9] has 3 entries but needs one per stage: "
+     "pp_size*virtual_stages = 4*1 = 4"},
     {"lps_sum", "  layers_per_stage: [7, 7, 7, 5]\n", {}, 8, "sums to 26 but model.num_layers=27"},
-    {"lps_zero", "  layers_per_stage: [14, 0, 7, 6]\n", {}, 8, "gives stage 1 0 layers (rule: every entry >= 1)"},
+    {"lps_zero",
+     "  layers_per_stage: [14, 0, 7, 6]\n",
+     {},
+     8,
+     "gives stage 1 0 layers (rule: every entry >= 1)"},
     {"splits_length", "  split_points: [7, 14]\n", {}, 8, "has 2 entries but needs stages-1 = 3"},
-    {"splits_order", "  split_points: [7, 7, 21]\n", {}, 8, "is not strictly increasing at position 1 (7 then 7)"},
-    {"splits_range", "  split_points: [7, 14, 27]\n", {}, 8, "27 is outside the layer numbers a stage can start at, 1..26"},
-    {"splits_range_origin1", "  layers_per_stage_origin: 1\n  split_points: [1, 14, 21]\n", {}, 8, "outside the layer numbers a stage can start at, 2..27"},
-    {"both_lists", "  partition: explicit\n  layers_per_stage: [7, 7, 7, 6]\n  split_points: [7, 14, 21]\n", {}, 8,
+    {"splits_order",
+     "  split_points: [7, 7, 21]\n",
+     {},
+     8,
+     "is not strictly increasing at position 1 (7 then 7)"},
+    {"splits_range",
+     "  split_points: [7, 14, 27]\n",
+     {},
+     8,
+     "27 is outside the layer numbers a stage can start at, 1..26"},
+    {"splits_range_origin1",
+     "  layers_per_stage_origin: 1\n  split_points: [1, 14, 21]\n",
+     {},
+     8,
+     "outside the layer numbers a stage can start at, 2..27"},
+    {"both_lists",
+     "  partition: explicit\n  layers_per_stage: [7, 7, 7, 6]\n  split_points: [7, 14, 21]\n",
+     {},
+     8,
      "needs exactly one of model.layers_per_stage and model.split_points; both are set"},
     {"explicit_without_lists", "  partition: explicit\n", {}, 8, "neither is set"},
-    {"policy_conflict", "  partition: first\n  layers_per_stage: [7, 7, 7, 6]\n", {}, 8,
+    {"policy_conflict",
+     "  partition: first\n  layers_per_stage: [7, 7, 7, 6]\n",
+     {},
+     8,
      "model.partition=first conflicts with model.layers_per_stage"},
-    {"origin_two", "  layers_per_stage_origin: 2\n", {}, 8, "model.layers_per_stage_origin=2 must be 0 or 1"},
-    {"1f1b_few_microbatches", "", {"parallel.num_microbatches=2", "train.gradient_accumulation_steps=2"}, 8,
+    {"origin_two",
+     "  layers_per_stage_origin: 2\n",
+     {},
+     8,
+     "model.layers_per_stage_origin=2 must be 0 or 1"},
+    {"1f1b_few_microbatches",
+     "",
+     {"parallel.num_microbatches=2", "train.gradient_accumulation_steps=2"},
+     8,
      "parallel.schedule=1f1b needs parallel.num_microbatches=2 >= parallel.pp_size=4"},
-    {"zb_few_microbatches", "", {"parallel.schedule=zb_h1", "train.gradient_accumulation_steps=3"}, 8,
+    {"zb_few_microbatches",
+     "",
+     {"parallel.schedule=zb_h1", "train.gradient_accumulation_steps=3"},
+     8,
      "parallel.schedule=zb_h1 needs parallel.num_microbatches=3 >= parallel.pp_size=4"},
-    {"interleaved_v1", "", {"parallel.schedule=interleaved_1f1b"}, 8, "needs parallel.virtual_stages=1 >= 2"},
-    {"virtual_without_interleaved", "", {"parallel.virtual_stages=2"}, 8,
+    {"interleaved_v1",
+     "",
+     {"parallel.schedule=interleaved_1f1b"},
+     8,
+     "needs parallel.virtual_stages=1 >= 2"},
+    {"virtual_without_interleaved",
+     "",
+     {"parallel.virtual_stages=2"},
+     8,
      "parallel.virtual_stages=2 is only used by parallel.schedule=interleaved_1f1b"},
-    {"interleaved_not_multiple", "", {"parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2", "train.gradient_accumulation_steps=6"}, 8,
+    {"interleaved_not_multiple",
+     "",
+     {"parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2",
+      "train.gradient_accumulation_steps=6"},
+     8,
      "num_microbatches % pp_size == 0, 6 % 4 = 2"},
-    {"accum_not_multiple", "", {"parallel.num_microbatches=5"}, 8, "accum % num_microbatches == 0; 8 % 5 = 3"},
-    {"hidden_heads", "", {"model.hidden_size=66"}, 8, "model.hidden_size=66 (--set) must be divisible by model.num_heads=4"},
-    {"heads_tp", "", {"parallel.tp_size=2", "model.num_heads=3", "model.hidden_size=63"}, 8, "each tensor-parallel rank holds num_heads/tp_size heads"},
+    {"accum_not_multiple",
+     "",
+     {"parallel.num_microbatches=5"},
+     8,
+     "accum % num_microbatches == 0; 8 % 5 = 3"},
+    {"hidden_heads",
+     "",
+     {"model.hidden_size=66"},
+     8,
+     "model.hidden_size=66 (--set) must be divisible by model.num_heads=4"},
+    {"heads_tp",
+     "",
+     {"parallel.tp_size=2", "model.num_heads=3", "model.hidden_size=63"},
+     8,
+     "each tensor-parallel rank holds num_heads/tp_size heads"},
     {"bf16_on_cpu", "precision:\n  dtype: bf16\n", {}, 8, "the CPU backend computes in fp32 only"},
-    {"bad_backend", "", {"device.backend=rocm"}, 8, "device.backend='rocm' (--set) is not one of: cpu, cuda"},
-    {"textproto_unknown", "parallel { pp_sise: 4 }\n", {}, 8, "did you mean 'parallel.pp_size'?", true, ".textproto"},
+    {"bad_backend",
+     "",
+     {"device.backend=rocm"},
+     8,
+     "device.backend='rocm' (--set) is not one of: cpu, cuda"},
+    {"textproto_unknown",
+     "parallel { pp_sise: 4 }\n",
+     {},
+     8,
+     "did you mean 'parallel.pp_size'?",
+     true,
+     ".textproto"},
     {"top_level_unknown", "bogus: 1\n", {}, 8, "unknown section 'bogus'", true},
 };
 
@@ -252,7 +385,8 @@ INSTANTIATE_TEST_SUITE_P(Table, InvalidConfigTest, ::testing::ValuesIn(kInvalidC
 
 TEST(ConfigErrors, TextProtoWrongLayerNamesTheRightKey) {
   const std::string problems = Problems("parallel { layers_per_stage: 7 }\n", {}, 1, "w.textproto");
-  EXPECT_NE(problems.find("w.textproto:1: 'parallel.layers_per_stage' is in the wrong place"), std::string::npos)
+  EXPECT_NE(problems.find("w.textproto:1: 'parallel.layers_per_stage' is in the wrong place"),
+            std::string::npos)
       << problems;
 }
 
@@ -262,15 +396,17 @@ TEST(ConfigErrors, MissingFileAndUnknownFormat) {
     LoadConfig("/nonexistent/config.yaml", {});
     FAIL() << "no error";
   } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("/nonexistent/config.yaml: cannot open the config file"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(error.what()).find("/nonexistent/config.yaml: cannot open the config file"),
+        std::string::npos);
   }
 }
 
 TEST(ConfigErrors, FileProblemsCarryFileAndLine) {
   const std::string problems = Problems(std::string(kBase) + "  n_layer: 4\n", {}, 8, "line.yaml");
-  EXPECT_NE(problems.find("line.yaml:14: unknown key 'model.n_layer'; did you mean 'model.num_layers'?"),
-            std::string::npos)
+  EXPECT_NE(
+      problems.find("line.yaml:14: unknown key 'model.n_layer'; did you mean 'model.num_layers'?"),
+      std::string::npos)
       << problems;
 }
 

@@ -1,4 +1,5 @@
-// Integration: real `mpirun` jobs of `bigmac train --dry-run`, and the `plan` and `--help` commands.
+// Integration: real `mpirun` jobs of `bigmac train --dry-run`, and the `plan` and `--help`
+// commands.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -40,16 +41,20 @@ TEST_P(DryRunLayoutTest, EveryRankPrintsItsCoordinates) {
                            " --set parallel.num_microbatches=" + std::to_string(std::max(l.pp, 4));
   const testutil::RunResult r = RunCommand(DryRun(l.ranks, sets), 120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("[cfg] world_size=" + std::to_string(l.ranks) + " pp=" + std::to_string(l.pp) +
-                          " tp=" + std::to_string(l.tp) + " dp=" + std::to_string(dp) + "\n"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("[cfg] world_size=" + std::to_string(l.ranks) + " pp=" + std::to_string(l.pp) +
+                    " tp=" + std::to_string(l.tp) + " dp=" + std::to_string(dp) + "\n"),
+      std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("[dry-run] configuration valid on all " + std::to_string(l.ranks) + " ranks"),
-            std::string::npos);
+  EXPECT_NE(
+      r.output.find("[dry-run] configuration valid on all " + std::to_string(l.ranks) + " ranks"),
+      std::string::npos);
   const comm::Topology topology(l.ranks, l.pp, dp, l.tp);
-  const std::regex line(R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+) device=cpu:(\d+) \| stage (\d+): )");
+  const std::regex line(
+      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+) device=cpu:(\d+) \| stage (\d+): )");
   int seen = 0;
-  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
+       it != std::sregex_iterator(); ++it) {
     const int rank = std::stoi((*it)[1]);
     const comm::Coords expected = topology.CoordsOf(rank);
     EXPECT_EQ(std::stoi((*it)[2]), expected.pp) << it->str();
@@ -68,7 +73,8 @@ INSTANTIATE_TEST_SUITE_P(Mpirun, DryRunLayoutTest,
                                            Layout{8, 4, 1}, Layout{8, 2, 2}),
                          [](const auto& info) {
                            return "np" + std::to_string(info.param.ranks) + "_pp" +
-                                  std::to_string(info.param.pp) + "_tp" + std::to_string(info.param.tp);
+                                  std::to_string(info.param.pp) + "_tp" +
+                                  std::to_string(info.param.tp);
                          });
 
 TEST(DryRun, EightRanksPrintsStageRanges) {
@@ -76,8 +82,10 @@ TEST(DryRun, EightRanksPrintsStageRanges) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[cfg] world_size=8 pp=4 tp=1 dp=2"), std::string::npos);
   EXPECT_NE(r.output.find("[cfg] split_points=[7, 14, 21] policy=spread_first"), std::string::npos);
-  EXPECT_NE(r.output.find("[cfg] stage 0 -> pp rank 0: layers 0-6 (7) + embedding"), std::string::npos);
-  EXPECT_NE(r.output.find("[cfg] stage 3 -> pp rank 3: layers 21-26 (6) + head"), std::string::npos);
+  EXPECT_NE(r.output.find("[cfg] stage 0 -> pp rank 0: layers 0-6 (7) + embedding"),
+            std::string::npos);
+  EXPECT_NE(r.output.find("[cfg] stage 3 -> pp rank 3: layers 21-26 (6) + head"),
+            std::string::npos);
   EXPECT_EQ(CountOccurrences(r.output, "[cfg] world_size="), 1) << "only rank 0 prints the config";
 }
 
@@ -86,55 +94,87 @@ TEST(DryRun, BadConfigExitsTwoOnAllRanks) {
   const testutil::RunResult r = RunCommand(DryRun(4, "--set parallel.pp_szie=4"), 10);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_NE(r.output.find("bigmac: rank " + std::to_string(rank) + " exits with code 2"), std::string::npos)
+    EXPECT_NE(r.output.find("bigmac: rank " + std::to_string(rank) + " exits with code 2"),
+              std::string::npos)
         << r.output;
   }
-  EXPECT_EQ(CountOccurrences(r.output, "did you mean 'parallel.pp_size'?"), 1) << "reported once, not per rank";
+  EXPECT_EQ(CountOccurrences(r.output, "did you mean 'parallel.pp_size'?"), 1)
+      << "reported once, not per rank";
 }
 
 TEST(DryRun, PpThatDoesNotDivideTheWorldNamesTheValues) {
   const testutil::RunResult r = RunCommand(DryRun(8, "--set parallel.pp_size=3"), 10);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("world_size=8 (launch) must be divisible by pp*tp: pp=3 (parallel.pp_size, --set) * tp=1"),
+  EXPECT_NE(r.output.find("world_size=8 (launch) must be divisible by pp*tp: pp=3 "
+                          "(parallel.pp_size, --set) * tp=1"),
             std::string::npos)
       << r.output;
 }
 
 // MPMD: half the ranks read another config. They must refuse to run together.
 TEST(DryRun, RanksWithDifferentConfigsRefuse) {
-  const std::string other = testutil::WriteTempFile("other.yaml", "parallel:\n  pp_size: 2\n  schedule: gpipe\n");
+  const std::string other =
+      testutil::WriteTempFile("other.yaml", "parallel:\n  pp_size: 2\n  schedule: gpipe\n");
   const std::string command = Mpirun(2) + " " + Bigmac() + " train --dry-run --config " + other +
                               " : -np 2 " + Bigmac() + " train --dry-run --config " + other +
                               " --set train.seq_length=77";
   const testutil::RunResult r = RunCommand(command, 30);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("the ranks hold different effective configurations (ranks "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the ranks hold different effective configurations (ranks "),
+            std::string::npos)
+      << r.output;
   EXPECT_EQ(CountOccurrences(r.output, "exits with code 2: config hash differs"), 4) << r.output;
 }
 
 // MPMD: ranks 2-3 cannot read their config; ranks 0-1 must stop too, not hang.
 TEST(DryRun, OneBadRankStopsAllRanks) {
-  const std::string good = testutil::WriteTempFile("good.yaml", "parallel:\n  pp_size: 2\n  schedule: gpipe\n");
+  const std::string good =
+      testutil::WriteTempFile("good.yaml", "parallel:\n  pp_size: 2\n  schedule: gpipe\n");
   const std::string command = Mpirun(2) + " " + Bigmac() + " train --dry-run --config " + good +
-                              " : -np 2 " + Bigmac() + " train --dry-run --config /nonexistent.yaml";
+                              " : -np 2 " + Bigmac() +
+                              " train --dry-run --config /nonexistent.yaml";
   const testutil::RunResult r = RunCommand(command, 30);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("/nonexistent.yaml: cannot open the config file"), std::string::npos) << r.output;
-  EXPECT_EQ(CountOccurrences(r.output, "exits with code 2: configuration rejected by rank(s) 2-3"), 4) << r.output;
-}
-
-TEST(Plan, PrintsTheSameConfigWithoutMpi) {
-  const testutil::RunResult r = RunCommand(Bigmac() + " plan --config " + TinyPp4() + " --world-size 8", 30);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("[cfg] world_size=8 pp=4 tp=1 dp=2"), std::string::npos);
-  EXPECT_NE(r.output.find("world_size <- launch: --world-size"), std::string::npos);
-  EXPECT_NE(r.output.find("[rank] rank 7: pp=3 dp=1 tp=0 | stage 3: layers 21-26 (6) + head"), std::string::npos)
+  EXPECT_NE(r.output.find("/nonexistent.yaml: cannot open the config file"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(CountOccurrences(r.output, "exits with code 2: configuration rejected by rank(s) 2-3"),
+            4)
       << r.output;
 }
 
-TEST(Plan, BadConfigExitsTwo) {
+TEST(Plan, PrintsTheSameConfigWithoutMpi) {
   const testutil::RunResult r =
-      RunCommand(Bigmac() + " plan --config " + TinyPp4() + " --world-size 8 --set parallel.pp_size=3", 30);
+      RunCommand(Bigmac() + " plan --config " + TinyPp4() + " --world-size 8", 30);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[cfg] world_size=8 pp=4 tp=1 dp=2"), std::string::npos);
+  EXPECT_NE(r.output.find("world_size <- launch: --world-size"), std::string::npos);
+  EXPECT_NE(r.output.find("[rank] rank 7: pp=3 dp=1 tp=0 | stage 3: layers 21-26 (6) + head"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Plan, EveryShippedConfigIsValidAndTextProtoMatchesYaml) {
+  std::string hashes[2];
+  const char* files[] = {"configs/tiny_pp4.yaml", "configs/tiny_pp4.textproto"};
+  for (int i = 0; i < 2; ++i) {
+    const testutil::RunResult r =
+        RunCommand(Bigmac() + " plan --world-size 8 --config " + Runfile(files[i]), 30);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const size_t at = r.output.find("config_hash=");
+    ASSERT_NE(at, std::string::npos);
+    hashes[i] = r.output.substr(at, 28);
+  }
+  EXPECT_EQ(hashes[0], hashes[1]);
+  for (const char* file : {"configs/tiny.yaml", "configs/gpt2_124m_pp4.yaml"}) {
+    const testutil::RunResult r =
+        RunCommand(Bigmac() + " plan --world-size 8 --config " + Runfile(file), 30);
+    EXPECT_EQ(r.exit_code, 0) << file << "\n" << r.output;
+  }
+}
+
+TEST(Plan, BadConfigExitsTwo) {
+  const testutil::RunResult r = RunCommand(
+      Bigmac() + " plan --config " + TinyPp4() + " --world-size 8 --set parallel.pp_size=3", 30);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("8 % 3 = 2"), std::string::npos) << r.output;
 }
@@ -147,8 +187,10 @@ TEST(Help, EveryCommandHasHelp) {
   }
   const testutil::RunResult train = RunCommand(Bigmac() + " train --help", 30);
   EXPECT_NE(train.output.find("--dry-run"), std::string::npos);
-  EXPECT_NE(train.output.find("parallel.pp_size = 1  [schedule]"), std::string::npos) << train.output;
-  EXPECT_NE(train.output.find("model.split_points = []  [model]"), std::string::npos) << train.output;
+  EXPECT_NE(train.output.find("parallel.pp_size = 1  [schedule]"), std::string::npos)
+      << train.output;
+  EXPECT_NE(train.output.find("model.split_points = []  [model]"), std::string::npos)
+      << train.output;
 }
 
 TEST(Help, UsageErrorsExitTwo) {

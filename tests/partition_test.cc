@@ -31,8 +31,10 @@ TEST(Partition, SeedTwentySevenOnFourSpreadLast) {
 }
 
 TEST(Partition, FirstAndLastTakeTheWholeRemainder) {
-  EXPECT_EQ(MakePartition(Spec(27, 4, Policy::kFirst)).LayersPerStage(), (std::vector<int>{9, 6, 6, 6}));
-  EXPECT_EQ(MakePartition(Spec(27, 4, Policy::kLast)).LayersPerStage(), (std::vector<int>{6, 6, 6, 9}));
+  EXPECT_EQ(MakePartition(Spec(27, 4, Policy::kFirst)).LayersPerStage(),
+            (std::vector<int>{9, 6, 6, 6}));
+  EXPECT_EQ(MakePartition(Spec(27, 4, Policy::kLast)).LayersPerStage(),
+            (std::vector<int>{6, 6, 6, 9}));
 }
 
 TEST(Partition, ExplicitCountsAndSplitPoints) {
@@ -80,7 +82,8 @@ TEST(Partition, CoversEveryLayerOnceForAllShapes) {
           int smallest = layers;
           int largest = 0;
           for (const StageRange& range : p.stages) {
-            ASSERT_EQ(range.first_layer, next) << PolicyName(policy) << " L=" << layers << " pp=" << pp;
+            ASSERT_EQ(range.first_layer, next)
+                << PolicyName(policy) << " L=" << layers << " pp=" << pp;
             ASSERT_GE(range.num_layers, 1);
             ASSERT_EQ(range.pp_rank, range.stage % pp);
             next = range.end_layer();
@@ -129,7 +132,8 @@ TEST(Partition, FormattingHonoursOrigin) {
 }
 
 TEST(Partition, PolicyNamesRoundTrip) {
-  for (Policy policy : {Policy::kSpreadFirst, Policy::kSpreadLast, Policy::kFirst, Policy::kLast, Policy::kExplicit}) {
+  for (Policy policy : {Policy::kSpreadFirst, Policy::kSpreadLast, Policy::kFirst, Policy::kLast,
+                        Policy::kExplicit}) {
     Policy parsed;
     ASSERT_TRUE(ParsePolicy(PolicyName(policy), &parsed));
     EXPECT_EQ(parsed, policy);

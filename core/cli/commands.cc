@@ -84,15 +84,16 @@ bool AllRanksAgree(const comm::MpiWorld& world, const std::string& what,
       for (const auto& [hash, ranks] : ranks_by_hash) {
         char hex[17];
         std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
-        groups += std::string(groups.empty() ? "" : "; ") + "ranks " + FormatRanks(ranks) + " have " + hex;
+        groups += std::string(groups.empty() ? "" : "; ") + "ranks " + FormatRanks(ranks) +
+                  " have " + hex;
       }
       std::fprintf(stderr,
                    "bigmac: the ranks hold different effective configurations (%s). Every rank "
                    "must read the same file and the same --set values.\n",
                    groups.c_str());
     }
-    std::fprintf(stderr, "bigmac: rank %d exits with code %d: config hash differs across ranks\n", me,
-                 kExitConfig);
+    std::fprintf(stderr, "bigmac: rank %d exits with code %d: config hash differs across ranks\n",
+                 me, kExitConfig);
     return false;
   }
   return true;
@@ -113,13 +114,15 @@ std::string ConfigKeysHelp() {
             config::LayerName(key.layer) + "] " + key.help;
     if (!key.choices.empty()) {
       std::string choices;
-      for (const std::string& choice : key.choices) choices += (choices.empty() ? "" : "|") + choice;
+      for (const std::string& choice : key.choices)
+        choices += (choices.empty() ? "" : "|") + choice;
       text += " (" + choices + ")";
     }
     text += "\n";
   }
-  text += "Launch layer (never in the config): the rank count comes from mpirun -np / sbatch;\n"
-          "dp = world_size / (pp_size * tp_size) is derived, never written.";
+  text +=
+      "Launch layer (never in the config): the rank count comes from mpirun -np / sbatch;\n"
+      "dp = world_size / (pp_size * tp_size) is derived, never written.";
   return text;
 }
 
@@ -152,16 +155,18 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   const comm::Topology topology(world.size(), resolved->pp, resolved->dp, resolved->tp);
   comm::GroupComms comms = comm::GroupComms::Create(topology, world.rank());
   if (world.rank() == 0) PrintLines(config::EffectiveConfigLines(*resolved));
-  const std::string placement = "host=" + world.host() + " local_rank=" +
-                                std::to_string(world.local_rank()) + " device=" + device.ToString();
-  const std::vector<std::string> rank_lines =
-      world.GatherToRoot("[rank] " + comm::FormatRankLine(topology, resolved->partition, world.rank(), placement));
+  const std::string placement = "host=" + world.host() +
+                                " local_rank=" + std::to_string(world.local_rank()) +
+                                " device=" + device.ToString();
+  const std::vector<std::string> rank_lines = world.GatherToRoot(
+      "[rank] " + comm::FormatRankLine(topology, resolved->partition, world.rank(), placement));
   if (world.rank() == 0) PrintLines(rank_lines);
   comms.Free();
 
   if (options.dry_run) {
     if (world.rank() == 0) {
-      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n", world.size());
+      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n",
+                  world.size());
     }
     return kExitOk;
   }

@@ -6,7 +6,8 @@ namespace bigmac::cli {
 // Process exit codes; docs/exit_codes.md is the user-facing table. Keep both in step.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  // an internal or runtime error
-inline constexpr int kExitConfig = 2;   // bad command line or configuration (same code on every rank)
+inline constexpr int kExitConfig =
+    2;  // bad command line or configuration (same code on every rank)
 
 }  // namespace bigmac::cli
 

@@ -6,20 +6,25 @@
 
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
-  CLI::App app{"BigMac: pipeline-parallel training of transformer models.\n"
-               "Run `bigmac <command> --help` for a command's options."};
+  CLI::App app{
+      "BigMac: pipeline-parallel training of transformer models.\n"
+      "Run `bigmac <command> --help` for a command's options."};
   app.require_subcommand(1);
   app.footer("Exit codes: docs/exit_codes.md. Config layers: docs/config.md.");
 
   bigmac::cli::TrainOptions train_options;
   CLI::App* train = app.add_subcommand(
-      "train", "Train under mpirun (one rank per device). --dry-run validates the configuration on "
-               "every rank and prints the effective config and each rank's coordinates and stage.");
-  train->add_option("--config", train_options.config, "YAML (.yaml) or text proto (.textproto) config file")
+      "train",
+      "Train under mpirun (one rank per device). --dry-run validates the configuration on "
+      "every rank and prints the effective config and each rank's coordinates and stage.");
+  train
+      ->add_option("--config", train_options.config,
+                   "YAML (.yaml) or text proto (.textproto) config file")
       ->required();
-  train->add_option("--set", train_options.overrides,
-                    "override a key: --set parallel.pp_size=4 --set model.layers_per_stage=[7,7,7,6]; "
-                    "applied after the file, in order");
+  train->add_option(
+      "--set", train_options.overrides,
+      "override a key: --set parallel.pp_size=4 --set model.layers_per_stage=[7,7,7,6]; "
+      "applied after the file, in order");
   train->add_flag("--dry-run", train_options.dry_run,
                   "check and print the effective configuration and topology, then exit");
   train->footer(bigmac::cli::ConfigKeysHelp());
@@ -27,7 +32,8 @@ int main(int argc, char** argv) {
   bigmac::cli::PlanOptions plan_options;
   CLI::App* plan = app.add_subcommand(
       "plan", "Print what `train --dry-run` would print for a world size, without MPI.");
-  plan->add_option("--config", plan_options.config, "YAML (.yaml) or text proto (.textproto) config file")
+  plan->add_option("--config", plan_options.config,
+                   "YAML (.yaml) or text proto (.textproto) config file")
       ->required();
   plan->add_option("--world-size", plan_options.world_size, "number of ranks mpirun would start")
       ->required();

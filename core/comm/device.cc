@@ -12,10 +12,11 @@ bool ChooseDevice(const std::string& backend, int local_rank, int local_size, in
     return false;
   }
   if (cuda_device_count < local_size) {
-    *error = "device.backend=cuda needs one GPU per rank on this node: " + std::to_string(local_size) +
-             " local ranks but " + std::to_string(cuda_device_count) +
-             " visible CUDA devices (launch layer: lower the ranks per node in mpirun/sbatch, or check "
-             "CUDA_VISIBLE_DEVICES)";
+    *error =
+        "device.backend=cuda needs one GPU per rank on this node: " + std::to_string(local_size) +
+        " local ranks but " + std::to_string(cuda_device_count) +
+        " visible CUDA devices (launch layer: lower the ranks per node in mpirun/sbatch, or check "
+        "CUDA_VISIBLE_DEVICES)";
     return false;
   }
   return true;

@@ -39,7 +39,8 @@ void CheckMembers(MPI_Comm comm, const std::vector<int>& expected, const char* n
   MPI_Group_translate_ranks(group, size, local.data(), world_group, world.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
-  if (world != expected) throw std::runtime_error(std::string(name) + " communicator has the wrong ranks");
+  if (world != expected)
+    throw std::runtime_error(std::string(name) + " communicator has the wrong ranks");
 }
 
 }  // namespace
@@ -82,8 +83,8 @@ std::vector<std::string> MpiWorld::GatherToRoot(const std::string& text) const {
     total += lengths[i];
   }
   std::string all(total, '\0');
-  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0,
-              MPI_COMM_WORLD);
+  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+              0, MPI_COMM_WORLD);
   std::vector<std::string> texts;
   for (size_t i = 0; i < lengths.size(); ++i) texts.push_back(all.substr(offsets[i], lengths[i]));
   return texts;

@@ -62,8 +62,8 @@ std::vector<int> Topology::TiedGroup(int rank) const {
   return group;
 }
 
-std::string FormatRankLine(const Topology& topology, const partition::Partition& partition, int rank,
-                           const std::string& placement) {
+std::string FormatRankLine(const Topology& topology, const partition::Partition& partition,
+                           int rank, const std::string& placement) {
   const Coords coords = topology.CoordsOf(rank);
   std::string line = "rank " + std::to_string(rank) + ": pp=" + std::to_string(coords.pp) +
                      " dp=" + std::to_string(coords.dp) + " tp=" + std::to_string(coords.tp);

@@ -48,8 +48,8 @@ class Topology {
 };
 
 // "rank 5: pp=2 dp=1 tp=0 | <placement> | stage 2: layers 14-20 (7)" for `rank`.
-std::string FormatRankLine(const Topology& topology, const partition::Partition& partition, int rank,
-                           const std::string& placement);
+std::string FormatRankLine(const Topology& topology, const partition::Partition& partition,
+                           int rank, const std::string& placement);
 
 }  // namespace bigmac::comm
 

@@ -22,7 +22,8 @@ BatchPlan MakeBatchPlan(const Config& config, int dp) {
   plan.micro_batch_size = config.train().micro_batch_size();
   plan.accumulation_steps = config.train().gradient_accumulation_steps();
   plan.num_microbatches = NumMicrobatches(config);
-  plan.flushes_per_step = plan.num_microbatches > 0 ? plan.accumulation_steps / plan.num_microbatches : 0;
+  plan.flushes_per_step =
+      plan.num_microbatches > 0 ? plan.accumulation_steps / plan.num_microbatches : 0;
   plan.dp = dp;
   plan.global_batch = int64_t{plan.micro_batch_size} * plan.accumulation_steps * dp;
   return plan;

@@ -48,7 +48,8 @@ std::string TypeName(const FieldDescriptor* field) {
   }
 }
 
-// Stores one scalar `text` into `field` of `message` (appending if repeated). Returns "" or why not.
+// Stores one scalar `text` into `field` of `message` (appending if repeated). Returns "" or why
+// not.
 std::string StoreScalar(Message* message, const FieldDescriptor* field, const std::string& text) {
   const Reflection* reflection = message->GetReflection();
   const bool repeated = field->is_repeated();
@@ -57,28 +58,32 @@ std::string StoreScalar(Message* message, const FieldDescriptor* field, const st
     case FieldDescriptor::CPPTYPE_INT32: {
       int32_t value = 0;
       ok = ParseNumber(text, &value);
-      if (ok) repeated ? reflection->AddInt32(message, field, value)
-                       : reflection->SetInt32(message, field, value);
+      if (ok)
+        repeated ? reflection->AddInt32(message, field, value)
+                 : reflection->SetInt32(message, field, value);
       break;
     }
     case FieldDescriptor::CPPTYPE_INT64: {
       int64_t value = 0;
       ok = ParseNumber(text, &value);
-      if (ok) repeated ? reflection->AddInt64(message, field, value)
-                       : reflection->SetInt64(message, field, value);
+      if (ok)
+        repeated ? reflection->AddInt64(message, field, value)
+                 : reflection->SetInt64(message, field, value);
       break;
     }
     case FieldDescriptor::CPPTYPE_DOUBLE: {
       double value = 0;
       ok = ParseNumber(text, &value);
-      if (ok) repeated ? reflection->AddDouble(message, field, value)
-                       : reflection->SetDouble(message, field, value);
+      if (ok)
+        repeated ? reflection->AddDouble(message, field, value)
+                 : reflection->SetDouble(message, field, value);
       break;
     }
     case FieldDescriptor::CPPTYPE_BOOL: {
       ok = text == "true" || text == "false";
-      if (ok) repeated ? reflection->AddBool(message, field, text == "true")
-                       : reflection->SetBool(message, field, text == "true");
+      if (ok)
+        repeated ? reflection->AddBool(message, field, text == "true")
+                 : reflection->SetBool(message, field, text == "true");
       break;
     }
     case FieldDescriptor::CPPTYPE_STRING:
@@ -128,7 +133,8 @@ class Loader {
   void ApplyOverride(const std::string& assignment) {
     const size_t equals = assignment.find('=');
     if (equals == std::string::npos || equals == 0) {
-      problems_.push_back("--set '" + assignment + "': expected key=value, e.g. --set parallel.pp_size=4");
+      problems_.push_back("--set '" + assignment +
+                          "': expected key=value, e.g. --set parallel.pp_size=4");
       return;
     }
     const std::string path = assignment.substr(0, equals);
@@ -157,12 +163,14 @@ class Loader {
     try {
       root = YAML::Load(text);
     } catch (const YAML::Exception& e) {
-      problems_.push_back(file + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+      problems_.push_back(file + ":" + std::to_string(e.mark.line + 1) +
+                          ": YAML syntax error: " + e.msg);
       return;
     }
     if (root.IsNull()) return;  // an empty file leaves every default in place
     if (!root.IsMap()) {
-      problems_.push_back(file + ": expected a mapping of sections (parallel:, train:, model:, ...)");
+      problems_.push_back(file +
+                          ": expected a mapping of sections (parallel:, train:, model:, ...)");
       return;
     }
     WalkYamlMap(file, root, "");
@@ -204,7 +212,8 @@ class Loader {
     return false;
   }
 
-  void SetLeaf(const KeyInfo& key, const YAML::Node& value, const std::string& where, Source source) {
+  void SetLeaf(const KeyInfo& key, const YAML::Node& value, const std::string& where,
+               Source source) {
     Message* parent = LeafParent(&out_->values, key);
     const FieldDescriptor* field = key.field();
     if (!value.IsDefined() || value.IsNull()) {
@@ -246,8 +255,10 @@ class Loader {
   class TextErrors : public google::protobuf::io::ErrorCollector {
    public:
     TextErrors(const Loader* loader, std::string file) : loader_(loader), file_(std::move(file)) {}
-    void AddError(int line, google::protobuf::io::ColumnNumber, const std::string& message) override {
-      messages.push_back(file_ + ":" + std::to_string(line + 1) + ": " + loader_->Translate(message));
+    void AddError(int line, google::protobuf::io::ColumnNumber,
+                  const std::string& message) override {
+      messages.push_back(file_ + ":" + std::to_string(line + 1) + ": " +
+                         loader_->Translate(message));
     }
     std::vector<std::string> messages;
 
@@ -262,7 +273,8 @@ class Loader {
     const size_t field_at = message.find(marker);
     const size_t type_at = message.find('"');
     if (field_at == std::string::npos || type_at == std::string::npos) return message;
-    const std::string type = message.substr(type_at + 1, message.find('"', type_at + 1) - type_at - 1);
+    const std::string type =
+        message.substr(type_at + 1, message.find('"', type_at + 1) - type_at - 1);
     const size_t name_start = field_at + marker.size();
     const std::string name = message.substr(name_start, message.find('"', name_start) - name_start);
     return ExplainUnknownKey(keys_, SectionPrefix(type) + name);
@@ -288,7 +300,8 @@ class Loader {
     Config parsed;
     if (!parser.ParseFromString(text, &parsed)) {
       problems_.insert(problems_.end(), errors.messages.begin(), errors.messages.end());
-      if (errors.messages.empty()) problems_.push_back(file + ": cannot parse as protobuf text format");
+      if (errors.messages.empty())
+        problems_.push_back(file + ": cannot parse as protobuf text format");
       return;
     }
     out_->values.MergeFrom(parsed);

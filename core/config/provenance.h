@@ -15,7 +15,9 @@ struct Source {
   std::string detail;  // kDerived: the formula; kLaunch: where the launcher told us
 
   static Source Default() { return {}; }
-  static Source File(std::string file, int line) { return {Kind::kFile, std::move(file), line, ""}; }
+  static Source File(std::string file, int line) {
+    return {Kind::kFile, std::move(file), line, ""};
+  }
   static Source Override() { return {Kind::kOverride, "", 0, ""}; }
   static Source Derived(std::string formula) { return {Kind::kDerived, "", 0, std::move(formula)}; }
   static Source Launch(std::string what) { return {Kind::kLaunch, "", 0, std::move(what)}; }

@@ -49,7 +49,8 @@ void CheckSchemaRules(const LoadedConfig& loaded, const Describer& describe,
       const std::string value = reflection->GetString(parent, field);
       if (std::find(key.choices.begin(), key.choices.end(), value) == key.choices.end()) {
         std::string allowed;
-        for (const std::string& choice : key.choices) allowed += (allowed.empty() ? "" : ", ") + choice;
+        for (const std::string& choice : key.choices)
+          allowed += (allowed.empty() ? "" : ", ") + choice;
         std::vector<std::string> near = Suggest(value, key.choices);
         problems.push_back(describe(key.path, "'" + value + "'") + " is not one of: " + allowed +
                            (near.empty() ? "" : " (did you mean '" + near.front() + "'?)"));
@@ -99,41 +100,50 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
   const int pp = parallel.pp_size();
   const int tp = parallel.tp_size();
   if (world_size % (pp * tp) != 0) {
-    problems.push_back("world_size=" + std::to_string(world_size) + " (launch) must be divisible by pp*tp: pp=" +
-                       std::to_string(pp) + " (parallel.pp_size, " +
-                       loaded.sources.Get("parallel.pp_size").ToString() + ") * tp=" + std::to_string(tp) +
-                       " (parallel.tp_size, " + loaded.sources.Get("parallel.tp_size").ToString() +
-                       ") = " + std::to_string(pp * tp) + ", and " + std::to_string(world_size) + " % " +
-                       std::to_string(pp * tp) + " = " + std::to_string(world_size % (pp * tp)) +
-                       " (rule: dp = world_size / (pp_size * tp_size) must be a whole number)");
+    problems.push_back(
+        "world_size=" + std::to_string(world_size) +
+        " (launch) must be divisible by pp*tp: pp=" + std::to_string(pp) + " (parallel.pp_size, " +
+        loaded.sources.Get("parallel.pp_size").ToString() + ") * tp=" + std::to_string(tp) +
+        " (parallel.tp_size, " + loaded.sources.Get("parallel.tp_size").ToString() +
+        ") = " + std::to_string(pp * tp) + ", and " + std::to_string(world_size) + " % " +
+        std::to_string(pp * tp) + " = " + std::to_string(world_size % (pp * tp)) +
+        " (rule: dp = world_size / (pp_size * tp_size) must be a whole number)");
   }
   if (model.hidden_size() % model.num_heads() != 0) {
-    problems.push_back(describe("model.hidden_size", model.hidden_size()) + " must be divisible by " +
-                       describe("model.num_heads", model.num_heads()) + " (rule: head_dim = hidden_size / num_heads)");
+    problems.push_back(describe("model.hidden_size", model.hidden_size()) +
+                       " must be divisible by " + describe("model.num_heads", model.num_heads()) +
+                       " (rule: head_dim = hidden_size / num_heads)");
   }
   if (model.num_heads() % tp != 0) {
     problems.push_back(describe("model.num_heads", model.num_heads()) + " must be divisible by " +
-                       describe("parallel.tp_size", tp) + " (rule: each tensor-parallel rank holds num_heads/tp_size heads)");
+                       describe("parallel.tp_size", tp) +
+                       " (rule: each tensor-parallel rank holds num_heads/tp_size heads)");
   }
   const int accum = train.gradient_accumulation_steps();
   const int microbatches = NumMicrobatches(values);
   if (accum % microbatches != 0) {
-    problems.push_back(describe("train.gradient_accumulation_steps", accum) + " must be a multiple of " +
+    problems.push_back(describe("train.gradient_accumulation_steps", accum) +
+                       " must be a multiple of " +
                        describe("parallel.num_microbatches", microbatches) +
-                       " (rule: an optimizer step is a whole number of pipeline flushes, accum % num_microbatches == 0; " +
+                       " (rule: an optimizer step is a whole number of pipeline flushes, accum % "
+                       "num_microbatches == 0; " +
                        std::to_string(accum) + " % " + std::to_string(microbatches) + " = " +
                        std::to_string(accum % microbatches) + ")");
   }
   schedule::Kind kind = schedule::Kind::k1F1B;
   schedule::ParseKind(parallel.schedule(), &kind);
-  for (const std::string& problem : schedule::CheckScheduleConstraints(kind, pp, parallel.virtual_stages(), microbatches)) {
-    problems.push_back(problem + describe.SetBy({"parallel.schedule", "parallel.pp_size", "parallel.virtual_stages",
-                                                  "parallel.num_microbatches", "train.gradient_accumulation_steps"}));
+  for (const std::string& problem :
+       schedule::CheckScheduleConstraints(kind, pp, parallel.virtual_stages(), microbatches)) {
+    problems.push_back(
+        problem +
+        describe.SetBy({"parallel.schedule", "parallel.pp_size", "parallel.virtual_stages",
+                        "parallel.num_microbatches", "train.gradient_accumulation_steps"}));
   }
   for (const std::string& problem : partition::CheckSpec(PartitionSpecOf(values, loaded.sources))) {
-    problems.push_back(problem + describe.SetBy({"model.num_layers", "model.partition", "model.layers_per_stage",
-                                                  "model.split_points", "model.layers_per_stage_origin",
-                                                  "parallel.pp_size", "parallel.virtual_stages"}));
+    problems.push_back(
+        problem + describe.SetBy({"model.num_layers", "model.partition", "model.layers_per_stage",
+                                  "model.split_points", "model.layers_per_stage_origin",
+                                  "parallel.pp_size", "parallel.virtual_stages"}));
   }
   if (values.precision().dtype() != "fp32" && values.device().backend() == "cpu") {
     problems.push_back(describe("precision.dtype", values.precision().dtype()) + " needs " +
@@ -145,7 +155,8 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
 
 ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& world_source) {
   if (world_size < 1) {
-    throw ConfigError({"world_size=" + std::to_string(world_size) + " (" + world_source + ") must be >= 1"});
+    throw ConfigError(
+        {"world_size=" + std::to_string(world_size) + " (" + world_source + ") must be >= 1"});
   }
   if (std::vector<std::string> problems = CheckConstraints(loaded, world_size); !problems.empty()) {
     throw ConfigError(std::move(problems));
@@ -162,7 +173,8 @@ ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& w
   resolved.partition = partition::MakePartition(spec);
   resolved.policy = spec.policy;
   if (values.parallel().num_microbatches() == 0) {
-    loaded.sources.Set("parallel.num_microbatches", Source::Derived("= train.gradient_accumulation_steps"));
+    loaded.sources.Set("parallel.num_microbatches",
+                       Source::Derived("= train.gradient_accumulation_steps"));
   }
   if (spec.policy == partition::Policy::kExplicit && loaded.sources.IsDefault("model.partition")) {
     loaded.sources.Set("model.partition", Source::Derived("explicit lists given"));

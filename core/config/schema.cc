@@ -68,9 +68,10 @@ std::string FirstComponent(std::string_view path) {
 // Settings that belong to the launcher (mpirun / sbatch), never to a config file.
 bool IsLaunchKey(const std::string& name) {
   static const char* const kLaunchKeys[] = {
-      "world_size", "nnodes",      "num_nodes",   "nodes",   "gpus_per_node", "nproc_per_node",
-      "num_gpus",   "cuda_visible_devices",        "devices", "master_addr",   "master_port",
-      "rank",       "local_rank",  "node_rank",   "hostfile"};
+      "world_size",    "nnodes",         "num_nodes",   "nodes",
+      "gpus_per_node", "nproc_per_node", "num_gpus",    "cuda_visible_devices",
+      "devices",       "master_addr",    "master_port", "rank",
+      "local_rank",    "node_rank",      "hostfile"};
   return std::find(std::begin(kLaunchKeys), std::end(kLaunchKeys), name) != std::end(kLaunchKeys);
 }
 
@@ -161,7 +162,8 @@ std::string FormatValue(const Config& values, const KeyInfo& key) {
   if (!field->is_repeated()) {
     std::string text;
     printer.PrintFieldValueToString(message, field, -1, &text);
-    if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) return reflection->GetString(message, field);
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING)
+      return reflection->GetString(message, field);
     return text;
   }
   std::string text = "[";
@@ -186,7 +188,8 @@ std::string LayerName(Layer layer) {
   }
 }
 
-std::vector<std::string> Suggest(std::string_view word, const std::vector<std::string>& candidates) {
+std::vector<std::string> Suggest(std::string_view word,
+                                 const std::vector<std::string>& candidates) {
   const size_t limit = std::max<size_t>(2, word.size() / 3);
   std::vector<std::pair<size_t, std::string>> scored;
   for (const std::string& candidate : candidates) {
@@ -206,9 +209,10 @@ std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view
   const std::string name = LastComponent(path);
   const std::string quoted = "'" + std::string(path) + "'";
   if (IsLaunchKey(name)) {
-    return quoted + " belongs to the launch layer (how many processes, which devices, how they "
-                    "connect): set it in the mpirun/sbatch line (see launch/), never in the config; "
-                    "world_size is read from MPI";
+    return quoted +
+           " belongs to the launch layer (how many processes, which devices, how they "
+           "connect): set it in the mpirun/sbatch line (see launch/), never in the config; "
+           "world_size is read from MPI";
   }
   if (std::string rule = DerivedKeyRule(name); !rule.empty()) {
     return quoted + " cannot be set: " + rule;

@@ -94,24 +94,27 @@ std::vector<std::string> CheckSpec(const PartitionSpec& spec) {
                        " must be 0 or 1 (the number of the first layer)");
   }
   if (spec.num_layers < stages) {
-    problems.push_back("model.num_layers=" + std::to_string(spec.num_layers) +
-                       " is less than the stage count " + stages_formula +
-                       ": every stage needs at least one layer (rule: num_layers >= pp_size*virtual_stages)");
+    problems.push_back(
+        "model.num_layers=" + std::to_string(spec.num_layers) + " is less than the stage count " +
+        stages_formula +
+        ": every stage needs at least one layer (rule: num_layers >= pp_size*virtual_stages)");
   }
   const bool has_counts = !spec.layers_per_stage.empty();
   const bool has_splits = !spec.split_points.empty();
   if (spec.policy != Policy::kExplicit) {
     if (has_counts || has_splits) {
-      problems.push_back("model.partition=" + PolicyName(spec.policy) + " conflicts with model." +
-                         (has_counts ? "layers_per_stage" : "split_points") +
-                         ": an explicit list needs model.partition=explicit (or leave partition unset)");
+      problems.push_back(
+          "model.partition=" + PolicyName(spec.policy) + " conflicts with model." +
+          (has_counts ? "layers_per_stage" : "split_points") +
+          ": an explicit list needs model.partition=explicit (or leave partition unset)");
     }
     return problems;
   }
   if (has_counts == has_splits) {
-    problems.push_back(std::string("model.partition=explicit needs exactly one of model.layers_per_stage "
-                                   "and model.split_points; ") +
-                       (has_counts ? "both are set" : "neither is set"));
+    problems.push_back(
+        std::string("model.partition=explicit needs exactly one of model.layers_per_stage "
+                    "and model.split_points; ") +
+        (has_counts ? "both are set" : "neither is set"));
     return problems;
   }
   if (has_counts) {
@@ -119,14 +122,14 @@ std::vector<std::string> CheckSpec(const PartitionSpec& spec) {
     const int sum = std::accumulate(counts.begin(), counts.end(), 0);
     if (static_cast<int>(counts.size()) != stages) {
       problems.push_back("model.layers_per_stage=" + Join(counts, 0) + " has " +
-                         std::to_string(counts.size()) + " entries but needs one per stage: " +
-                         stages_formula);
+                         std::to_string(counts.size()) +
+                         " entries but needs one per stage: " + stages_formula);
     }
     if (sum != spec.num_layers) {
-      problems.push_back("model.layers_per_stage=" + Join(counts, 0) + " sums to " +
-                         std::to_string(sum) + " but model.num_layers=" +
-                         std::to_string(spec.num_layers) +
-                         " (rule: sum(layers_per_stage) == num_layers; no layer may be dropped or duplicated)");
+      problems.push_back(
+          "model.layers_per_stage=" + Join(counts, 0) + " sums to " + std::to_string(sum) +
+          " but model.num_layers=" + std::to_string(spec.num_layers) +
+          " (rule: sum(layers_per_stage) == num_layers; no layer may be dropped or duplicated)");
     }
     for (size_t s = 0; s < counts.size(); ++s) {
       if (counts[s] <= 0) {
@@ -142,23 +145,24 @@ std::vector<std::string> CheckSpec(const PartitionSpec& spec) {
   const std::string written = "model.split_points=" + Join(splits, spec.origin);
   if (static_cast<int>(splits.size()) != stages - 1) {
     problems.push_back(written + " has " + std::to_string(splits.size()) +
-                       " entries but needs stages-1 = " + std::to_string(stages - 1) + " (stages = " +
-                       stages_formula + ")");
+                       " entries but needs stages-1 = " + std::to_string(stages - 1) +
+                       " (stages = " + stages_formula + ")");
   }
   for (size_t i = 0; i < splits.size(); ++i) {
     if (splits[i] < 1 || splits[i] > spec.num_layers - 1) {
       problems.push_back(written + ": " + std::to_string(splits[i] + spec.origin) +
                          " is outside the layer numbers a stage can start at, " +
                          std::to_string(1 + spec.origin) + ".." +
-                         std::to_string(spec.num_layers - 1 + spec.origin) + " (num_layers=" +
-                         std::to_string(spec.num_layers) + ", origin=" + std::to_string(spec.origin) +
-                         ")");
+                         std::to_string(spec.num_layers - 1 + spec.origin) +
+                         " (num_layers=" + std::to_string(spec.num_layers) +
+                         ", origin=" + std::to_string(spec.origin) + ")");
       break;
     }
     if (i > 0 && splits[i] <= splits[i - 1]) {
       problems.push_back(written + " is not strictly increasing at position " + std::to_string(i) +
                          " (" + std::to_string(splits[i - 1] + spec.origin) + " then " +
-                         std::to_string(splits[i] + spec.origin) + "): that would leave a stage empty");
+                         std::to_string(splits[i] + spec.origin) +
+                         "): that would leave a stage empty");
       break;
     }
   }

@@ -34,7 +34,8 @@ std::vector<std::string> CheckScheduleConstraints(Kind kind, int pp, int virtual
   const std::string p = "parallel.pp_size=" + std::to_string(pp);
   const std::string v = "parallel.virtual_stages=" + std::to_string(virtual_stages);
   if (kind == Kind::kInterleaved1F1B && virtual_stages < 2) {
-    problems.push_back(name + " needs " + v + " >= 2 (model chunks per rank; with 1 it is plain 1f1b)");
+    problems.push_back(name + " needs " + v +
+                       " >= 2 (model chunks per rank; with 1 it is plain 1f1b)");
   }
   if (kind != Kind::kInterleaved1F1B && virtual_stages != 1) {
     problems.push_back(v + " is only used by parallel.schedule=interleaved_1f1b, but " + name +
@@ -47,7 +48,8 @@ std::vector<std::string> CheckScheduleConstraints(Kind kind, int pp, int virtual
   }
   // Interleaving walks micro-batches in groups of pp (as in Megatron-LM).
   if (kind == Kind::kInterleaved1F1B && pp > 0 && num_microbatches % pp != 0) {
-    problems.push_back(name + " needs " + m + " to be a multiple of " + p + " (rule: num_microbatches % pp_size == 0, " +
+    problems.push_back(name + " needs " + m + " to be a multiple of " + p +
+                       " (rule: num_microbatches % pp_size == 0, " +
                        std::to_string(num_microbatches) + " % " + std::to_string(pp) + " = " +
                        std::to_string(num_microbatches % pp) + ")");
   }

@@ -14,8 +14,8 @@ RunResult RunCommand(const std::string& command, int deadline_seconds) {
   RunResult result;
   std::string quoted;
   for (char c : command) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  const std::string wrapped = "timeout -k 5 " + std::to_string(deadline_seconds) + " /bin/sh -c '" +
-                              quoted + "' 2>&1";
+  const std::string wrapped =
+      "timeout -k 5 " + std::to_string(deadline_seconds) + " /bin/sh -c '" + quoted + "' 2>&1";
   const auto start = std::chrono::steady_clock::now();
   FILE* pipe = popen(wrapped.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + command);
@@ -44,12 +44,14 @@ std::string WriteTempFile(const std::string& name, const std::string& contents) 
 
 std::string Mpirun(int ranks) {
   return "mpirun -np " + std::to_string(ranks) +
-         " --oversubscribe --bind-to none --mca btl self,vader --mca btl_vader_single_copy_mechanism none";
+         " --oversubscribe --bind-to none --mca btl self,vader --mca "
+         "btl_vader_single_copy_mechanism none";
 }
 
 int CountOccurrences(const std::string& text, const std::string& needle) {
   int count = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++count;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+    ++count;
   return count;
 }
 

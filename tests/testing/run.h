@@ -11,7 +11,8 @@ struct RunResult {
   double seconds = 0;
 };
 
-// Runs `command` through /bin/sh with a hard deadline (a hang fails the test instead of stalling it).
+// Runs `command` through /bin/sh with a hard deadline (a hang fails the test instead of stalling
+// it).
 RunResult RunCommand(const std::string& command, int deadline_seconds = 120);
 
 // Path of a runfile of this workspace, e.g. Runfile("bigmac") or Runfile("configs/tiny_pp4.yaml").

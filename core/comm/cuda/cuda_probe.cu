@@ -48,7 +48,8 @@ std::string SaxpySelfTest(int device) {
   float* dx = nullptr;
   float* dy = nullptr;
   std::string error;
-  if (cudaError_t s = cudaMalloc(&dx, kN * sizeof(float)); s != cudaSuccess) return Describe("cudaMalloc", s);
+  if (cudaError_t s = cudaMalloc(&dx, kN * sizeof(float)); s != cudaSuccess)
+    return Describe("cudaMalloc", s);
   if (cudaError_t s = cudaMalloc(&dy, kN * sizeof(float)); s != cudaSuccess) {
     cudaFree(dx);
     return Describe("cudaMalloc", s);

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian package BigMac's build, tests and demo need. Idempotent; silent when
+# nothing is missing. The CUDA toolkit is not a Debian package: it must already be in
+# /usr/local/cuda (or $CUDA_HOME); this script only checks for it.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap        # Bazel 4.2.3, offline WORKSPACE build
+  bazel-rules-java       # rules_java for Bazel's own toolchains (WORKSPACE points at it)
+  g++
+  openmpi-bin libopenmpi-dev
+  protobuf-compiler libprotobuf-dev
+  libopenblas-dev
+  libyaml-cpp-dev
+  libcli11-dev
+  nlohmann-json3-dev
+  libgtest-dev libgmock-dev
+  python3                # launch/count_tests.py reads the gtest XML
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$package")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq >/dev/null
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+if [[ ! -x "$cuda_home/bin/nvcc" ]]; then
+  echo "setup: the CUDA toolkit is missing: no $cuda_home/bin/nvcc (BigMac compiles its CUDA targets on every build)" >&2
+  exit 1
+fi
