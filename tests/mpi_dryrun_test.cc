@@ -51,7 +51,7 @@ TEST_P(DryRunLayoutTest, EveryRankPrintsItsCoordinates) {
       std::string::npos);
   const comm::Topology topology(l.ranks, l.pp, dp, l.tp);
   const std::regex line(
-      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+) device=cpu:(\d+) \| stage (\d+): )");
+      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+) device=cpu:(\d+) capacity=[0-9.]+ MiB \| stage (\d+): )");
   int seen = 0;
   for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
        it != std::sregex_iterator(); ++it) {
@@ -78,8 +78,9 @@ INSTANTIATE_TEST_SUITE_P(Mpirun, DryRunLayoutTest,
                          });
 
 TEST(DryRun, EightRanksPrintsStageRanges) {
-  const testutil::RunResult r = RunCommand(DryRun(8, ""), 120);
+  const testutil::RunResult r = RunCommand(DryRun(8, "--set device.memory_limit=1.5GiB"), 120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(CountOccurrences(r.output, "capacity=1536.00 MiB"), 8) << r.output;
   EXPECT_NE(r.output.find("[cfg] world_size=8 pp=4 tp=1 dp=2"), std::string::npos);
   EXPECT_NE(r.output.find("[cfg] split_points=[7, 14, 21] policy=spread_first"), std::string::npos);
   EXPECT_NE(r.output.find("[cfg] stage 0 -> pp rank 0: layers 0-6 (7) + embedding"),

@@ -13,6 +13,7 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/config/schema.h"
+#include "core/memory/allocator.h"
 
 namespace bigmac::cli {
 namespace {
@@ -155,9 +156,14 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   const comm::Topology topology(world.size(), resolved->pp, resolved->dp, resolved->tp);
   comm::GroupComms comms = comm::GroupComms::Create(topology, world.rank());
   if (world.rank() == 0) PrintLines(config::EffectiveConfigLines(*resolved));
-  const std::string placement = "host=" + world.host() +
-                                " local_rank=" + std::to_string(world.local_rank()) +
-                                " device=" + device.ToString();
+  std::string placement = "host=" + world.host() +
+                          " local_rank=" + std::to_string(world.local_rank()) +
+                          " device=" + device.ToString();
+  if (device.backend == "cpu") {
+    placement +=
+        " capacity=" + memory::FormatMiB(memory::CpuCapacity(
+                           resolved->values().device().memory_limit(), world.local_size()));
+  }
   const std::vector<std::string> rank_lines = world.GatherToRoot(
       "[rank] " + comm::FormatRankLine(topology, resolved->partition, world.rank(), placement));
   if (world.rank() == 0) PrintLines(rank_lines);

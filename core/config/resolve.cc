@@ -4,6 +4,7 @@
 
 #include "core/config/errors.h"
 #include "core/config/schema.h"
+#include "core/memory/allocator.h"
 #include "core/schedule/constraints.h"
 
 namespace bigmac::config {
@@ -144,6 +145,13 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
         problem + describe.SetBy({"model.num_layers", "model.partition", "model.layers_per_stage",
                                   "model.split_points", "model.layers_per_stage_origin",
                                   "parallel.pp_size", "parallel.virtual_stages"}));
+  }
+  if (int64_t bytes = 0; !values.device().memory_limit().empty()) {
+    std::string error;
+    if (!memory::ParseByteSize(values.device().memory_limit(), &bytes, &error)) {
+      problems.push_back(describe("device.memory_limit", values.device().memory_limit()) + ": " +
+                         error);
+    }
   }
   if (values.precision().dtype() != "fp32" && values.device().backend() == "cpu") {
     problems.push_back(describe("precision.dtype", values.precision().dtype()) + " needs " +

@@ -1,0 +1,125 @@
+#include "core/memory/allocator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace bigmac::memory {
+namespace {
+
+constexpr int64_t kAlignment = 64;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+}  // namespace
+
+std::string FormatMiB(int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.2f MiB", static_cast<double>(bytes) / kMiB);
+  return text;
+}
+
+OutOfMemoryError::OutOfMemoryError(const std::string& device, int64_t requested, int64_t capacity,
+                                   int64_t in_use)
+    : std::runtime_error(device + ": out of memory: tried to allocate " + FormatMiB(requested) +
+                         "; capacity " + FormatMiB(capacity) + ", " + FormatMiB(capacity - in_use) +
+                         " free (" + FormatMiB(in_use) + " in use)"),
+      requested_(requested) {}
+
+DeviceAllocator::DeviceAllocator(std::string device, int64_t capacity_bytes)
+    : device_(std::move(device)), capacity_(capacity_bytes) {
+  if (capacity_bytes <= 0) throw std::invalid_argument(device_ + ": capacity must be > 0 bytes");
+}
+
+DeviceAllocator::~DeviceAllocator() {
+  for (auto& [pointer, bytes] : sizes_) std::free(pointer);
+}
+
+void* DeviceAllocator::Allocate(int64_t bytes) {
+  if (bytes <= 0)
+    throw std::invalid_argument(device_ + ": allocation of " + std::to_string(bytes) + " bytes");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (bytes > capacity_ - current_) throw OutOfMemoryError(device_, bytes, capacity_, current_);
+  const int64_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* pointer = std::aligned_alloc(kAlignment, rounded);
+  // The host itself ran out before our capacity did: report it the same way.
+  if (!pointer) throw OutOfMemoryError(device_ + " (host)", bytes, capacity_, current_);
+  sizes_[pointer] = bytes;
+  current_ += bytes;
+  if (current_ > peak_) peak_ = current_;
+  return pointer;
+}
+
+void DeviceAllocator::Free(void* pointer) {
+  if (!pointer) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sizes_.find(pointer);
+  if (it == sizes_.end())
+    throw std::logic_error(device_ + ": Free of memory this allocator did not allocate");
+  current_ -= it->second;
+  sizes_.erase(it);
+  std::free(pointer);
+}
+
+int64_t DeviceAllocator::current_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_;
+}
+
+int64_t DeviceAllocator::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_;
+}
+
+void DeviceAllocator::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_ = current_;
+}
+
+int64_t CpuCapacity(const std::string& limit, int ranks_on_node) {
+  int64_t bytes = 0;
+  std::string error;
+  if (!limit.empty() && ParseByteSize(limit, &bytes, &error)) return bytes;
+  const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  return physical / std::max(1, ranks_on_node);
+}
+
+bool ParseByteSize(const std::string& text, int64_t* bytes, std::string* error) {
+  size_t at = 0;
+  while (at < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[at])) || text[at] == '.'))
+    ++at;
+  const std::string number = text.substr(0, at);
+  std::string unit = text.substr(at);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  char* end = nullptr;
+  const double value = number.empty() ? 0 : std::strtod(number.c_str(), &end);
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"B", 1},
+                                                          {"KiB", 1024.0},
+                                                          {"MiB", kMiB},
+                                                          {"GiB", kMiB * 1024},
+                                                          {"TiB", kMiB * kMiB},
+                                                          {"KB", 1e3},
+                                                          {"MB", 1e6},
+                                                          {"GB", 1e9},
+                                                          {"TB", 1e12}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name) {
+      if (number.empty() || !end || *end != '\0' || value <= 0 || !std::isfinite(value * scale) ||
+          value * scale >= 9.2e18) {
+        break;
+      }
+      *bytes = static_cast<int64_t>(std::llround(value * scale));
+      if (*bytes > 0) return true;
+      break;
+    }
+  }
+  *error = "'" + text + "' is not a positive size like 512MiB, 2GiB or 1048576 (bytes)";
+  return false;
+}
+
+}  // namespace bigmac::memory

@@ -1,0 +1,67 @@
+#ifndef BIGMAC_CORE_MEMORY_ALLOCATOR_H_
+#define BIGMAC_CORE_MEMORY_ALLOCATOR_H_
+
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace bigmac::memory {
+
+// Raised when an allocation would exceed the device's capacity. Worded like CUDA's message so that
+// tools (tune-mbs, the seeds' bisection) recognise it; the CLI maps it to kExitOutOfMemory.
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  OutOfMemoryError(const std::string& device, int64_t requested, int64_t capacity, int64_t in_use);
+  int64_t requested() const { return requested_; }
+
+ private:
+  int64_t requested_;
+};
+
+// The one allocator of a device: every tensor's memory comes from here. It tracks current and peak
+// bytes and enforces a capacity (the card's memory on CUDA; device.memory_limit on CPU), which
+// makes out-of-memory behaviour, and the micro-batch search built on it, testable on a CPU.
+// Thread-safe. This CPU implementation hands out 64-byte-aligned host memory.
+class DeviceAllocator {
+ public:
+  DeviceAllocator(std::string device, int64_t capacity_bytes);
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // Returns 64-byte-aligned memory of `bytes` (> 0), or throws OutOfMemoryError.
+  void* Allocate(int64_t bytes);
+  // Frees memory from Allocate; a pointer this allocator did not hand out is a logic error.
+  void Free(void* pointer);
+
+  const std::string& device() const { return device_; }
+  int64_t capacity_bytes() const { return capacity_; }
+  int64_t current_bytes() const;
+  int64_t peak_bytes() const;
+  void ResetPeak();
+
+ private:
+  const std::string device_;
+  const int64_t capacity_;
+  mutable std::mutex mutex_;
+  int64_t current_ = 0;
+  int64_t peak_ = 0;
+  std::unordered_map<void*, int64_t> sizes_;
+};
+
+// "512MiB", "2 GiB", "1.5GiB", "1048576" (bytes), also KB/MB/GB (powers of 1000). Returns false and
+// sets `error` for anything else, or a value <= 0.
+bool ParseByteSize(const std::string& text, int64_t* bytes, std::string* error);
+
+// The capacity a rank gets: `limit` if it is a valid size, otherwise (empty) on CPU the host's
+// physical memory divided among the `ranks_on_node`.
+int64_t CpuCapacity(const std::string& limit, int ranks_on_node);
+
+// "1.50 MiB".
+std::string FormatMiB(int64_t bytes);
+
+}  // namespace bigmac::memory
+
+#endif  // BIGMAC_CORE_MEMORY_ALLOCATOR_H_
