@@ -1,0 +1,112 @@
+#ifndef BIGMAC_CORE_LAYER_LAYER_H_
+#define BIGMAC_CORE_LAYER_LAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory/tensor.h"
+#include "core/registry/registry.h"
+
+namespace bigmac::layer {
+
+using memory::DType;
+using memory::Tensor;
+
+// layer_id numbering: transformer blocks are 0..num_layers-1 (what the partition cuts); the
+// embedding is kEmbeddingLayerId (before block 0) and the head is num_layers (after the last
+// block), so sorting by layer_id gives model order.
+inline constexpr int kEmbeddingLayerId = -1;
+int HeadLayerId(int num_layers);
+std::string LayerIdName(int layer_id, int num_layers);  // "embedding", "block 3", "head"
+
+struct ModelDims {
+  int vocab_size = 256;
+  int hidden_size = 64;
+  int num_heads = 4;
+  int num_layers = 2;
+  int max_seq_length = 64;  // rows of the position embedding
+};
+
+// What a layer is built from. The allocator outlives the layer.
+struct LayerSpec {
+  std::string type;
+  int layer_id = 0;
+  ModelDims dims;
+  DType dtype = DType::kF32;
+  memory::DeviceAllocator* allocator = nullptr;
+  bool activation_checkpointing = false;  // keep only the input; recompute the rest in backward
+};
+
+struct Param {
+  std::string name;  // unique within the layer, e.g. "attn.qkv.weight"
+  Tensor value;
+  Tensor grad;
+  bool weight_decay = false;  // matrices decay; biases and norms do not (GPT-2 convention)
+  // A read-only copy of a weight another layer owns (the head's view of the tied token
+  // embedding). Its gradient is sent to the owner and it receives the owner's value after each
+  // step; optimizers, grad norms and checkpoints skip it.
+  bool tied_copy = false;
+  std::string tied_owner;  // "embedding/wte" for the head's copy
+};
+
+// One micro-batch as every layer sees it. Tokens and targets are (batch, seq) row-major.
+struct MicroBatch {
+  int batch = 1;
+  int seq = 1;
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  // The head's loss is sum(token losses) * loss_scale; the gradient follows. Choosing
+  // 1/(tokens in the global batch) makes every pp/dp split of one global batch give one gradient.
+  double loss_scale = 1.0;
+};
+
+// What a layer keeps between its forward and its backward for one micro-batch.
+struct Saved {
+  std::vector<Tensor> tensors;
+  void Clear() { tensors.clear(); }
+  int64_t bytes() const;
+};
+
+// A model layer: a stage plugin builds it from the registry by type name.
+// Activations between layers are (batch, seq, hidden) tensors of the layer's dtype. The
+// embedding reads tokens instead of `x`; the head writes its loss as a 1-element tensor.
+// The backward is split (the zero-bubble schedule needs it): BackwardInput computes dx and keeps
+// what BackwardWeight needs; BackwardWeight accumulates the parameter gradients and clears
+// `saved`. Backward = BackwardInput then BackwardWeight.
+class Layer {
+ public:
+  explicit Layer(const LayerSpec& spec) : spec_(spec) {}
+  virtual ~Layer() = default;
+
+  const std::string& type() const { return spec_.type; }
+  int layer_id() const { return spec_.layer_id; }
+  const LayerSpec& spec() const { return spec_; }
+
+  virtual std::vector<Param*> Params() = 0;
+  // Deterministic from (seed, layer_id): the same model on any partition.
+  virtual void InitParams(uint64_t seed) = 0;
+
+  virtual void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) = 0;
+  virtual void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) = 0;
+  virtual void BackwardWeight(const MicroBatch& mb, Saved* saved) = 0;
+
+  // Forward FLOPs (multiply-add = 2) and the bytes Forward keeps in `saved`, for planning.
+  virtual int64_t ForwardFlops(int batch, int seq) const = 0;
+  virtual int64_t ActivationBytes(int batch, int seq) const = 0;
+
+ protected:
+  // A (batch, seq, hidden) tensor of this layer's dtype.
+  Tensor NewActivation(int batch, int seq, int width) const;
+  LayerSpec spec_;
+};
+
+using LayerRegistry = registry::Registry<Layer, const LayerSpec&>;
+
+// Builds a layer by type name; an unknown name lists the known types.
+std::unique_ptr<Layer> CreateLayer(const LayerSpec& spec);
+
+}  // namespace bigmac::layer
+
+#endif  // BIGMAC_CORE_LAYER_LAYER_H_

@@ -1,0 +1,73 @@
+#ifndef BIGMAC_STAGES_CPU_KERNELS_H_
+#define BIGMAC_STAGES_CPU_KERNELS_H_
+
+// CPU kernels of the GPT layers, for T = float (training) and T = double (gradient checks).
+// Rows are N = batch*seq tokens. Matmuls go to OpenBLAS; the rest are OpenMP loops with static
+// schedules and no cross-thread reductions, so results are bitwise reproducible run to run.
+// Conventions: "Forward" and "BackwardInput" overwrite their outputs unless they say "+=";
+// "BackwardWeight" always accumulates (gradient accumulation over micro-batches).
+
+#include <cstdint>
+
+namespace bigmac::stages::cpu {
+
+// out(N,OC) = inp(N,C) @ w(OC,C)^T + bias (bias may be null).
+template <typename T>
+void MatmulForward(T* out, const T* inp, const T* w, const T* bias, int n, int c, int oc);
+// dinp(N,C) = dout(N,OC) @ w(OC,C).
+template <typename T>
+void MatmulBackwardInput(T* dinp, const T* dout, const T* w, int n, int c, int oc);
+// dw(OC,C) += dout^T @ inp; dbias(OC) += column sums of dout (dbias may be null).
+template <typename T>
+void MatmulBackwardWeight(T* dw, T* dbias, const T* dout, const T* inp, int n, int c, int oc);
+
+// out = (inp - mean) * rstd * w + b per row; keeps mean and rstd (N each).
+template <typename T>
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int n, int c);
+// dinp += gradient through the normalisation.
+template <typename T>
+void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, const T* mean,
+                            const T* rstd, int n, int c);
+template <typename T>
+void LayerNormBackwardWeight(T* dw, T* db, const T* dout, const T* inp, const T* mean,
+                             const T* rstd, int n, int c);
+
+// Causal multi-head self-attention. qkv (B,T,3C) holds q|k|v; out (B,T,C); att (B,H,T,T) keeps
+// the softmax probabilities (zero above the diagonal). Softmax subtracts the row maximum.
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, int b, int t, int c, int h);
+// dqkv (B,T,3C) from dout (B,T,C).
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b, int t, int c,
+                       int h);
+
+// GELU, tanh approximation (GPT-2).
+template <typename T>
+void GeluForward(T* out, const T* inp, int64_t n);
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
+
+template <typename T>
+void Add(T* out, const T* a, const T* b, int64_t n);
+template <typename T>
+void AddInPlace(T* out, const T* a, int64_t n);
+
+// out(B,T,C) = wte[token] + wpe[position].
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int b, int t,
+                      int c);
+template <typename T>
+void EmbeddingBackwardWeight(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int b, int t,
+                             int c);
+
+// Sum over rows of -log softmax(logits)[target], computed with a stable log-sum-exp, in double.
+template <typename T>
+double CrossEntropyLossSum(const T* logits, const int32_t* targets, int n, int v);
+// dlogits = (softmax(logits) - onehot(target)) * scale.
+template <typename T>
+void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v,
+                          double scale);
+
+}  // namespace bigmac::stages::cpu
+
+#endif  // BIGMAC_STAGES_CPU_KERNELS_H_

@@ -1,0 +1,189 @@
+// GPT-2 transformer block: x + attn(ln1(x)), then + mlp(ln2(.)); causal multi-head attention and a
+// GELU MLP of width 4C. With activation checkpointing, Forward keeps only its input and
+// BackwardInput recomputes the rest with the same kernels, so results are bitwise unchanged.
+#include <cmath>
+
+#include "stages/cpu/kernels.h"
+#include "stages/gpt/gpt_layer.h"
+#include "stages/gpt/init.h"
+
+namespace bigmac::stages::gpt {
+namespace {
+
+template <typename T>
+class Block : public GptLayer<T> {
+  using Base = GptLayer<T>;
+  // Saved tensors, in the order Forward (then BackwardInput) appends them.
+  enum SavedIndex {
+    kX, kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtt, kAtty, kRes2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu,
+    kForwardCount,
+    kDy = kForwardCount, kDFch, kDLn2, kDRes2, kDQkv, kDLn1,
+  };
+
+ public:
+  explicit Block(const LayerSpec& spec) : Base(spec) {
+    const int c = this->C();
+    if (c % spec.dims.num_heads != 0) {
+      throw std::invalid_argument("block: hidden_size " + std::to_string(c) + " not divisible by num_heads " +
+                                  std::to_string(spec.dims.num_heads));
+    }
+    ln1_w_ = this->AddParam("ln1.weight", {c}, false);
+    ln1_b_ = this->AddParam("ln1.bias", {c}, false);
+    qkv_w_ = this->AddParam("attn.qkv.weight", {3 * c, c}, true);
+    qkv_b_ = this->AddParam("attn.qkv.bias", {3 * c}, false);
+    proj_w_ = this->AddParam("attn.proj.weight", {c, c}, true);
+    proj_b_ = this->AddParam("attn.proj.bias", {c}, false);
+    ln2_w_ = this->AddParam("ln2.weight", {c}, false);
+    ln2_b_ = this->AddParam("ln2.bias", {c}, false);
+    fc_w_ = this->AddParam("mlp.fc.weight", {4 * c, c}, true);
+    fc_b_ = this->AddParam("mlp.fc.bias", {4 * c}, false);
+    fcproj_w_ = this->AddParam("mlp.proj.weight", {c, 4 * c}, true);
+    fcproj_b_ = this->AddParam("mlp.proj.bias", {c}, false);
+  }
+
+  void InitParams(uint64_t seed) override {
+    // GPT-2: N(0, 0.02); projections into the residual stream scaled by 1/sqrt(2 * layers).
+    const double residual_std = 0.02 / std::sqrt(2.0 * this->spec_.dims.num_layers);
+    for (Param& param : this->params_) {
+      if (param.name.find("ln") == 0) {
+        FillConstant(&param.value, param.name.find("weight") != std::string::npos ? 1.0 : 0.0);
+      } else if (param.name.find("bias") != std::string::npos) {
+        FillConstant(&param.value, 0.0);
+      } else {
+        const bool residual = param.name == "attn.proj.weight" || param.name == "mlp.proj.weight";
+        FillNormal(&param.value, residual ? residual_std : 0.02, seed, this->layer_id(), param.name);
+      }
+    }
+  }
+
+  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
+    saved->Clear();
+    saved->tensors.push_back(x.Clone());
+    if (!this->spec_.activation_checkpointing) ComputeInternals(mb, saved);
+    *y = this->NewActivation(mb.batch, mb.seq, this->C());
+    if (this->spec_.activation_checkpointing) {
+      // Compute the output through a temporary set of internals, then drop them.
+      Saved scratch;
+      scratch.tensors.push_back(x.Clone());
+      ComputeInternals(mb, &scratch);
+      ComputeOutput(mb, scratch, y);
+    } else {
+      ComputeOutput(mb, *saved, y);
+    }
+  }
+
+  void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) override {
+    auto& s = saved->tensors;
+    if (s.size() == 1) ComputeInternals(mb, saved);  // checkpointed: recompute
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    s.push_back(dy.Clone());  // kDy
+    // MLP: y = res2 + proj(gelu(fc(ln2(res2)))).
+    Tensor dfch_gelu = this->New({n, 4 * c});
+    cpu::MatmulBackwardInput(Base::D(dfch_gelu), Base::D(dy), this->W(fcproj_w_), n, 4 * c, c);
+    Tensor dfch = this->New({n, 4 * c});
+    cpu::GeluBackward(Base::D(dfch), Base::D(s[kFch]), Base::D(dfch_gelu), int64_t{n} * 4 * c);
+    s[kFch] = Tensor();
+    Tensor dln2 = this->New({n, c});
+    cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(fc_w_), n, c, 4 * c);
+    Tensor dres2 = dy.Clone();
+    cpu::LayerNormBackwardInput(Base::D(dres2), Base::D(dln2), Base::D(s[kRes2]), this->W(ln2_w_),
+                                Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n, c);
+    // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
+    Tensor datty = this->New({n, c});
+    cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(proj_w_), n, c, c);
+    Tensor dqkv = this->New({n, 3 * c});
+    cpu::AttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]), mb.batch, mb.seq, c,
+                           this->spec_.dims.num_heads);
+    s[kAtt] = Tensor();
+    s[kQkv] = Tensor();
+    Tensor dln1 = this->New({n, c});
+    cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(qkv_w_), n, c, 3 * c);
+    *dx = dres2.Clone();
+    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]), this->W(ln1_w_), Base::D(s[kLn1Mean]),
+                                Base::D(s[kLn1Rstd]), n, c);
+    s.push_back(std::move(dfch));
+    s.push_back(std::move(dln2));
+    s.push_back(std::move(dres2));
+    s.push_back(std::move(dqkv));
+    s.push_back(std::move(dln1));
+  }
+
+  void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
+    auto& s = saved->tensors;
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    cpu::MatmulBackwardWeight(this->G(fcproj_w_), this->G(fcproj_b_), Base::D(s[kDy]), Base::D(s[kFchGelu]), n,
+                              4 * c, c);
+    cpu::MatmulBackwardWeight(this->G(fc_w_), this->G(fc_b_), Base::D(s[kDFch]), Base::D(s[kLn2]), n, c, 4 * c);
+    cpu::LayerNormBackwardWeight(this->G(ln2_w_), this->G(ln2_b_), Base::D(s[kDLn2]), Base::D(s[kRes2]),
+                                 Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n, c);
+    cpu::MatmulBackwardWeight(this->G(proj_w_), this->G(proj_b_), Base::D(s[kDRes2]), Base::D(s[kAtty]), n, c, c);
+    cpu::MatmulBackwardWeight(this->G(qkv_w_), this->G(qkv_b_), Base::D(s[kDQkv]), Base::D(s[kLn1]), n, c, 3 * c);
+    cpu::LayerNormBackwardWeight(this->G(ln1_w_), this->G(ln1_b_), Base::D(s[kDLn1]), Base::D(s[kX]),
+                                 Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n, c);
+    saved->Clear();
+  }
+
+  int64_t ForwardFlops(int batch, int seq) const override {
+    const int64_t n = int64_t{batch} * seq;
+    const int64_t c = this->C();
+    return 2 * n * 12 * c * c + 2 * int64_t{batch} * seq * seq * c;  // matmuls + causal attention
+  }
+  int64_t ActivationBytes(int batch, int seq) const override {
+    const int64_t n = int64_t{batch} * seq;
+    const int64_t c = this->C();
+    const int64_t elements = this->spec_.activation_checkpointing
+                                 ? n * c
+                                 : n * c * 13 + 4 * n + int64_t{batch} * this->spec_.dims.num_heads * seq * seq;
+    return elements * memory::DTypeSize(this->spec_.dtype);
+  }
+
+ private:
+  // Fills saved[kLn1 .. kFchGelu] from saved[kX].
+  void ComputeInternals(const MicroBatch& mb, Saved* saved) {
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    const int h = this->spec_.dims.num_heads;
+    auto& s = saved->tensors;
+    s.resize(kForwardCount);
+    s[kLn1] = this->New({n, c});
+    s[kLn1Mean] = this->New({n});
+    s[kLn1Rstd] = this->New({n});
+    s[kQkv] = this->New({n, 3 * c});
+    s[kAtt] = this->New({mb.batch, h, mb.seq, mb.seq});
+    s[kAtty] = this->New({n, c});
+    s[kRes2] = this->New({n, c});
+    s[kLn2] = this->New({n, c});
+    s[kLn2Mean] = this->New({n});
+    s[kLn2Rstd] = this->New({n});
+    s[kFch] = this->New({n, 4 * c});
+    s[kFchGelu] = this->New({n, 4 * c});
+    cpu::LayerNormForward(Base::D(s[kLn1]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), Base::D(s[kX]),
+                          this->W(ln1_w_), this->W(ln1_b_), n, c);
+    cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(qkv_w_), this->W(qkv_b_), n, c, 3 * c);
+    cpu::AttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch, mb.seq, c, h);
+    Tensor attn_out = this->New({n, c});
+    cpu::MatmulForward(Base::D(attn_out), Base::D(s[kAtty]), this->W(proj_w_), this->W(proj_b_), n, c, c);
+    cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
+    cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), Base::D(s[kRes2]),
+                          this->W(ln2_w_), this->W(ln2_b_), n, c);
+    cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(fc_w_), this->W(fc_b_), n, c, 4 * c);
+    cpu::GeluForward(Base::D(s[kFchGelu]), Base::D(s[kFch]), int64_t{n} * 4 * c);
+  }
+
+  void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) {
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    cpu::MatmulForward(Base::D(*y), Base::D(saved.tensors[kFchGelu]), this->W(fcproj_w_), this->W(fcproj_b_), n,
+                       4 * c, c);
+    cpu::AddInPlace(Base::D(*y), Base::D(saved.tensors[kRes2]), int64_t{n} * c);
+  }
+
+  int ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, fcproj_w_, fcproj_b_;
+};
+
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block", MakeTyped<Block>);
+
+}  // namespace
+}  // namespace bigmac::stages::gpt

@@ -1,0 +1,62 @@
+// GPT-2 embedding: token embedding plus learned position embedding. Owns the tied token
+// embedding `wte` that the head also uses.
+#include "stages/cpu/kernels.h"
+#include "stages/gpt/gpt_layer.h"
+#include "stages/gpt/init.h"
+
+namespace bigmac::stages::gpt {
+namespace {
+
+template <typename T>
+class Embedding : public GptLayer<T> {
+  using Base = GptLayer<T>;
+
+ public:
+  explicit Embedding(const LayerSpec& spec) : Base(spec) {
+    wte_ = this->AddParam("wte", {this->V(), this->C()}, true);
+    wpe_ = this->AddParam("wpe", {spec.dims.max_seq_length, this->C()}, true);
+  }
+
+  void InitParams(uint64_t seed) override {
+    FillNormal(&this->params_[wte_].value, 0.02, seed, this->layer_id(), "wte");
+    FillNormal(&this->params_[wpe_].value, 0.01, seed, this->layer_id(), "wpe");
+  }
+
+  void Forward(const MicroBatch& mb, const Tensor&, Tensor* y, Saved* saved) override {
+    CheckBatch(mb);
+    *y = this->NewActivation(mb.batch, mb.seq, this->C());
+    cpu::EmbeddingForward(Base::D(*y), mb.tokens, this->W(wte_), this->W(wpe_), mb.batch, mb.seq, this->C());
+    saved->Clear();
+  }
+
+  // The embedding is the first layer: there is no input gradient. Keep dy for the weights.
+  void BackwardInput(const MicroBatch&, const Tensor& dy, Tensor* dx, Saved* saved) override {
+    if (dx) *dx = Tensor();
+    saved->tensors.push_back(dy.Clone());
+  }
+
+  void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
+    cpu::EmbeddingBackwardWeight(this->G(wte_), this->G(wpe_), Base::D(saved->tensors.at(0)), mb.tokens,
+                                 mb.batch, mb.seq, this->C());
+    saved->Clear();
+  }
+
+  int64_t ForwardFlops(int batch, int seq) const override { return int64_t{batch} * seq * this->C(); }
+  int64_t ActivationBytes(int, int) const override { return 0; }
+
+ private:
+  void CheckBatch(const MicroBatch& mb) const {
+    if (mb.seq > this->spec_.dims.max_seq_length) {
+      throw std::invalid_argument("embedding: sequence of " + std::to_string(mb.seq) +
+                                  " tokens is longer than the position table (" +
+                                  std::to_string(this->spec_.dims.max_seq_length) + ")");
+    }
+  }
+  int wte_ = 0;
+  int wpe_ = 0;
+};
+
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding", MakeTyped<Embedding>);
+
+}  // namespace
+}  // namespace bigmac::stages::gpt

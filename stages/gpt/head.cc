@@ -1,0 +1,92 @@
+// GPT-2 head: final LayerNorm, output projection tied to the token embedding, cross-entropy.
+// The head holds a read-only copy of the embedding's `wte` (the embedding's stage owns it).
+#include "stages/cpu/kernels.h"
+#include "stages/gpt/gpt_layer.h"
+#include "stages/gpt/init.h"
+
+namespace bigmac::stages::gpt {
+namespace {
+
+template <typename T>
+class Head : public GptLayer<T> {
+  using Base = GptLayer<T>;
+  enum SavedIndex { kX, kNorm, kMean, kRstd, kLogits, kDLogits, kDNorm };
+
+ public:
+  explicit Head(const LayerSpec& spec) : Base(spec) {
+    lnf_w_ = this->AddParam("lnf.weight", {this->C()}, false);
+    lnf_b_ = this->AddParam("lnf.bias", {this->C()}, false);
+    wte_ = this->AddParam("wte", {this->V(), this->C()}, false);
+    this->params_[wte_].tied_copy = true;
+    this->params_[wte_].tied_owner = "embedding/wte";
+  }
+
+  void InitParams(uint64_t seed) override {
+    FillConstant(&this->params_[lnf_w_].value, 1.0);
+    FillConstant(&this->params_[lnf_b_].value, 0.0);
+    // Same stream as the owner's, so the copy starts equal even before the first exchange.
+    FillNormal(&this->params_[wte_].value, 0.02, seed, layer::kEmbeddingLayerId, "wte");
+  }
+
+  // y: the loss of this micro-batch, sum(token losses) * loss_scale, as a 1-element tensor.
+  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
+    const int n = mb.batch * mb.seq;
+    saved->Clear();
+    saved->tensors.push_back(x.Clone());
+    saved->tensors.push_back(this->New({n, this->C()}));
+    saved->tensors.push_back(this->New({n}));
+    saved->tensors.push_back(this->New({n}));
+    saved->tensors.push_back(this->New({n, this->V()}));
+    auto& s = saved->tensors;
+    cpu::LayerNormForward(Base::D(s[kNorm]), Base::D(s[kMean]), Base::D(s[kRstd]), Base::D(x),
+                          this->W(lnf_w_), this->W(lnf_b_), n, this->C());
+    cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(wte_), nullptr, n, this->C(), this->V());
+    *y = this->New({1});
+    Base::D(*y)[0] = static_cast<T>(cpu::CrossEntropyLossSum(Base::D(s[kLogits]), mb.targets, n, this->V()) *
+                                    mb.loss_scale);
+  }
+
+  // dy is ignored: the head starts the backward with d(loss)/d(loss) = 1.
+  void BackwardInput(const MicroBatch& mb, const Tensor&, Tensor* dx, Saved* saved) override {
+    const int n = mb.batch * mb.seq;
+    auto& s = saved->tensors;
+    Tensor dlogits = this->New({n, this->V()});
+    cpu::CrossEntropyBackward(Base::D(dlogits), Base::D(s[kLogits]), mb.targets, n, this->V(), mb.loss_scale);
+    s[kLogits] = Tensor();  // no longer needed
+    Tensor dnorm = this->New({n, this->C()});
+    cpu::MatmulBackwardInput(Base::D(dnorm), Base::D(dlogits), this->W(wte_), n, this->C(), this->V());
+    *dx = this->NewActivation(mb.batch, mb.seq, this->C());
+    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(s[kX]), this->W(lnf_w_), Base::D(s[kMean]),
+                                Base::D(s[kRstd]), n, this->C());
+    s.push_back(std::move(dlogits));
+    s.push_back(std::move(dnorm));
+  }
+
+  void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
+    const int n = mb.batch * mb.seq;
+    auto& s = saved->tensors;
+    cpu::MatmulBackwardWeight<T>(this->G(wte_), nullptr, Base::D(s[kDLogits]), Base::D(s[kNorm]), n, this->C(),
+                                 this->V());
+    cpu::LayerNormBackwardWeight(this->G(lnf_w_), this->G(lnf_b_), Base::D(s[kDNorm]), Base::D(s[kX]),
+                                 Base::D(s[kMean]), Base::D(s[kRstd]), n, this->C());
+    saved->Clear();
+  }
+
+  int64_t ForwardFlops(int batch, int seq) const override {
+    return 2 * int64_t{batch} * seq * this->C() * this->V();
+  }
+  int64_t ActivationBytes(int batch, int seq) const override {
+    const int64_t n = int64_t{batch} * seq;
+    return (2 * n * this->C() + 2 * n + n * this->V()) * memory::DTypeSize(this->spec_.dtype);
+  }
+
+ private:
+  int lnf_w_ = 0;
+  int lnf_b_ = 0;
+  int wte_ = 0;
+};
+
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_head", MakeTyped<Head>);
+
+}  // namespace
+}  // namespace bigmac::stages::gpt
