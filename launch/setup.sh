@@ -10,7 +10,8 @@ packages=(
   g++
   openmpi-bin libopenmpi-dev
   protobuf-compiler libprotobuf-dev
-  libopenblas-dev
+  libopenblas-dev libopenblas-openmp-dev   # BigMac links the OpenMP build
+  fortunes               # the demo's English corpus
   libyaml-cpp-dev
   libcli11-dev
   nlohmann-json3-dev

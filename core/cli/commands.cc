@@ -14,6 +14,9 @@
 #include "core/config/resolve.h"
 #include "core/config/schema.h"
 #include "core/memory/allocator.h"
+#include "core/data/dataset.h"
+#include "core/data/shard.h"
+#include "core/engine/trainer.h"
 
 namespace bigmac::cli {
 namespace {
@@ -105,7 +108,37 @@ void PrintLines(const std::vector<std::string>& lines) {
   std::fflush(stdout);
 }
 
+// Runs the trainer and maps its failures to exit codes (docs/exit_codes.md).
+int RunSingleRankTraining(const config::ResolvedConfig& resolved) {
+  try {
+    engine::TrainSingleRank(resolved, [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    });
+    return kExitOk;
+  } catch (const memory::OutOfMemoryError& error) {
+    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    return kExitOutOfMemory;
+  } catch (const engine::NumericalError& error) {
+    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    return kExitNumerical;
+  } catch (const data::DataError& error) {
+    std::fprintf(stderr, "bigmac: bad data: %s\n", error.what());
+    return kExitBadData;
+  }
+}
+
 }  // namespace
+
+int RunDataPrep(const DataPrepOptions& options) {
+  try {
+    std::printf("%s\n", data::PrepareByteShards(options.inputs, options.output, options.val_every).c_str());
+    return kExitOk;
+  } catch (const data::DataError& error) {
+    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    return kExitBadData;
+  }
+}
 
 std::string ConfigKeysHelp() {
   std::string text = "Config keys (YAML sections, or --set key=value):\n";
@@ -171,17 +204,20 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
 
   if (options.dry_run) {
     if (world.rank() == 0) {
-      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n",
-                  world.size());
+      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n", world.size());
     }
     return kExitOk;
   }
-  if (world.rank() == 0) {
-    std::fprintf(stderr,
-                 "bigmac: this build has no training engine yet (it lands with the model and "
-                 "pipeline engine); only --dry-run is available\n");
+  if (world.size() != 1) {
+    if (world.rank() == 0) {
+      std::fprintf(stderr,
+                   "bigmac: training with %d ranks (pp=%d, dp=%d) needs the pipeline engine, which "
+                   "this build does not have yet; run one rank, or use --dry-run\n",
+                   world.size(), resolved->pp, resolved->dp);
+    }
+    return kExitFailure;
   }
-  return kExitFailure;
+  return RunSingleRankTraining(*resolved);
 }
 
 int RunPlan(const PlanOptions& options) {

@@ -24,6 +24,15 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv);
 // `bigmac plan`: the dry-run's printout for a given world size, without MPI.
 int RunPlan(const PlanOptions& options);
 
+struct DataPrepOptions {
+  std::vector<std::string> inputs;
+  std::string output;
+  int val_every = 20;
+};
+
+// `bigmac data prep`: text files -> byte-level token shards with a held-out validation split.
+int RunDataPrep(const DataPrepOptions& options);
+
 // Help text listing every config key with its layer, default and meaning.
 std::string ConfigKeysHelp();
 

@@ -5,9 +5,11 @@ namespace bigmac::cli {
 
 // Process exit codes; docs/exit_codes.md is the user-facing table. Keep both in step.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;  // an internal or runtime error
-inline constexpr int kExitConfig =
-    2;  // bad command line or configuration (same code on every rank)
+inline constexpr int kExitFailure = 1;      // an internal or runtime error
+inline constexpr int kExitConfig = 2;       // bad command line or configuration (every rank)
+inline constexpr int kExitOutOfMemory = 3;  // memory::OutOfMemoryError: over the device's capacity
+inline constexpr int kExitNumerical = 4;    // engine::NumericalError: NaN/Inf loss or gradient
+inline constexpr int kExitBadData = 5;      // data::DataError: a data file that cannot be used
 
 }  // namespace bigmac::cli
 

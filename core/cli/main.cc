@@ -1,11 +1,13 @@
 // The bigmac command line: `bigmac train`, `bigmac plan`.
 #include <CLI/CLI.hpp>
 
+#include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
 
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
+  bigmac::cli::EnsureFastBlasKernels(argv);
   CLI::App app{
       "BigMac: pipeline-parallel training of transformer models.\n"
       "Run `bigmac <command> --help` for a command's options."};
@@ -40,6 +42,20 @@ int main(int argc, char** argv) {
   plan->add_option("--set", plan_options.overrides, "override a key (as for train)");
   plan->footer(bigmac::cli::ConfigKeysHelp());
 
+  bigmac::cli::DataPrepOptions prep_options;
+  CLI::App* data = app.add_subcommand("data", "Prepare training data.");
+  data->require_subcommand(1);
+  CLI::App* prep = data->add_subcommand(
+      "prep", "Turn UTF-8 text files into byte-level token shards (vocabulary 256), holding out "
+              "every Nth block of 4096 tokens for validation. Format: docs/data.md.");
+  prep->add_option("--input", prep_options.inputs, "text files, concatenated in this order")
+      ->required()
+      ->check(CLI::ExistingFile);
+  prep->add_option("--output", prep_options.output, "directory for train_NNN.bin and val_NNN.bin")
+      ->required();
+  prep->add_option("--val-every", prep_options.val_every, "hold out every Nth block (default 20: 5%)")
+      ->check(CLI::Range(2, 1000));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -47,5 +63,6 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitConfig;
   }
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
+  if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   return bigmac::cli::RunPlan(plan_options);
 }

@@ -1,0 +1,100 @@
+#include "core/optim/adamw.h"
+
+#include <cmath>
+
+namespace bigmac::optim {
+namespace {
+
+template <typename T>
+void UpdateTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, double eps,
+                 double wd, double bias1, double bias2) {
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = static_cast<T>(b1 * m[i] + (1 - b1) * g[i]);
+    v[i] = static_cast<T>(b2 * v[i] + (1 - b2) * double(g[i]) * g[i]);
+    const double m_hat = m[i] / bias1;
+    const double v_hat = v[i] / bias2;
+    p[i] = static_cast<T>(p[i] - lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * p[i]));
+  }
+}
+
+template <typename T>
+double SumSquares(const T* g, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * g[i];
+  return sum;
+}
+
+}  // namespace
+
+void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t step) {
+  const double bias1 = 1 - std::pow(options_.beta1, double(step));
+  const double bias2 = 1 - std::pow(options_.beta2, double(step));
+  for (layer::Param* param : params) {
+    State& state = state_[param];
+    if (state.m.empty()) {
+      state.m = param->value.Clone();
+      state.m.Zero();
+      state.v = state.m.Clone();
+    }
+    const double wd = param->weight_decay ? options_.weight_decay : 0.0;
+    const int64_t n = param->value.numel();
+    if (param->value.dtype() == memory::DType::kF64) {
+      UpdateTyped(param->value.data<double>(), param->grad.data<double>(), state.m.data<double>(),
+                  state.v.data<double>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd, bias1, bias2);
+    } else {
+      UpdateTyped(param->value.data<float>(), param->grad.data<float>(), state.m.data<float>(),
+                  state.v.data<float>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd, bias1, bias2);
+    }
+  }
+}
+
+const memory::Tensor* AdamW::FirstMoment(const layer::Param* param) const {
+  auto it = state_.find(param);
+  return it == state_.end() ? nullptr : &it->second.m;
+}
+
+const memory::Tensor* AdamW::SecondMoment(const layer::Param* param) const {
+  auto it = state_.find(param);
+  return it == state_.end() ? nullptr : &it->second.v;
+}
+
+double LearningRate(const LrSchedule& s, int64_t step) {
+  if (step < s.warmup_steps) return s.lr * double(step + 1) / double(s.warmup_steps);
+  const double span = double(std::max<int64_t>(1, s.max_steps - s.warmup_steps));
+  const double progress = std::min(1.0, double(step - s.warmup_steps) / span);
+  return s.min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (s.lr - s.min_lr);
+}
+
+double GlobalGradNorm(const std::vector<layer::Param*>& params) {
+  double sum = 0;
+  for (const layer::Param* param : params) {
+    sum += param->grad.dtype() == memory::DType::kF64 ? SumSquares(param->grad.data<double>(), param->grad.numel())
+                                                      : SumSquares(param->grad.data<float>(), param->grad.numel());
+  }
+  return std::sqrt(sum);
+}
+
+void ScaleGradients(const std::vector<layer::Param*>& params, double factor) {
+  for (layer::Param* param : params) {
+    if (param->grad.dtype() == memory::DType::kF64) {
+      for (int64_t i = 0; i < param->grad.numel(); ++i) param->grad.data<double>()[i] *= factor;
+    } else {
+      for (int64_t i = 0; i < param->grad.numel(); ++i) param->grad.data<float>()[i] *= static_cast<float>(factor);
+    }
+  }
+}
+
+bool AllFinite(const memory::Tensor& tensor) {
+  if (tensor.dtype() == memory::DType::kF64) {
+    for (int64_t i = 0; i < tensor.numel(); ++i) {
+      if (!std::isfinite(tensor.data<double>()[i])) return false;
+    }
+  } else {
+    for (int64_t i = 0; i < tensor.numel(); ++i) {
+      if (!std::isfinite(tensor.data<float>()[i])) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace bigmac::optim
