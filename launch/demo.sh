@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo: build bigmac, plan a layout without MPI, dry-run it under mpirun with 8 ranks on the
-# CPU, change a value with --set and see it in the [cfg] log, then watch a bad layout get refused.
+# The demo: train a small character-level GPT on real English text (the fortunes corpus) on one
+# CPU rank, then plan a pipeline layout, dry-run it under mpirun with 8 ranks, change a value with
+# --set and see it in the [cfg] log, and watch a bad layout get refused.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 launch/setup.sh
@@ -8,6 +9,15 @@ bazel build //:bigmac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca btl_vader_single_copy_mechanism none)
 step() { printf '\n=== %s\n$ %s\n' "$1" "${*:2}"; }
+
+step "prepare the fortunes corpus (Debian package 'fortunes') as byte-level token shards" \
+  bazel-bin/bigmac data prep --input /usr/share/games/fortunes/... --output data/fortunes
+corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
+bazel-bin/bigmac data prep --input $corpus --output data/fortunes
+
+step "train configs/tiny.yaml on one rank (a few minutes on 2 cores)" \
+  bazel-bin/bigmac train --config configs/tiny.yaml
+bazel-bin/bigmac train --config configs/tiny.yaml "$@"
 
 step "plan: the stage table for 8 ranks, no MPI needed" bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 8
 bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 8 | grep -v '^\[cfg\]   [a-z]*\.'

@@ -52,8 +52,9 @@ Batch MakeBatch(int b, int t, int vocab) {
 }
 
 // Compares `analytic` with central differences of `objective` over every element of `value`.
-void CheckAllElements(const std::string& what, Tensor* value, const Tensor& analytic,
-                      const std::function<double()>& objective, const std::function<void()>& after_change = [] {}) {
+void CheckAllElements(
+    const std::string& what, Tensor* value, const Tensor& analytic,
+    const std::function<double()>& objective, const std::function<void()>& after_change = [] {}) {
   double* v = value->data<double>();
   const double* a = analytic.data<double>();
   int bad = 0;
@@ -97,7 +98,8 @@ void CheckLayer(const std::string& type, bool checkpointing) {
   for (layer::Param* param : layer->Params()) {
     Tensor noise(&allocator, param->value.shape(), DType::kF64);
     stages::gpt::FillNormal(&noise, 0.1, 7, spec.layer_id, param->name);
-    for (int64_t i = 0; i < noise.numel(); ++i) param->value.data<double>()[i] += noise.data<double>()[i];
+    for (int64_t i = 0; i < noise.numel(); ++i)
+      param->value.data<double>()[i] += noise.data<double>()[i];
   }
   Batch batch = MakeBatch(2, 5, spec.dims.vocab_size);
   const bool is_head = type == "gpt_head";
@@ -149,8 +151,9 @@ TEST(GradCheck, WholeModelWithTiedEmbedding) {
   stage.ForwardBackward(batch.mb);
   stage.ReduceTiedGradients();
   for (const auto& named : stage.OwnedParams()) {
-    CheckAllElements(named.name, &named.param->value, named.param->grad,
-                     [&] { return stage.ForwardLoss(batch.mb); }, [&] { stage.SyncTiedCopies(); });
+    CheckAllElements(
+        named.name, &named.param->value, named.param->grad,
+        [&] { return stage.ForwardLoss(batch.mb); }, [&] { stage.SyncTiedCopies(); });
   }
 }
 
@@ -163,7 +166,8 @@ TEST(Registry, UnknownLayerTypeListsTheKnownOnes) {
     layer::CreateLayer(spec);
     FAIL();
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("unknown type 'gpt_blok'; known types: gpt_block, gpt_embedding, gpt_head"),
+    EXPECT_NE(std::string(error.what())
+                  .find("unknown type 'gpt_blok'; known types: gpt_block, gpt_embedding, gpt_head"),
               std::string::npos)
         << error.what();
   }

@@ -13,10 +13,10 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/config/schema.h"
-#include "core/memory/allocator.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
 #include "core/engine/trainer.h"
+#include "core/memory/allocator.h"
 
 namespace bigmac::cli {
 namespace {
@@ -132,7 +132,8 @@ int RunSingleRankTraining(const config::ResolvedConfig& resolved) {
 
 int RunDataPrep(const DataPrepOptions& options) {
   try {
-    std::printf("%s\n", data::PrepareByteShards(options.inputs, options.output, options.val_every).c_str());
+    std::printf("%s\n",
+                data::PrepareByteShards(options.inputs, options.output, options.val_every).c_str());
     return kExitOk;
   } catch (const data::DataError& error) {
     std::fprintf(stderr, "bigmac: %s\n", error.what());
@@ -204,7 +205,8 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
 
   if (options.dry_run) {
     if (world.rank() == 0) {
-      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n", world.size());
+      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n",
+                  world.size());
     }
     return kExitOk;
   }

@@ -46,14 +46,16 @@ int main(int argc, char** argv) {
   CLI::App* data = app.add_subcommand("data", "Prepare training data.");
   data->require_subcommand(1);
   CLI::App* prep = data->add_subcommand(
-      "prep", "Turn UTF-8 text files into byte-level token shards (vocabulary 256), holding out "
-              "every Nth block of 4096 tokens for validation. Format: docs/data.md.");
+      "prep",
+      "Turn UTF-8 text files into byte-level token shards (vocabulary 256), holding out "
+      "every Nth block of 4096 tokens for validation. Format: docs/data.md.");
   prep->add_option("--input", prep_options.inputs, "text files, concatenated in this order")
       ->required()
       ->check(CLI::ExistingFile);
   prep->add_option("--output", prep_options.output, "directory for train_NNN.bin and val_NNN.bin")
       ->required();
-  prep->add_option("--val-every", prep_options.val_every, "hold out every Nth block (default 20: 5%)")
+  prep->add_option("--val-every", prep_options.val_every,
+                   "hold out every Nth block (default 20: 5%)")
       ->check(CLI::Range(2, 1000));
 
   try {

@@ -161,9 +161,10 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
     }
   }
   const Optim& optim = values.optim();
-  auto check_range = [&](const std::string& key, double value, double low, bool low_open, double high, bool high_open,
-                         const std::string& rule) {
-    const bool ok = (low_open ? value > low : value >= low) && (high_open ? value < high : value <= high);
+  auto check_range = [&](const std::string& key, double value, double low, bool low_open,
+                         double high, bool high_open, const std::string& rule) {
+    const bool ok =
+        (low_open ? value > low : value >= low) && (high_open ? value < high : value <= high);
     if (!ok) problems.push_back(describe(key, FormatDouble(value)) + " must be " + rule);
   };
   check_range("optim.lr", optim.lr(), 0, true, 1e9, false, "> 0");
@@ -172,7 +173,8 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
   check_range("optim.beta2", optim.beta2(), 0, false, 1, true, "in [0, 1)");
   check_range("optim.eps", optim.eps(), 0, true, 1e9, false, "> 0");
   check_range("optim.weight_decay", optim.weight_decay(), 0, false, 1e9, false, ">= 0");
-  check_range("optim.grad_clip", optim.grad_clip(), 0, false, 1e18, false, ">= 0 (0 turns clipping off)");
+  check_range("optim.grad_clip", optim.grad_clip(), 0, false, 1e18, false,
+              ">= 0 (0 turns clipping off)");
   if (optim.warmup_steps() > train.max_steps()) {
     problems.push_back(describe("optim.warmup_steps", optim.warmup_steps()) + " must not exceed " +
                        describe("train.max_steps", train.max_steps()));

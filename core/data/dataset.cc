@@ -28,7 +28,8 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split) {
   }
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(split + "_", 0) == 0 && entry.path().extension() == ".bin") paths.push_back(entry.path().string());
+    if (name.rfind(split + "_", 0) == 0 && entry.path().extension() == ".bin")
+      paths.push_back(entry.path().string());
   }
   std::sort(paths.begin(), paths.end());
   if (paths.empty()) throw DataError(dir + ": no " + split + "_*.bin shards");
@@ -52,10 +53,11 @@ void TokenDataset::Window(int64_t offset, int seq, int32_t* tokens, int32_t* tar
   }
 }
 
-void TokenDataset::TrainBatch(uint64_t seed, int64_t step, int dp_rank, int micro_batch, int batch, int seq,
-                              int32_t* tokens, int32_t* targets) const {
+void TokenDataset::TrainBatch(uint64_t seed, int64_t step, int dp_rank, int micro_batch, int batch,
+                              int seq, int32_t* tokens, int32_t* targets) const {
   const int64_t windows = size() - seq;  // window start in [0, size - seq - 1]
-  if (windows < 1) throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
+  if (windows < 1)
+    throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
   for (int row = 0; row < batch; ++row) {
     uint64_t key = Mix(seed ^ 0x5bd1e995ULL);
     key = Mix(key ^ static_cast<uint64_t>(step));
@@ -67,17 +69,19 @@ void TokenDataset::TrainBatch(uint64_t seed, int64_t step, int dp_rank, int micr
   }
 }
 
-void TokenDataset::EvalBatch(int64_t index, int batch, int seq, int32_t* tokens, int32_t* targets) const {
+void TokenDataset::EvalBatch(int64_t index, int batch, int seq, int32_t* tokens,
+                             int32_t* targets) const {
   const int64_t windows = size() / (seq + 1);
-  if (windows < 1) throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
+  if (windows < 1)
+    throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
   for (int row = 0; row < batch; ++row) {
     const int64_t window = (index * batch + row) % windows;
     Window(window * (seq + 1), seq, tokens + int64_t{row} * seq, targets + int64_t{row} * seq);
   }
 }
 
-std::string PrepareByteShards(const std::vector<std::string>& inputs, const std::string& out_dir, int val_every,
-                              int block_tokens, int64_t shard_tokens) {
+std::string PrepareByteShards(const std::vector<std::string>& inputs, const std::string& out_dir,
+                              int val_every, int block_tokens, int64_t shard_tokens) {
   std::vector<uint16_t> train;
   std::vector<uint16_t> val;
   int64_t block = 0;
@@ -97,24 +101,29 @@ std::string PrepareByteShards(const std::vector<std::string>& inputs, const std:
     }
   }
   if (train.empty() || val.empty()) {
-    throw DataError("data prep: " + std::to_string(total) + " bytes of text is too little for a train/validation split (need at least " +
+    throw DataError("data prep: " + std::to_string(total) +
+                    " bytes of text is too little for a train/validation split (need at least " +
                     std::to_string(int64_t{val_every} * block_tokens) + ")");
   }
   std::filesystem::create_directories(out_dir);
   auto write = [&](const std::string& split, const std::vector<uint16_t>& tokens) {
     int shard = 0;
-    for (int64_t start = 0; start < static_cast<int64_t>(tokens.size()); start += shard_tokens, ++shard) {
+    for (int64_t start = 0; start < static_cast<int64_t>(tokens.size());
+         start += shard_tokens, ++shard) {
       const int64_t end = std::min<int64_t>(tokens.size(), start + shard_tokens);
       char name[32];
       std::snprintf(name, sizeof(name), "/%s_%03d.bin", split.c_str(), shard);
-      WriteShard(out_dir + name, 256, std::vector<uint16_t>(tokens.begin() + start, tokens.begin() + end));
+      WriteShard(out_dir + name, 256,
+                 std::vector<uint16_t>(tokens.begin() + start, tokens.begin() + end));
     }
   };
   write("train", train);
   write("val", val);
-  return "data prep: " + std::to_string(inputs.size()) + " files, " + std::to_string(total) + " tokens (byte-level, vocab 256) -> " +
-         out_dir + ": train " + std::to_string(train.size()) + " tokens, val " + std::to_string(val.size()) + " tokens (every " +
-         std::to_string(val_every) + "th block of " + std::to_string(block_tokens) + ")";
+  return "data prep: " + std::to_string(inputs.size()) + " files, " + std::to_string(total) +
+         " tokens (byte-level, vocab 256) -> " + out_dir + ": train " +
+         std::to_string(train.size()) + " tokens, val " + std::to_string(val.size()) +
+         " tokens (every " + std::to_string(val_every) + "th block of " +
+         std::to_string(block_tokens) + ")";
 }
 
 }  // namespace bigmac::data

@@ -45,36 +45,42 @@ void WriteShard(const std::string& path, uint32_t vocab_size, const std::vector<
     out.write(body.data(), static_cast<std::streamsize>(body.size()));
     if (!out.flush()) throw DataError(path + ": cannot write the shard");
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) throw DataError(path + ": cannot rename " + temporary);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0)
+    throw DataError(path + ": cannot rename " + temporary);
 }
 
 Shard ReadShard(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open the token shard");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
   if (bytes.size() < kShardHeaderBytes) {
     throw DataError(path + ": " + std::to_string(bytes.size()) + " bytes is shorter than the " +
-                    std::to_string(kShardHeaderBytes) + "-byte shard header (truncated, or not a shard)");
+                    std::to_string(kShardHeaderBytes) +
+                    "-byte shard header (truncated, or not a shard)");
   }
   if (std::memcmp(bytes.data(), kShardMagic, 4) != 0) {
-    throw DataError(path + ": wrong magic (expected \"BMTK\"); not a BigMac token shard (make one with "
-                           "`bigmac data prep`)");
+    throw DataError(path +
+                    ": wrong magic (expected \"BMTK\"); not a BigMac token shard (make one with "
+                    "`bigmac data prep`)");
   }
   const uint32_t version = GetU32(&bytes[4]);
   if (version != kShardVersion) {
-    throw DataError(path + ": shard version " + std::to_string(version) + " is not supported (this build reads " +
-                    std::to_string(kShardVersion) + ")");
+    throw DataError(path + ": shard version " + std::to_string(version) +
+                    " is not supported (this build reads " + std::to_string(kShardVersion) + ")");
   }
   Shard shard;
   shard.path = path;
   shard.vocab_size = GetU32(&bytes[8]);
   const uint32_t width = GetU32(&bytes[12]);
-  if (width != 2) throw DataError(path + ": " + std::to_string(width) + " bytes per token; only 2 is supported");
+  if (width != 2)
+    throw DataError(path + ": " + std::to_string(width) + " bytes per token; only 2 is supported");
   const uint64_t count = GetU64(&bytes[16]);
   const uint64_t expected = kShardHeaderBytes + count * 2;
   if (bytes.size() != expected) {
-    throw DataError(path + ": the header promises " + std::to_string(count) + " tokens (" + std::to_string(expected) +
-                    " bytes) but the file has " + std::to_string(bytes.size()) + " bytes" +
+    throw DataError(path + ": the header promises " + std::to_string(count) + " tokens (" +
+                    std::to_string(expected) + " bytes) but the file has " +
+                    std::to_string(bytes.size()) + " bytes" +
                     (bytes.size() < expected ? " (truncated)" : " (trailing bytes)"));
   }
   shard.tokens.resize(count);
@@ -82,8 +88,9 @@ Shard ReadShard(const std::string& path) {
     const uint16_t token = static_cast<uint16_t>(bytes[kShardHeaderBytes + 2 * i] |
                                                  (bytes[kShardHeaderBytes + 2 * i + 1] << 8));
     if (token >= shard.vocab_size) {
-      throw DataError(path + ": token " + std::to_string(token) + " at position " + std::to_string(i) +
-                      " is outside the vocabulary of " + std::to_string(shard.vocab_size));
+      throw DataError(path + ": token " + std::to_string(token) + " at position " +
+                      std::to_string(i) + " is outside the vocabulary of " +
+                      std::to_string(shard.vocab_size));
     }
     shard.tokens[i] = token;
   }

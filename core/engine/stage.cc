@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "core/optim/adamw.h"
+
 namespace bigmac::engine {
 
 using layer::Layer;
@@ -35,11 +37,13 @@ bool Stage::has_embedding() const {
 }
 
 bool Stage::has_head() const {
-  return !layers_.empty() && layers_.back()->layer_id() == layer::HeadLayerId(options_.dims.num_layers);
+  return !layers_.empty() &&
+         layers_.back()->layer_id() == layer::HeadLayerId(options_.dims.num_layers);
 }
 
 double Stage::ForwardBackward(const layer::MicroBatch& mb) {
-  if (!has_embedding() || !has_head()) throw std::logic_error("Stage::ForwardBackward needs the whole model");
+  if (!has_embedding() || !has_head())
+    throw std::logic_error("Stage::ForwardBackward needs the whole model");
   Tensor activation;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Tensor next;
@@ -69,6 +73,22 @@ double Stage::ForwardLoss(const layer::MicroBatch& mb) {
   scratch.Clear();
   return activation.dtype() == memory::DType::kF64 ? activation.data<double>()[0]
                                                    : activation.data<float>()[0];
+}
+
+std::string Stage::FirstNonFiniteLayer(const layer::MicroBatch& mb) {
+  Tensor activation;
+  layer::Saved scratch;
+  for (auto& layer : layers_) {
+    const std::string name = layer::LayerIdName(layer->layer_id(), options_.dims.num_layers);
+    for (layer::Param* param : layer->Params()) {
+      if (!optim::AllFinite(param->value)) return name + " (parameter " + param->name + ")";
+    }
+    Tensor next;
+    layer->Forward(mb, activation, &next, &scratch);
+    if (!optim::AllFinite(next)) return name + " (output)";
+    activation = std::move(next);
+  }
+  return "";
 }
 
 void Stage::ZeroGrads() {
@@ -111,8 +131,9 @@ std::vector<Stage::NamedParam> Stage::OwnedParams() {
   for (auto& layer : layers_) {
     for (layer::Param* param : layer->Params()) {
       if (param->tied_copy) continue;
-      params.push_back({layer::LayerIdName(layer->layer_id(), options_.dims.num_layers) + "/" + param->name,
-                        layer->layer_id(), param});
+      params.push_back(
+          {layer::LayerIdName(layer->layer_id(), options_.dims.num_layers) + "/" + param->name,
+           layer->layer_id(), param});
     }
   }
   return params;

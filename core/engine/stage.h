@@ -35,6 +35,11 @@ class Stage {
   // Forward only (evaluation); nothing is kept. Returns the scaled loss.
   double ForwardLoss(const layer::MicroBatch& mb);
 
+  // Where non-finite numbers first appear in a forward of `mb`: "block 1 (parameter
+  // attn.qkv.weight)", "block 2 (output)", or "" if nowhere. Used to name the layer when the loss
+  // is NaN or Inf.
+  std::string FirstNonFiniteLayer(const layer::MicroBatch& mb);
+
   void ZeroGrads();
   // Tied weights when owner and copy live on this stage: add the copy's gradient into the owner's
   // and clear it (after the backward); copy the owner's value into the copy (after the step).

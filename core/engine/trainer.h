@@ -18,9 +18,9 @@ class NumericalError : public std::runtime_error {
 };
 
 struct TrainResult {
-  std::vector<double> train_losses;                    // per step, mean per token
-  std::vector<std::pair<int, double>> val_losses;      // (step, mean per token)
-  std::vector<double> final_parameters;                // every owned parameter, flattened (tests)
+  std::vector<double> train_losses;                // per step, mean per token
+  std::vector<std::pair<int, double>> val_losses;  // (step, mean per token)
+  std::vector<double> final_parameters;            // every owned parameter, flattened (tests)
   int64_t peak_bytes = 0;
   int64_t parameter_count = 0;
 };
@@ -29,7 +29,8 @@ struct TrainResult {
 // global-norm clipping, NaN/Inf detection, validation every train.eval_interval steps. Prints a
 // progress line every train.log_interval steps through `log`. Throws memory::OutOfMemoryError,
 // data::DataError, NumericalError.
-TrainResult TrainSingleRank(const config::ResolvedConfig& config, const std::function<void(const std::string&)>& log);
+TrainResult TrainSingleRank(const config::ResolvedConfig& config,
+                            const std::function<void(const std::string&)>& log);
 
 }  // namespace bigmac::engine
 

@@ -6,8 +6,8 @@ namespace bigmac::optim {
 namespace {
 
 template <typename T>
-void UpdateTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, double eps,
-                 double wd, double bias1, double bias2) {
+void UpdateTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1, double b2,
+                 double eps, double wd, double bias1, double bias2) {
   for (int64_t i = 0; i < n; ++i) {
     m[i] = static_cast<T>(b1 * m[i] + (1 - b1) * g[i]);
     v[i] = static_cast<T>(b2 * v[i] + (1 - b2) * double(g[i]) * g[i]);
@@ -40,10 +40,12 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
     const int64_t n = param->value.numel();
     if (param->value.dtype() == memory::DType::kF64) {
       UpdateTyped(param->value.data<double>(), param->grad.data<double>(), state.m.data<double>(),
-                  state.v.data<double>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd, bias1, bias2);
+                  state.v.data<double>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd,
+                  bias1, bias2);
     } else {
       UpdateTyped(param->value.data<float>(), param->grad.data<float>(), state.m.data<float>(),
-                  state.v.data<float>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd, bias1, bias2);
+                  state.v.data<float>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd,
+                  bias1, bias2);
     }
   }
 }
@@ -68,8 +70,9 @@ double LearningRate(const LrSchedule& s, int64_t step) {
 double GlobalGradNorm(const std::vector<layer::Param*>& params) {
   double sum = 0;
   for (const layer::Param* param : params) {
-    sum += param->grad.dtype() == memory::DType::kF64 ? SumSquares(param->grad.data<double>(), param->grad.numel())
-                                                      : SumSquares(param->grad.data<float>(), param->grad.numel());
+    sum += param->grad.dtype() == memory::DType::kF64
+               ? SumSquares(param->grad.data<double>(), param->grad.numel())
+               : SumSquares(param->grad.data<float>(), param->grad.numel());
   }
   return std::sqrt(sum);
 }
@@ -79,7 +82,8 @@ void ScaleGradients(const std::vector<layer::Param*>& params, double factor) {
     if (param->grad.dtype() == memory::DType::kF64) {
       for (int64_t i = 0; i < param->grad.numel(); ++i) param->grad.data<double>()[i] *= factor;
     } else {
-      for (int64_t i = 0; i < param->grad.numel(); ++i) param->grad.data<float>()[i] *= static_cast<float>(factor);
+      for (int64_t i = 0; i < param->grad.numel(); ++i)
+        param->grad.data<float>()[i] *= static_cast<float>(factor);
     }
   }
 }

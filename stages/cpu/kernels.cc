@@ -14,8 +14,8 @@ void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alp
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a,
-          int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+          const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -61,7 +61,8 @@ void MatmulBackwardWeight(T* dw, T* dbias, const T* dout, const T* inp, int n, i
 }
 
 template <typename T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int n, int c) {
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int n,
+                      int c) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* x = inp + int64_t{row} * c;
@@ -257,7 +258,8 @@ void AddInPlace(T* out, const T* a, int64_t n) {
 }
 
 template <typename T>
-void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int b, int t, int c) {
+void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int b, int t,
+                      int c) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < b * t; ++row) {
     const T* te = wte + int64_t{tokens[row]} * c;
@@ -317,24 +319,24 @@ void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, i
   }
 }
 
-#define BIGMAC_INSTANTIATE(T)                                                                      \
-  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);                 \
-  template void MatmulBackwardInput<T>(T*, const T*, const T*, int, int, int);                     \
-  template void MatmulBackwardWeight<T>(T*, T*, const T*, const T*, int, int, int);                \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);           \
-  template void LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, const T*,    \
-                                          int, int);                                               \
-  template void LayerNormBackwardWeight<T>(T*, T*, const T*, const T*, const T*, const T*, int,    \
-                                           int);                                                   \
-  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                         \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
-  template void GeluForward<T>(T*, const T*, int64_t);                                             \
-  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                  \
-  template void Add<T>(T*, const T*, const T*, int64_t);                                           \
-  template void AddInPlace<T>(T*, const T*, int64_t);                                              \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);        \
-  template void EmbeddingBackwardWeight<T>(T*, T*, const T*, const int32_t*, int, int, int);       \
-  template double CrossEntropyLossSum<T>(const T*, const int32_t*, int, int);                      \
+#define BIGMAC_INSTANTIATE(T)                                                                   \
+  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);              \
+  template void MatmulBackwardInput<T>(T*, const T*, const T*, int, int, int);                  \
+  template void MatmulBackwardWeight<T>(T*, T*, const T*, const T*, int, int, int);             \
+  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);        \
+  template void LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, const T*, \
+                                          int, int);                                            \
+  template void LayerNormBackwardWeight<T>(T*, T*, const T*, const T*, const T*, const T*, int, \
+                                           int);                                                \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                      \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);     \
+  template void GeluForward<T>(T*, const T*, int64_t);                                          \
+  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                               \
+  template void Add<T>(T*, const T*, const T*, int64_t);                                        \
+  template void AddInPlace<T>(T*, const T*, int64_t);                                           \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \
+  template void EmbeddingBackwardWeight<T>(T*, T*, const T*, const int32_t*, int, int, int);    \
+  template double CrossEntropyLossSum<T>(const T*, const int32_t*, int, int);                   \
   template void CrossEntropyBackward<T>(T*, const T*, const int32_t*, int, int, double);
 
 BIGMAC_INSTANTIATE(float)

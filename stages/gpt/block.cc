@@ -15,16 +15,34 @@ class Block : public GptLayer<T> {
   using Base = GptLayer<T>;
   // Saved tensors, in the order Forward (then BackwardInput) appends them.
   enum SavedIndex {
-    kX, kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtt, kAtty, kRes2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu,
+    kX,
+    kLn1,
+    kLn1Mean,
+    kLn1Rstd,
+    kQkv,
+    kAtt,
+    kAtty,
+    kRes2,
+    kLn2,
+    kLn2Mean,
+    kLn2Rstd,
+    kFch,
+    kFchGelu,
     kForwardCount,
-    kDy = kForwardCount, kDFch, kDLn2, kDRes2, kDQkv, kDLn1,
+    kDy = kForwardCount,
+    kDFch,
+    kDLn2,
+    kDRes2,
+    kDQkv,
+    kDLn1,
   };
 
  public:
   explicit Block(const LayerSpec& spec) : Base(spec) {
     const int c = this->C();
     if (c % spec.dims.num_heads != 0) {
-      throw std::invalid_argument("block: hidden_size " + std::to_string(c) + " not divisible by num_heads " +
+      throw std::invalid_argument("block: hidden_size " + std::to_string(c) +
+                                  " not divisible by num_heads " +
                                   std::to_string(spec.dims.num_heads));
     }
     ln1_w_ = this->AddParam("ln1.weight", {c}, false);
@@ -51,7 +69,8 @@ class Block : public GptLayer<T> {
         FillConstant(&param.value, 0.0);
       } else {
         const bool residual = param.name == "attn.proj.weight" || param.name == "mlp.proj.weight";
-        FillNormal(&param.value, residual ? residual_std : 0.02, seed, this->layer_id(), param.name);
+        FillNormal(&param.value, residual ? residual_std : 0.02, seed, this->layer_id(),
+                   param.name);
       }
     }
   }
@@ -93,15 +112,15 @@ class Block : public GptLayer<T> {
     Tensor datty = this->New({n, c});
     cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(proj_w_), n, c, c);
     Tensor dqkv = this->New({n, 3 * c});
-    cpu::AttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]), mb.batch, mb.seq, c,
-                           this->spec_.dims.num_heads);
+    cpu::AttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]),
+                           mb.batch, mb.seq, c, this->spec_.dims.num_heads);
     s[kAtt] = Tensor();
     s[kQkv] = Tensor();
     Tensor dln1 = this->New({n, c});
     cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(qkv_w_), n, c, 3 * c);
     *dx = dres2.Clone();
-    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]), this->W(ln1_w_), Base::D(s[kLn1Mean]),
-                                Base::D(s[kLn1Rstd]), n, c);
+    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]), this->W(ln1_w_),
+                                Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n, c);
     s.push_back(std::move(dfch));
     s.push_back(std::move(dln2));
     s.push_back(std::move(dres2));
@@ -113,15 +132,19 @@ class Block : public GptLayer<T> {
     auto& s = saved->tensors;
     const int n = mb.batch * mb.seq;
     const int c = this->C();
-    cpu::MatmulBackwardWeight(this->G(fcproj_w_), this->G(fcproj_b_), Base::D(s[kDy]), Base::D(s[kFchGelu]), n,
-                              4 * c, c);
-    cpu::MatmulBackwardWeight(this->G(fc_w_), this->G(fc_b_), Base::D(s[kDFch]), Base::D(s[kLn2]), n, c, 4 * c);
-    cpu::LayerNormBackwardWeight(this->G(ln2_w_), this->G(ln2_b_), Base::D(s[kDLn2]), Base::D(s[kRes2]),
-                                 Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n, c);
-    cpu::MatmulBackwardWeight(this->G(proj_w_), this->G(proj_b_), Base::D(s[kDRes2]), Base::D(s[kAtty]), n, c, c);
-    cpu::MatmulBackwardWeight(this->G(qkv_w_), this->G(qkv_b_), Base::D(s[kDQkv]), Base::D(s[kLn1]), n, c, 3 * c);
-    cpu::LayerNormBackwardWeight(this->G(ln1_w_), this->G(ln1_b_), Base::D(s[kDLn1]), Base::D(s[kX]),
-                                 Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n, c);
+    cpu::MatmulBackwardWeight(this->G(fcproj_w_), this->G(fcproj_b_), Base::D(s[kDy]),
+                              Base::D(s[kFchGelu]), n, 4 * c, c);
+    cpu::MatmulBackwardWeight(this->G(fc_w_), this->G(fc_b_), Base::D(s[kDFch]), Base::D(s[kLn2]),
+                              n, c, 4 * c);
+    cpu::LayerNormBackwardWeight(this->G(ln2_w_), this->G(ln2_b_), Base::D(s[kDLn2]),
+                                 Base::D(s[kRes2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n,
+                                 c);
+    cpu::MatmulBackwardWeight(this->G(proj_w_), this->G(proj_b_), Base::D(s[kDRes2]),
+                              Base::D(s[kAtty]), n, c, c);
+    cpu::MatmulBackwardWeight(this->G(qkv_w_), this->G(qkv_b_), Base::D(s[kDQkv]), Base::D(s[kLn1]),
+                              n, c, 3 * c);
+    cpu::LayerNormBackwardWeight(this->G(ln1_w_), this->G(ln1_b_), Base::D(s[kDLn1]),
+                                 Base::D(s[kX]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n, c);
     saved->Clear();
   }
 
@@ -133,9 +156,10 @@ class Block : public GptLayer<T> {
   int64_t ActivationBytes(int batch, int seq) const override {
     const int64_t n = int64_t{batch} * seq;
     const int64_t c = this->C();
-    const int64_t elements = this->spec_.activation_checkpointing
-                                 ? n * c
-                                 : n * c * 13 + 4 * n + int64_t{batch} * this->spec_.dims.num_heads * seq * seq;
+    const int64_t elements =
+        this->spec_.activation_checkpointing
+            ? n * c
+            : n * c * 13 + 4 * n + int64_t{batch} * this->spec_.dims.num_heads * seq * seq;
     return elements * memory::DTypeSize(this->spec_.dtype);
   }
 
@@ -159,28 +183,33 @@ class Block : public GptLayer<T> {
     s[kLn2Rstd] = this->New({n});
     s[kFch] = this->New({n, 4 * c});
     s[kFchGelu] = this->New({n, 4 * c});
-    cpu::LayerNormForward(Base::D(s[kLn1]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), Base::D(s[kX]),
-                          this->W(ln1_w_), this->W(ln1_b_), n, c);
-    cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(qkv_w_), this->W(qkv_b_), n, c, 3 * c);
-    cpu::AttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch, mb.seq, c, h);
+    cpu::LayerNormForward(Base::D(s[kLn1]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]),
+                          Base::D(s[kX]), this->W(ln1_w_), this->W(ln1_b_), n, c);
+    cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(qkv_w_), this->W(qkv_b_), n, c,
+                       3 * c);
+    cpu::AttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch, mb.seq,
+                          c, h);
     Tensor attn_out = this->New({n, c});
-    cpu::MatmulForward(Base::D(attn_out), Base::D(s[kAtty]), this->W(proj_w_), this->W(proj_b_), n, c, c);
+    cpu::MatmulForward(Base::D(attn_out), Base::D(s[kAtty]), this->W(proj_w_), this->W(proj_b_), n,
+                       c, c);
     cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
-    cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), Base::D(s[kRes2]),
-                          this->W(ln2_w_), this->W(ln2_b_), n, c);
-    cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(fc_w_), this->W(fc_b_), n, c, 4 * c);
+    cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]),
+                          Base::D(s[kRes2]), this->W(ln2_w_), this->W(ln2_b_), n, c);
+    cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(fc_w_), this->W(fc_b_), n, c,
+                       4 * c);
     cpu::GeluForward(Base::D(s[kFchGelu]), Base::D(s[kFch]), int64_t{n} * 4 * c);
   }
 
   void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) {
     const int n = mb.batch * mb.seq;
     const int c = this->C();
-    cpu::MatmulForward(Base::D(*y), Base::D(saved.tensors[kFchGelu]), this->W(fcproj_w_), this->W(fcproj_b_), n,
-                       4 * c, c);
+    cpu::MatmulForward(Base::D(*y), Base::D(saved.tensors[kFchGelu]), this->W(fcproj_w_),
+                       this->W(fcproj_b_), n, 4 * c, c);
     cpu::AddInPlace(Base::D(*y), Base::D(saved.tensors[kRes2]), int64_t{n} * c);
   }
 
-  int ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, fcproj_w_, fcproj_b_;
+  int ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, fcproj_w_,
+      fcproj_b_;
 };
 
 const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block", MakeTyped<Block>);

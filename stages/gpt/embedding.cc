@@ -25,7 +25,8 @@ class Embedding : public GptLayer<T> {
   void Forward(const MicroBatch& mb, const Tensor&, Tensor* y, Saved* saved) override {
     CheckBatch(mb);
     *y = this->NewActivation(mb.batch, mb.seq, this->C());
-    cpu::EmbeddingForward(Base::D(*y), mb.tokens, this->W(wte_), this->W(wpe_), mb.batch, mb.seq, this->C());
+    cpu::EmbeddingForward(Base::D(*y), mb.tokens, this->W(wte_), this->W(wpe_), mb.batch, mb.seq,
+                          this->C());
     saved->Clear();
   }
 
@@ -36,12 +37,14 @@ class Embedding : public GptLayer<T> {
   }
 
   void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
-    cpu::EmbeddingBackwardWeight(this->G(wte_), this->G(wpe_), Base::D(saved->tensors.at(0)), mb.tokens,
-                                 mb.batch, mb.seq, this->C());
+    cpu::EmbeddingBackwardWeight(this->G(wte_), this->G(wpe_), Base::D(saved->tensors.at(0)),
+                                 mb.tokens, mb.batch, mb.seq, this->C());
     saved->Clear();
   }
 
-  int64_t ForwardFlops(int batch, int seq) const override { return int64_t{batch} * seq * this->C(); }
+  int64_t ForwardFlops(int batch, int seq) const override {
+    return int64_t{batch} * seq * this->C();
+  }
   int64_t ActivationBytes(int, int) const override { return 0; }
 
  private:
@@ -56,7 +59,8 @@ class Embedding : public GptLayer<T> {
   int wpe_ = 0;
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding", MakeTyped<Embedding>);
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding",
+                                                                    MakeTyped<Embedding>);
 
 }  // namespace
 }  // namespace bigmac::stages::gpt

@@ -39,7 +39,9 @@ class GptLayer : public layer::Layer {
   }
   T* W(int index) { return params_[index].value.template data<T>(); }
   T* G(int index) { return params_[index].grad.template data<T>(); }
-  Tensor New(std::vector<int64_t> shape) const { return Tensor(spec_.allocator, shape, spec_.dtype); }
+  Tensor New(std::vector<int64_t> shape) const {
+    return Tensor(spec_.allocator, shape, spec_.dtype);
+  }
   static T* D(Tensor& tensor) { return tensor.data<T>(); }
   static const T* D(const Tensor& tensor) { return tensor.data<T>(); }
 

@@ -40,10 +40,11 @@ class Head : public GptLayer<T> {
     auto& s = saved->tensors;
     cpu::LayerNormForward(Base::D(s[kNorm]), Base::D(s[kMean]), Base::D(s[kRstd]), Base::D(x),
                           this->W(lnf_w_), this->W(lnf_b_), n, this->C());
-    cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(wte_), nullptr, n, this->C(), this->V());
+    cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(wte_), nullptr, n,
+                          this->C(), this->V());
     *y = this->New({1});
-    Base::D(*y)[0] = static_cast<T>(cpu::CrossEntropyLossSum(Base::D(s[kLogits]), mb.targets, n, this->V()) *
-                                    mb.loss_scale);
+    Base::D(*y)[0] = static_cast<T>(
+        cpu::CrossEntropyLossSum(Base::D(s[kLogits]), mb.targets, n, this->V()) * mb.loss_scale);
   }
 
   // dy is ignored: the head starts the backward with d(loss)/d(loss) = 1.
@@ -51,13 +52,15 @@ class Head : public GptLayer<T> {
     const int n = mb.batch * mb.seq;
     auto& s = saved->tensors;
     Tensor dlogits = this->New({n, this->V()});
-    cpu::CrossEntropyBackward(Base::D(dlogits), Base::D(s[kLogits]), mb.targets, n, this->V(), mb.loss_scale);
+    cpu::CrossEntropyBackward(Base::D(dlogits), Base::D(s[kLogits]), mb.targets, n, this->V(),
+                              mb.loss_scale);
     s[kLogits] = Tensor();  // no longer needed
     Tensor dnorm = this->New({n, this->C()});
-    cpu::MatmulBackwardInput(Base::D(dnorm), Base::D(dlogits), this->W(wte_), n, this->C(), this->V());
+    cpu::MatmulBackwardInput(Base::D(dnorm), Base::D(dlogits), this->W(wte_), n, this->C(),
+                             this->V());
     *dx = this->NewActivation(mb.batch, mb.seq, this->C());
-    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(s[kX]), this->W(lnf_w_), Base::D(s[kMean]),
-                                Base::D(s[kRstd]), n, this->C());
+    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(s[kX]), this->W(lnf_w_),
+                                Base::D(s[kMean]), Base::D(s[kRstd]), n, this->C());
     s.push_back(std::move(dlogits));
     s.push_back(std::move(dnorm));
   }
@@ -65,10 +68,11 @@ class Head : public GptLayer<T> {
   void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
     const int n = mb.batch * mb.seq;
     auto& s = saved->tensors;
-    cpu::MatmulBackwardWeight<T>(this->G(wte_), nullptr, Base::D(s[kDLogits]), Base::D(s[kNorm]), n, this->C(),
-                                 this->V());
-    cpu::LayerNormBackwardWeight(this->G(lnf_w_), this->G(lnf_b_), Base::D(s[kDNorm]), Base::D(s[kX]),
-                                 Base::D(s[kMean]), Base::D(s[kRstd]), n, this->C());
+    cpu::MatmulBackwardWeight<T>(this->G(wte_), nullptr, Base::D(s[kDLogits]), Base::D(s[kNorm]), n,
+                                 this->C(), this->V());
+    cpu::LayerNormBackwardWeight(this->G(lnf_w_), this->G(lnf_b_), Base::D(s[kDNorm]),
+                                 Base::D(s[kX]), Base::D(s[kMean]), Base::D(s[kRstd]), n,
+                                 this->C());
     saved->Clear();
   }
 

@@ -28,8 +28,10 @@ void Fill(T* data, int64_t n, double std, uint64_t* state) {
 
 }  // namespace
 
-void FillNormal(memory::Tensor* tensor, double std, uint64_t seed, int layer_id, const std::string& name) {
-  uint64_t state = seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(layer_id + 1) * 0xc2b2ae3d27d4eb4fULL;
+void FillNormal(memory::Tensor* tensor, double std, uint64_t seed, int layer_id,
+                const std::string& name) {
+  uint64_t state =
+      seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(layer_id + 1) * 0xc2b2ae3d27d4eb4fULL;
   for (char ch : name) state = (state ^ static_cast<unsigned char>(ch)) * 0x100000001b3ULL;
   if (tensor->dtype() == memory::DType::kF64) {
     Fill(tensor->data<double>(), tensor->numel(), std, &state);
@@ -42,7 +44,8 @@ void FillConstant(memory::Tensor* tensor, double value) {
   if (tensor->dtype() == memory::DType::kF64) {
     for (int64_t i = 0; i < tensor->numel(); ++i) tensor->data<double>()[i] = value;
   } else {
-    for (int64_t i = 0; i < tensor->numel(); ++i) tensor->data<float>()[i] = static_cast<float>(value);
+    for (int64_t i = 0; i < tensor->numel(); ++i)
+      tensor->data<float>()[i] = static_cast<float>(value);
   }
 }
 

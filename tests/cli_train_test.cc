@@ -1,0 +1,107 @@
+// End to end through the bigmac binary: data prep, single-rank training, and its exit codes.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "tests/testing/run.h"
+
+namespace bigmac {
+namespace {
+
+using testutil::RunCommand;
+using testutil::Runfile;
+
+std::string Bigmac() { return Runfile("bigmac"); }
+
+// Prepared once: a few hundred KB of text made of varied sentences.
+std::string DataDir() {
+  static const std::string dir = [] {
+    std::string text;
+    for (int i = 0; i < 6000; ++i) {
+      text += "Line " + std::to_string(i * 7919 % 1000) +
+              ": the quick brown fox jumps over the lazy dog " + std::to_string(i % 13) +
+              " times.\n";
+    }
+    const std::string corpus = testutil::WriteTempFile("cli_corpus.txt", text);
+    const std::string out = corpus + ".shards";
+    const testutil::RunResult r =
+        RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + out, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("byte-level, vocab 256"), std::string::npos) << r.output;
+    return out;
+  }();
+  return dir;
+}
+
+std::string TrainCommand(const std::string& extra) {
+  return Bigmac() + " train --config " + Runfile("configs/tiny.yaml") +
+         " --set data.dir=" + DataDir() +
+         " --set model.hidden_size=32 --set train.seq_length=32 --set train.micro_batch_size=4" +
+         " --set train.max_steps=3 --set optim.warmup_steps=1 --set train.log_interval=1 " + extra;
+}
+
+TEST(CliTrain, PrintsAProgressLinePerStep) {
+  const testutil::RunResult r = RunCommand(TrainCommand(""), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex progress(
+      R"(step (\d)/3 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| norm [0-9.]+ \| \d+ tok/s \| [0-9.]+ ms \| peak [0-9.]+ MiB)");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), progress);
+       it != std::sregex_iterator(); ++it) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3) << r.output;
+  EXPECT_NE(r.output.find("[val] step 0 | val_loss 5.5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[val] step 3 | val_loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[cfg] world_size=1 pp=1 tp=1 dp=1"), std::string::npos)
+      << "the [cfg] log comes first";
+}
+
+TEST(CliTrain, OutOfMemoryExitsThree) {
+  const testutil::RunResult r = RunCommand(TrainCommand("--set device.memory_limit=256KiB"), 120);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("cpu:0: out of memory: tried to allocate"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("capacity 0.25 MiB"), std::string::npos) << r.output;
+}
+
+TEST(CliTrain, MissingDataExitsFiveNamingTheDirectory) {
+  const testutil::RunResult r = RunCommand(TrainCommand("--set data.dir=/nonexistent/corpus"), 60);
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/corpus: data directory not found"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliTrain, DamagedShardExitsFiveNamingTheFile) {
+  const std::string dir = DataDir() + ".damaged";
+  const testutil::RunResult copy =
+      RunCommand("rm -rf " + dir + " && cp -r " + DataDir() + " " + dir + " && truncate -s -3 " +
+                     dir + "/train_000.bin",
+                 30);
+  ASSERT_EQ(copy.exit_code, 0) << copy.output;
+  const testutil::RunResult r = RunCommand(TrainCommand("--set data.dir=" + dir), 60);
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find(dir + "/train_000.bin: the header promises"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(truncated)"), std::string::npos) << r.output;
+}
+
+TEST(CliTrain, DataPrepRefusesTooLittleText) {
+  const std::string tiny = testutil::WriteTempFile("tiny.txt", "too short");
+  const testutil::RunResult r =
+      RunCommand(Bigmac() + " data prep --input " + tiny + " --output " + tiny + ".out", 30);
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("too little for a train/validation split"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliTrain, ManyRanksAreRefusedUntilThePipelineEngineLands) {
+  const testutil::RunResult r =
+      RunCommand(testutil::Mpirun(2) + " " + TrainCommand("--set parallel.pp_size=2"), 60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("needs the pipeline engine"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace bigmac
