@@ -175,3 +175,64 @@ TEST(Registry, UnknownLayerTypeListsTheKnownOnes) {
 
 }  // namespace
 }  // namespace bigmac
+
+namespace bigmac {
+namespace {
+
+// What a layer reports as its activation bytes is what its Forward keeps.
+TEST(LayerReports, ActivationBytesMatchWhatForwardKeeps) {
+  for (bool checkpointing : {false, true}) {
+    memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+    layer::LayerSpec spec;
+    spec.type = "gpt_block";
+    spec.layer_id = 0;
+    spec.dims = Dims();
+    spec.dtype = DType::kF32;
+    spec.allocator = &allocator;
+    spec.activation_checkpointing = checkpointing;
+    auto block = layer::CreateLayer(spec);
+    block->InitParams(1);
+    Batch batch = MakeBatch(2, 6, spec.dims.vocab_size);
+    Tensor x(&allocator, {2, 6, spec.dims.hidden_size}, DType::kF32);
+    layer::Saved saved;
+    Tensor y;
+    block->Forward(batch.mb, x, &y, &saved);
+    EXPECT_EQ(saved.bytes(), block->ActivationBytes(2, 6)) << "checkpointing=" << checkpointing;
+    // 12 C^2 multiply-adds per token for the four matmuls, plus causal attention.
+    const int64_t c = spec.dims.hidden_size;
+    EXPECT_EQ(block->ForwardFlops(2, 6), 2 * 12 * 12 * c * c + 2 * 2 * 36 * c);
+  }
+}
+
+// Softmax and log-sum-exp subtract the maximum: huge logits give a finite, exact loss.
+TEST(Numerics, CrossEntropyIsStableForHugeLogits) {
+  memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+  layer::LayerSpec spec;
+  spec.type = "gpt_head";
+  spec.layer_id = 3;
+  spec.dims = Dims();
+  spec.dtype = DType::kF32;
+  spec.allocator = &allocator;
+  auto head = layer::CreateLayer(spec);
+  head->InitParams(1);
+  // Scale the output projection so that logits reach the thousands.
+  for (layer::Param* param : head->Params()) {
+    if (param->name != "wte") continue;
+    for (int64_t i = 0; i < param->value.numel(); ++i) param->value.data<float>()[i] *= 1e5f;
+  }
+  Batch batch = MakeBatch(2, 6, spec.dims.vocab_size);
+  Tensor x(&allocator, {2, 6, spec.dims.hidden_size}, DType::kF32);
+  stages::gpt::FillNormal(&x, 1.0, 9, 0, "x");
+  layer::Saved saved;
+  Tensor loss;
+  head->Forward(batch.mb, x, &loss, &saved);
+  EXPECT_TRUE(std::isfinite(loss.data<float>()[0]));
+  EXPECT_GT(loss.data<float>()[0], 10.0f) << "a confident wrong prediction costs a lot";
+  Tensor dx;
+  head->BackwardInput(batch.mb, loss, &dx, &saved);
+  head->BackwardWeight(batch.mb, &saved);
+  for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_TRUE(std::isfinite(dx.data<float>()[i]));
+}
+
+}  // namespace
+}  // namespace bigmac

@@ -206,11 +206,14 @@ ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& w
   const partition::PartitionSpec spec = PartitionSpecOf(values, loaded.sources);
   resolved.partition = partition::MakePartition(spec);
   resolved.policy = spec.policy;
+  // Materialise derived values, so the log and every consumer see the effective ones.
   if (values.parallel().num_microbatches() == 0) {
+    loaded.values.mutable_parallel()->set_num_microbatches(resolved.batch.num_microbatches);
     loaded.sources.Set("parallel.num_microbatches",
                        Source::Derived("= train.gradient_accumulation_steps"));
   }
   if (spec.policy == partition::Policy::kExplicit && loaded.sources.IsDefault("model.partition")) {
+    loaded.values.mutable_model()->set_partition(partition::PolicyName(spec.policy));
     loaded.sources.Set("model.partition", Source::Derived("explicit lists given"));
   }
   resolved.hash = ConfigHash(values);

@@ -159,7 +159,7 @@ class Block : public GptLayer<T> {
     const int64_t elements =
         this->spec_.activation_checkpointing
             ? n * c
-            : n * c * 13 + 4 * n + int64_t{batch} * this->spec_.dims.num_heads * seq * seq;
+            : n * c * 16 + 4 * n + int64_t{batch} * this->spec_.dims.num_heads * seq * seq;
     return elements * memory::DTypeSize(this->spec_.dtype);
   }
 
