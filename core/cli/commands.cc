@@ -1,6 +1,7 @@
 #include "core/cli/commands.h"
 
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 
@@ -17,6 +18,7 @@
 #include "core/data/shard.h"
 #include "core/engine/trainer.h"
 #include "core/memory/allocator.h"
+#include "core/schedule/simulator.h"
 
 namespace bigmac::cli {
 namespace {
@@ -139,6 +141,59 @@ int RunDataPrep(const DataPrepOptions& options) {
     std::fprintf(stderr, "bigmac: %s\n", error.what());
     return kExitBadData;
   }
+}
+
+int RunSchedule(const ScheduleOptions& options) {
+  schedule::Kind kind;
+  if (!schedule::ParseKind(options.kind, &kind)) {
+    std::fprintf(stderr, "bigmac: --kind %s is not one of gpipe, 1f1b, interleaved_1f1b, zb_h1\n",
+                 options.kind.c_str());
+    return kExitConfig;
+  }
+  std::vector<std::string> problems;
+  if (options.pp < 1 || options.microbatches < 1 || options.virtual_stages < 1) {
+    problems.push_back("--pp, --microbatches and --virtual must be >= 1");
+  } else {
+    problems = schedule::CheckScheduleConstraints(kind, options.pp, options.virtual_stages,
+                                                  options.microbatches);
+  }
+  if (!problems.empty()) {
+    PrintProblems("bigmac: invalid schedule", problems);
+    return kExitConfig;
+  }
+  const schedule::ScheduleSpec spec{kind, options.pp, options.microbatches, options.virtual_stages};
+  const schedule::SimResult result =
+      schedule::Simulate(schedule::BuildAllActions(spec), spec.virtual_stages, {});
+  std::printf(
+      "schedule %s: pp=%d microbatches=%d virtual_stages=%d; unit costs F=1 B=2 (BI=W=1)%s\n",
+      options.kind.c_str(), options.pp, options.microbatches, options.virtual_stages,
+      spec.virtual_stages > 1 ? ", divided by virtual_stages per chunk" : "");
+  std::printf("%s", schedule::FormatGrid(result, options.pp).c_str());
+  if (!result.problem.empty()) {
+    std::fprintf(stderr, "bigmac: %s\n", result.problem.c_str());
+    return kExitFailure;
+  }
+  std::string in_flight;
+  for (size_t r = 0; r < result.max_in_flight.size(); ++r) {
+    in_flight += (r ? ", " : "") + std::to_string(result.max_in_flight[r]);
+  }
+  std::printf("no deadlock; every send meets its receive\n");
+  std::printf(
+      "bubble: %.4f of %d ranks x %.2f time units; micro-batches in flight per rank: [%s]\n",
+      result.bubble_fraction, options.pp, result.makespan, in_flight.c_str());
+  const std::string trace_path =
+      options.trace.empty() ? "schedule_" + options.kind + "_pp" + std::to_string(options.pp) +
+                                  "_m" + std::to_string(options.microbatches) + ".json"
+                            : options.trace;
+  std::ofstream trace(trace_path);
+  trace << schedule::ChromeTrace(result, options.kind);
+  if (!trace) {
+    std::fprintf(stderr, "bigmac: cannot write %s\n", trace_path.c_str());
+    return kExitFailure;
+  }
+  std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+              trace_path.c_str());
+  return kExitOk;
 }
 
 std::string ConfigKeysHelp() {

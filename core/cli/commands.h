@@ -33,6 +33,18 @@ struct DataPrepOptions {
 // `bigmac data prep`: text files -> byte-level token shards with a held-out validation split.
 int RunDataPrep(const DataPrepOptions& options);
 
+struct ScheduleOptions {
+  std::string kind = "1f1b";
+  int pp = 4;
+  int microbatches = 8;
+  int virtual_stages = 1;
+  std::string trace;  // empty: schedule_<kind>_pp<P>_m<M>.json
+};
+
+// `bigmac schedule`: the per-rank grid of a schedule, its simulated bubble and memory, and a
+// Chrome/Perfetto trace of the timeline.
+int RunSchedule(const ScheduleOptions& options);
+
 // Help text listing every config key with its layer, default and meaning.
 std::string ConfigKeysHelp();
 

@@ -58,6 +58,21 @@ int main(int argc, char** argv) {
                    "hold out every Nth block (default 20: 5%)")
       ->check(CLI::Range(2, 1000));
 
+  bigmac::cli::ScheduleOptions schedule_options;
+  CLI::App* schedule = app.add_subcommand(
+      "schedule",
+      "Print a pipeline schedule's per-rank grid, simulate it (deadlock check, bubble, "
+      "micro-batches in flight) and write a Chrome/Perfetto trace of the timeline.");
+  schedule->add_option("--kind", schedule_options.kind, "gpipe, 1f1b, interleaved_1f1b or zb_h1")
+      ->required();
+  schedule->add_option("--pp", schedule_options.pp, "pipeline stages")->required();
+  schedule->add_option("--microbatches", schedule_options.microbatches, "micro-batches per flush")
+      ->required();
+  schedule->add_option("--virtual", schedule_options.virtual_stages,
+                       "chunks per rank (interleaved_1f1b)");
+  schedule->add_option("--trace", schedule_options.trace,
+                       "trace file (default schedule_<kind>_pp<P>_m<M>.json)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -66,5 +81,6 @@ int main(int argc, char** argv) {
   }
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
+  if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
   return bigmac::cli::RunPlan(plan_options);
 }

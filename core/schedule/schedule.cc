@@ -1,0 +1,228 @@
+#include "core/schedule/schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <stdexcept>
+
+namespace bigmac::schedule {
+namespace {
+
+struct Compute {
+  Op op;
+  int microbatch;
+  int stage;
+};
+
+// GPipe: all forwards, then all backwards (in micro-batch order, so gradients accumulate in the
+// same order on every layout).
+std::vector<Compute> Gpipe(const ScheduleSpec& s, int rank) {
+  std::vector<Compute> order;
+  for (int mb = 0; mb < s.microbatches; ++mb) order.push_back({Op::kForward, mb, rank});
+  for (int mb = 0; mb < s.microbatches; ++mb) order.push_back({Op::kBackward, mb, rank});
+  return order;
+}
+
+// 1F1B (PipeDream-flush): pp-rank-1 warm-up forwards, then one forward one backward, then the
+// remaining backwards. At most pp - rank micro-batches are in flight on a rank.
+std::vector<Compute> OneFOneB(const ScheduleSpec& s, int rank, Op backward) {
+  std::vector<Compute> order;
+  const int warmup = std::min(s.pp - rank - 1, s.microbatches);
+  int next_forward = 0;
+  int next_backward = 0;
+  for (; next_forward < warmup; ++next_forward) order.push_back({Op::kForward, next_forward, rank});
+  while (next_forward < s.microbatches) {
+    order.push_back({Op::kForward, next_forward++, rank});
+    order.push_back({backward, next_backward++, rank});
+  }
+  while (next_backward < s.microbatches) order.push_back({backward, next_backward++, rank});
+  return order;
+}
+
+// Interleaved 1F1B (Megatron-LM): each rank holds virtual_stages chunks; micro-batches go through
+// the chunks in groups of pp. Stage of chunk c on rank r: c * pp + r.
+std::vector<Compute> Interleaved(const ScheduleSpec& s, int rank) {
+  const int p = s.pp;
+  const int v = s.virtual_stages;
+  const int total = s.microbatches * v;
+  auto forward_at = [&](int k) {
+    const int chunk = (k / p) % v;
+    const int mb = (k / (p * v)) * p + k % p;
+    return Compute{Op::kForward, mb, chunk * p + rank};
+  };
+  auto backward_at = [&](int k) {
+    const int chunk = v - 1 - (k / p) % v;
+    const int mb = (k / (p * v)) * p + k % p;
+    return Compute{Op::kBackward, mb, chunk * p + rank};
+  };
+  const int warmup = std::min(total, (p - rank - 1) * 2 + (v - 1) * p);
+  std::vector<Compute> order;
+  int f = 0;
+  int b = 0;
+  for (; f < warmup; ++f) order.push_back(forward_at(f));
+  while (f < total) {
+    order.push_back(forward_at(f++));
+    order.push_back(backward_at(b++));
+  }
+  while (b < total) order.push_back(backward_at(b++));
+  return order;
+}
+
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B with the backward split into input
+// and weight gradients. Input gradients keep the 1F1B order (the critical path); each rank
+// defers its weight gradients into the slots where 1F1B would idle. The slots are found by a
+// unit-cost simulation of all ranks (F = B = W = 1), so the list is still a pure function of
+// (pp, rank, microbatches). No rank holds more than pp micro-batches, 1F1B's peak.
+std::vector<std::vector<Compute>> ZeroBubbleH1(const ScheduleSpec& s) {
+  const int p = s.pp;
+  std::vector<std::vector<Compute>> critical(p);
+  for (int r = 0; r < p; ++r) critical[r] = OneFOneB(s, r, Op::kBackwardInput);
+  std::vector<std::vector<Compute>> out(p);
+  std::vector<size_t> next(p, 0);
+  std::vector<std::deque<int>> pending_w(p);
+  std::vector<int> live(p, 0);  // forwards whose weight gradient is still to come
+  // Finish times of F and BI per (mb, stage); -1 = not done.
+  std::map<std::pair<int, int>, int> f_done, b_done;
+  int done = 0;
+  const int total = p * s.microbatches * 3;
+  for (int time = 0; done < total; ++time) {
+    if (time > 100 * total) throw std::logic_error("zb_h1 construction did not converge");
+    std::vector<Compute> started;
+    for (int r = 0; r < p; ++r) {
+      bool ran = false;
+      // As in the paper, the peak stays 1F1B's (pp micro-batches, reached on the first stage): a
+      // forward that would hold more waits for a deferred weight gradient to free one.
+      const bool at_memory_bound = live[r] >= p && !pending_w[r].empty();
+      if (next[r] < critical[r].size() &&
+          !(at_memory_bound && critical[r][next[r]].op == Op::kForward)) {
+        const Compute c = critical[r][next[r]];
+        bool ready = false;
+        if (c.op == Op::kForward) {
+          ready = r == 0 ||
+                  (f_done.count({c.microbatch, r - 1}) && f_done[{c.microbatch, r - 1}] <= time);
+        } else {
+          ready =
+              r == p - 1
+                  ? (f_done.count({c.microbatch, r}) && f_done[{c.microbatch, r}] <= time)
+                  : (b_done.count({c.microbatch, r + 1}) && b_done[{c.microbatch, r + 1}] <= time);
+        }
+        if (ready) {
+          out[r].push_back(c);
+          ++next[r];
+          (c.op == Op::kForward ? f_done : b_done)[{c.microbatch, r}] = time + 1;
+          if (c.op == Op::kBackwardInput) pending_w[r].push_back(c.microbatch);
+          if (c.op == Op::kForward) ++live[r];
+          ran = true;
+        }
+      }
+      if (!ran && !pending_w[r].empty()) {
+        out[r].push_back({Op::kBackwardWeight, pending_w[r].front(), r});
+        pending_w[r].pop_front();
+        --live[r];
+        ran = true;
+      }
+      if (ran) ++done;
+    }
+  }
+  return out;
+}
+
+std::vector<Compute> ComputeOrder(const ScheduleSpec& s, int rank) {
+  switch (s.kind) {
+    case Kind::kGpipe:
+      return Gpipe(s, rank);
+    case Kind::k1F1B:
+      return OneFOneB(s, rank, Op::kBackward);
+    case Kind::kInterleaved1F1B:
+      return Interleaved(s, rank);
+    case Kind::kZeroBubbleH1:
+      return ZeroBubbleH1(s)[rank];
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string OpName(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return "Forward";
+    case Op::kBackward:
+      return "Backward";
+    case Op::kBackwardInput:
+      return "BackwardInput";
+    case Op::kBackwardWeight:
+      return "BackwardWeight";
+    case Op::kSendAct:
+      return "SendAct";
+    case Op::kRecvAct:
+      return "RecvAct";
+    case Op::kSendGrad:
+      return "SendGrad";
+    case Op::kRecvGrad:
+      return "RecvGrad";
+    case Op::kReduceTied:
+      return "ReduceTied";
+    case Op::kReduceDp:
+      return "ReduceDp";
+    case Op::kOptimizerStep:
+      return "OptimizerStep";
+  }
+  return "?";
+}
+
+std::string ShortName(const Action& a) {
+  static const std::map<Op, std::string> kShort = {{Op::kForward, "F"},
+                                                   {Op::kBackward, "B"},
+                                                   {Op::kBackwardInput, "BI"},
+                                                   {Op::kBackwardWeight, "W"},
+                                                   {Op::kSendAct, "SendAct"},
+                                                   {Op::kRecvAct, "RecvAct"},
+                                                   {Op::kSendGrad, "SendGrad"},
+                                                   {Op::kRecvGrad, "RecvGrad"},
+                                                   {Op::kReduceTied, "ReduceTied"},
+                                                   {Op::kReduceDp, "ReduceDp"},
+                                                   {Op::kOptimizerStep, "OptimizerStep"}};
+  std::string text = kShort.at(a.op);
+  if (a.microbatch >= 0) text += std::to_string(a.microbatch) + "@s" + std::to_string(a.stage);
+  if (a.op == Op::kRecvAct || a.op == Op::kRecvGrad) text += "<r" + std::to_string(a.peer);
+  if (a.op == Op::kSendAct || a.op == Op::kSendGrad) text += ">r" + std::to_string(a.peer);
+  return text;
+}
+
+std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
+  const int stages = spec.pp * spec.virtual_stages;
+  auto rank_of = [&](int stage) { return stage % spec.pp; };
+  std::vector<Action> actions;
+  for (const Compute& c : ComputeOrder(spec, rank)) {
+    const bool first = c.stage == 0;
+    const bool last = c.stage == stages - 1;
+    switch (c.op) {
+      case Op::kForward:
+        if (!first) actions.push_back({Op::kRecvAct, c.microbatch, c.stage, rank_of(c.stage - 1)});
+        actions.push_back({Op::kForward, c.microbatch, c.stage, -1});
+        if (!last) actions.push_back({Op::kSendAct, c.microbatch, c.stage, rank_of(c.stage + 1)});
+        break;
+      case Op::kBackward:
+      case Op::kBackwardInput:
+        if (!last) actions.push_back({Op::kRecvGrad, c.microbatch, c.stage, rank_of(c.stage + 1)});
+        actions.push_back({c.op, c.microbatch, c.stage, -1});
+        if (!first) actions.push_back({Op::kSendGrad, c.microbatch, c.stage, rank_of(c.stage - 1)});
+        break;
+      default:
+        actions.push_back({c.op, c.microbatch, c.stage, -1});
+    }
+  }
+  actions.push_back({Op::kReduceTied});
+  actions.push_back({Op::kReduceDp});
+  actions.push_back({Op::kOptimizerStep});
+  return actions;
+}
+
+std::vector<std::vector<Action>> BuildAllActions(const ScheduleSpec& spec) {
+  std::vector<std::vector<Action>> all;
+  for (int rank = 0; rank < spec.pp; ++rank) all.push_back(BuildRankActions(spec, rank));
+  return all;
+}
+
+}  // namespace bigmac::schedule

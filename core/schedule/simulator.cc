@@ -1,0 +1,169 @@
+#include "core/schedule/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "nlohmann/json.hpp"
+
+namespace bigmac::schedule {
+namespace {
+
+bool IsCompute(Op op) {
+  return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput ||
+         op == Op::kBackwardWeight;
+}
+
+// A message key: (is_gradient, micro-batch, consumer stage, sender rank, receiver rank).
+using MessageKey = std::tuple<bool, int, int, int, int>;
+
+}  // namespace
+
+SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_stages,
+                   const Costs& costs) {
+  const int p = static_cast<int>(lists.size());
+  SimResult result;
+  result.busy.assign(p, 0);
+  result.max_in_flight.assign(p, 0);
+  std::vector<size_t> pc(p, 0);
+  std::vector<double> clock(p, 0);
+  std::vector<std::set<std::pair<int, int>>> live(p);  // (mb, stage) holding activations
+  std::map<MessageKey, double> in_transit;             // arrival times
+  const double scale = 1.0 / virtual_stages;
+  auto cost = [&](Op op) {
+    switch (op) {
+      case Op::kForward:
+        return costs.forward * scale;
+      case Op::kBackward:
+        return costs.backward * scale;
+      case Op::kBackwardInput:
+        return costs.backward_input * scale;
+      case Op::kBackwardWeight:
+        return costs.backward_weight * scale;
+      default:
+        return 0.0;
+    }
+  };
+  bool progressed = true;
+  while (progressed) {
+    progressed = false;
+    for (int r = 0; r < p; ++r) {
+      while (pc[r] < lists[r].size()) {
+        const Action& a = lists[r][pc[r]];
+        SimEvent event{r, a, clock[r], clock[r]};
+        if (a.op == Op::kSendAct || a.op == Op::kSendGrad) {
+          const bool grad = a.op == Op::kSendGrad;
+          in_transit[{grad, a.microbatch, grad ? a.stage - 1 : a.stage + 1, r, a.peer}] =
+              clock[r] + costs.transfer;
+        } else if (a.op == Op::kRecvAct || a.op == Op::kRecvGrad) {
+          auto it = in_transit.find({a.op == Op::kRecvGrad, a.microbatch, a.stage, a.peer, r});
+          if (it == in_transit.end()) break;  // wait for the sender
+          event.start = clock[r];
+          clock[r] = std::max(clock[r], it->second);
+          event.end = clock[r];
+          in_transit.erase(it);
+        } else if (IsCompute(a.op)) {
+          event.end = clock[r] + cost(a.op);
+          clock[r] = event.end;
+          result.busy[r] += cost(a.op);
+          result.makespan = std::max(result.makespan, clock[r]);
+          if (a.op == Op::kForward) live[r].insert({a.microbatch, a.stage});
+          if (a.op == Op::kBackward || a.op == Op::kBackwardWeight)
+            live[r].erase({a.microbatch, a.stage});
+          result.max_in_flight[r] =
+              std::max(result.max_in_flight[r], static_cast<int>(live[r].size()));
+        }
+        result.events.push_back(event);
+        ++pc[r];
+        progressed = true;
+      }
+    }
+  }
+  std::string waiting;
+  for (int r = 0; r < p; ++r) {
+    if (pc[r] < lists[r].size()) {
+      waiting += (waiting.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
+                 " waits in " + ShortName(lists[r][pc[r]]) + " (action " + std::to_string(pc[r]) +
+                 ")";
+    }
+  }
+  if (!waiting.empty()) {
+    result.deadlock = true;
+    result.problem = "deadlock: " + waiting;
+  } else if (!in_transit.empty()) {
+    const auto& [grad, mb, stage, from, to] = in_transit.begin()->first;
+    result.problem = std::to_string(in_transit.size()) + " message(s) never received, e.g. " +
+                     (grad ? "gradient" : "activation") + " of micro-batch " + std::to_string(mb) +
+                     " for stage " + std::to_string(stage) + " from rank " + std::to_string(from) +
+                     " to rank " + std::to_string(to);
+  }
+  double total_busy = 0;
+  for (double b : result.busy) total_busy += b;
+  result.bubble_fraction = result.makespan > 0 ? 1.0 - total_busy / (p * result.makespan) : 0;
+  return result;
+}
+
+std::string FormatGrid(const SimResult& result, int pp) {
+  // One column per smallest compute duration.
+  double unit = 1e30;
+  for (const SimEvent& e : result.events) {
+    if (IsCompute(e.action.op) && e.end > e.start) unit = std::min(unit, e.end - e.start);
+  }
+  if (unit > 1e29) return "";
+  const int columns = static_cast<int>(std::lround(result.makespan / unit));
+  std::vector<std::vector<std::string>> cells(pp, std::vector<std::string>(columns, "."));
+  for (const SimEvent& e : result.events) {
+    if (!IsCompute(e.action.op)) continue;
+    const std::string label = std::string(e.action.op == Op::kForward          ? "F"
+                                          : e.action.op == Op::kBackwardWeight ? "W"
+                                          : e.action.op == Op::kBackwardInput  ? "b"
+                                                                               : "B") +
+                              std::to_string(e.action.microbatch);
+    for (int c = static_cast<int>(std::lround(e.start / unit));
+         c < std::lround(e.end / unit) && c < columns; ++c) {
+      cells[e.rank][c] = label;
+    }
+  }
+  size_t width = 1;
+  for (const auto& row : cells) {
+    for (const std::string& cell : row) width = std::max(width, cell.size());
+  }
+  std::string text;
+  for (int r = 0; r < pp; ++r) {
+    text += "rank " + std::to_string(r) + " |";
+    for (const std::string& cell : cells[r])
+      text += " " + cell + std::string(width - cell.size(), ' ');
+    text += "\n";
+  }
+  return text;
+}
+
+std::string ChromeTrace(const SimResult& result, const std::string& title) {
+  nlohmann::json events = nlohmann::json::array();
+  const int ranks = static_cast<int>(result.busy.size());
+  for (int r = 0; r < ranks; ++r) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"args", {{"name", "rank " + std::to_string(r)}}}});
+  }
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", title}}}});
+  for (const SimEvent& e : result.events) {
+    if (e.end <= e.start && !IsCompute(e.action.op)) continue;
+    events.push_back({{"name", ShortName(e.action)},
+                      {"cat", OpName(e.action.op)},
+                      {"ph", "X"},
+                      {"pid", 0},
+                      {"tid", e.rank},
+                      {"ts", e.start * 1000.0},
+                      {"dur", (e.end - e.start) * 1000.0},
+                      {"args", {{"microbatch", e.action.microbatch}, {"stage", e.action.stage}}}});
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1);
+}
+
+}  // namespace bigmac::schedule

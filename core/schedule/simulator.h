@@ -1,0 +1,52 @@
+#ifndef BIGMAC_CORE_SCHEDULE_SIMULATOR_H_
+#define BIGMAC_CORE_SCHEDULE_SIMULATOR_H_
+
+#include <string>
+#include <vector>
+
+#include "core/schedule/schedule.h"
+
+namespace bigmac::schedule {
+
+// Durations of one stage's computation for one micro-batch. Interleaved chunks hold 1/v of a
+// rank's layers, so the simulator divides compute costs by virtual_stages.
+struct Costs {
+  double forward = 1;
+  double backward = 2;        // input + weight gradients
+  double backward_input = 1;  // zero-bubble split
+  double backward_weight = 1;
+  double transfer = 0;  // send -> matching receive
+};
+
+struct SimEvent {
+  int rank = 0;
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
+struct SimResult {
+  bool deadlock = false;
+  std::string problem;             // deadlock or unmatched messages: who waits on what
+  double makespan = 0;             // end of the last computation
+  std::vector<double> busy;        // computation time per rank
+  double bubble_fraction = 0;      // idle share of p * makespan
+  std::vector<int> max_in_flight;  // per rank: most micro-batch stages holding activations at once
+  std::vector<SimEvent> events;    // computations and transfers, in execution order per rank
+};
+
+// Runs every rank's list against the others: sends never block, a receive waits for its matching
+// send. Reports a deadlock (no rank can move, some unfinished) and messages sent but never
+// received, with the ranks and actions involved.
+SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_stages,
+                   const Costs& costs);
+
+// The per-rank grid, one character cell per unit of time ("F3", "B3", "W3", ".").
+std::string FormatGrid(const SimResult& result, int pp);
+
+// A Chrome/Perfetto trace (JSON) of the simulated timeline: one track per rank.
+std::string ChromeTrace(const SimResult& result, const std::string& title);
+
+}  // namespace bigmac::schedule
+
+#endif  // BIGMAC_CORE_SCHEDULE_SIMULATOR_H_
