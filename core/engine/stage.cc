@@ -10,9 +10,17 @@ using layer::Layer;
 using layer::LayerSpec;
 using memory::Tensor;
 
+namespace {
+
+double ScalarOf(const Tensor& tensor) {
+  return tensor.dtype() == memory::DType::kF64 ? tensor.data<double>()[0] : tensor.data<float>()[0];
+}
+
+}  // namespace
+
 Stage::Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank)
     : options_(options) {
-  auto add = [&](const std::string& type, int layer_id) {
+  auto add = [&](const std::string& type, int layer_id, int stage) {
     LayerSpec spec;
     spec.type = type;
     spec.layer_id = layer_id;
@@ -22,14 +30,23 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
     spec.activation_checkpointing = options.activation_checkpointing && type == "gpt_block";
     layers_.push_back(layer::CreateLayer(spec));
     layers_.back()->InitParams(options.seed);
+    layers_of_stage_[stage].push_back(static_cast<int>(layers_.size()) - 1);
   };
-  for (const partition::StageRange& range : partition.StagesOfRank(pp_rank)) {
-    if (range.has_embedding) add("gpt_embedding", layer::kEmbeddingLayerId);
-    for (int id = range.first_layer; id < range.end_layer(); ++id) add("gpt_block", id);
-    if (range.has_head) add("gpt_head", layer::HeadLayerId(options.dims.num_layers));
+  last_stage_ = static_cast<int>(partition.stages.size()) - 1;
+  ranges_ = partition.StagesOfRank(pp_rank);
+  for (const partition::StageRange& range : ranges_) {
+    if (range.has_embedding) add("gpt_embedding", layer::kEmbeddingLayerId, range.stage);
+    for (int id = range.first_layer; id < range.end_layer(); ++id)
+      add("gpt_block", id, range.stage);
+    if (range.has_head) add("gpt_head", layer::HeadLayerId(options.dims.num_layers), range.stage);
   }
-  saved_.resize(layers_.size());
   SyncTiedCopies();
+}
+
+std::vector<int> Stage::LayerIds() const {
+  std::vector<int> ids;
+  for (const auto& layer : layers_) ids.push_back(layer->layer_id());
+  return ids;
 }
 
 bool Stage::has_embedding() const {
@@ -41,38 +58,86 @@ bool Stage::has_head() const {
          layers_.back()->layer_id() == layer::HeadLayerId(options_.dims.num_layers);
 }
 
+bool Stage::is_last_stage(int stage) const { return stage == last_stage_; }
+
+const std::vector<int>& Stage::LayersOf(int stage) const {
+  auto it = layers_of_stage_.find(stage);
+  if (it == layers_of_stage_.end())
+    throw std::logic_error("stage " + std::to_string(stage) + " is not on this rank");
+  return it->second;
+}
+
+Tensor Stage::ForwardStage(int stage, const layer::MicroBatch& mb, Tensor input, bool keep) {
+  const std::vector<int>& indices = LayersOf(stage);
+  // Evaluation reuses one scratch slot: each layer's Forward clears what the previous one kept.
+  layer::Saved scratch;
+  std::vector<layer::Saved>* saved = keep ? &saved_[{mb.index, stage}] : nullptr;
+  if (saved) saved->resize(indices.size());
+  Tensor activation = std::move(input);
+  for (size_t i = 0; i < indices.size(); ++i) {
+    Tensor next;
+    layers_[indices[i]]->Forward(mb, activation, &next, saved ? &(*saved)[i] : &scratch);
+    activation = std::move(next);
+  }
+  if (keep) max_in_flight_ = std::max(max_in_flight_, in_flight());
+  return activation;
+}
+
+Tensor Stage::BackwardInputStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
+  return Backward(stage, mb, std::move(grad), /*with_weights=*/false);
+}
+
+Tensor Stage::BackwardStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
+  return Backward(stage, mb, std::move(grad), /*with_weights=*/true);
+}
+
+Tensor Stage::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool with_weights) {
+  const std::vector<int>& indices = LayersOf(stage);
+  auto it = saved_.find({mb.index, stage});
+  if (it == saved_.end())
+    throw std::logic_error("backward without forward for stage " + std::to_string(stage));
+  for (size_t i = indices.size(); i-- > 0;) {
+    Tensor dx;
+    Layer& layer = *layers_[indices[i]];
+    layer.BackwardInput(mb, grad, layer.layer_id() == layer::kEmbeddingLayerId ? nullptr : &dx,
+                        &it->second[i]);
+    // Weight gradients right away free this layer's (possibly recomputed) activations before the
+    // next layer recomputes its own.
+    if (with_weights) layer.BackwardWeight(mb, &it->second[i]);
+    grad = std::move(dx);
+  }
+  if (with_weights) saved_.erase(it);
+  return grad;
+}
+
+void Stage::BackwardWeightStage(int stage, const layer::MicroBatch& mb) {
+  const std::vector<int>& indices = LayersOf(stage);
+  auto it = saved_.find({mb.index, stage});
+  if (it == saved_.end())
+    throw std::logic_error("weight gradient without backward for stage " + std::to_string(stage));
+  for (size_t i = indices.size(); i-- > 0;) layers_[indices[i]]->BackwardWeight(mb, &it->second[i]);
+  saved_.erase(it);
+}
+
 double Stage::ForwardBackward(const layer::MicroBatch& mb) {
   if (!has_embedding() || !has_head())
     throw std::logic_error("Stage::ForwardBackward needs the whole model");
   Tensor activation;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Tensor next;
-    layers_[i]->Forward(mb, activation, &next, &saved_[i]);
-    activation = std::move(next);
-  }
-  const double loss = activation.dtype() == memory::DType::kF64 ? activation.data<double>()[0]
-                                                                : activation.data<float>()[0];
+  for (const partition::StageRange& range : ranges_)
+    activation = ForwardStage(range.stage, mb, std::move(activation));
+  const double loss = ScalarOf(activation);
   Tensor grad;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    Tensor dx;
-    layers_[i]->BackwardInput(mb, grad, i == 0 ? nullptr : &dx, &saved_[i]);
-    layers_[i]->BackwardWeight(mb, &saved_[i]);
-    grad = std::move(dx);
-  }
+  for (size_t r = ranges_.size(); r-- > 0;)
+    grad = BackwardStage(ranges_[r].stage, mb, std::move(grad));
   return loss;
 }
 
 double Stage::ForwardLoss(const layer::MicroBatch& mb) {
   Tensor activation;
-  layer::Saved scratch;
-  for (auto& layer : layers_) {
-    Tensor next;
-    layer->Forward(mb, activation, &next, &scratch);
-    activation = std::move(next);
+  for (const partition::StageRange& range : ranges_) {
+    activation = ForwardStage(range.stage, mb, std::move(activation), /*keep=*/false);
   }
-  scratch.Clear();
-  return activation.dtype() == memory::DType::kF64 ? activation.data<double>()[0]
-                                                   : activation.data<float>()[0];
+  return ScalarOf(activation);
 }
 
 std::string Stage::FirstNonFiniteLayer(const layer::MicroBatch& mb) {
@@ -107,10 +172,16 @@ layer::Param* Stage::FindParam(int layer_id, const std::string& name) {
   return nullptr;
 }
 
+layer::Param* Stage::TiedOwner() { return FindParam(layer::kEmbeddingLayerId, "wte"); }
+
+layer::Param* Stage::TiedCopy() {
+  return FindParam(layer::HeadLayerId(options_.dims.num_layers), "wte");
+}
+
 void Stage::ReduceTiedGradients() {
-  layer::Param* owner = FindParam(layer::kEmbeddingLayerId, "wte");
-  if (!owner || !has_head()) return;
-  layer::Param* copy = FindParam(layer::HeadLayerId(options_.dims.num_layers), "wte");
+  layer::Param* owner = TiedOwner();
+  layer::Param* copy = TiedCopy();
+  if (!owner || !copy) return;
   const int64_t n = owner->grad.numel();
   if (owner->grad.dtype() == memory::DType::kF64) {
     for (int64_t i = 0; i < n; ++i) owner->grad.data<double>()[i] += copy->grad.data<double>()[i];
@@ -121,9 +192,9 @@ void Stage::ReduceTiedGradients() {
 }
 
 void Stage::SyncTiedCopies() {
-  layer::Param* owner = FindParam(layer::kEmbeddingLayerId, "wte");
-  if (!owner || !has_head()) return;
-  FindParam(layer::HeadLayerId(options_.dims.num_layers), "wte")->value.CopyFrom(owner->value);
+  layer::Param* owner = TiedOwner();
+  layer::Param* copy = TiedCopy();
+  if (owner && copy) copy->value.CopyFrom(owner->value);
 }
 
 std::vector<Stage::NamedParam> Stage::OwnedParams() {
@@ -143,6 +214,30 @@ int64_t Stage::OwnedParameterCount() {
   int64_t count = 0;
   for (const NamedParam& named : OwnedParams()) count += named.param->value.numel();
   return count;
+}
+
+std::string CheckLayerCoverage(const std::vector<std::vector<int>>& ids_per_rank, int num_layers) {
+  std::map<int, std::vector<int>> owners;
+  for (size_t rank = 0; rank < ids_per_rank.size(); ++rank) {
+    for (int id : ids_per_rank[rank]) owners[id].push_back(static_cast<int>(rank));
+  }
+  for (int id = layer::kEmbeddingLayerId; id <= layer::HeadLayerId(num_layers); ++id) {
+    const std::string name = layer::LayerIdName(id, num_layers);
+    auto it = owners.find(id);
+    if (it == owners.end())
+      return "layer_id " + std::to_string(id) + " (" + name + ") is built by no rank";
+    if (it->second.size() > 1) {
+      return "layer_id " + std::to_string(id) + " (" + name + ") is built by ranks " +
+             std::to_string(it->second[0]) + " and " + std::to_string(it->second[1]);
+    }
+  }
+  for (const auto& [id, ranks] : owners) {
+    if (id < layer::kEmbeddingLayerId || id > layer::HeadLayerId(num_layers)) {
+      return "layer_id " + std::to_string(id) + " built by rank " + std::to_string(ranks[0]) +
+             " is not in the model";
+    }
+  }
+  return "";
 }
 
 }  // namespace bigmac::engine

@@ -2,6 +2,7 @@
 #define BIGMAC_CORE_ENGINE_STAGE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,34 +20,53 @@ struct StageOptions {
   uint64_t seed = 1337;
 };
 
-// The layers of one pipeline rank, built from the registry in layer_id order: the embedding if the
-// rank holds stage 0, its blocks, the head if it holds the last stage.
+// The layers of one pipeline rank, built from the registry in layer_id order: for each pipeline
+// stage the rank hosts (several with virtual stages), the embedding if it is stage 0, its blocks,
+// the head if it is the last stage. Activations kept between forward and backward are held per
+// (micro-batch, stage).
 class Stage {
  public:
   Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank);
 
   const std::vector<std::unique_ptr<layer::Layer>>& layers() const { return layers_; }
+  // The pipeline stages this rank hosts, in model order.
+  const std::vector<partition::StageRange>& ranges() const { return ranges_; }
+  std::vector<int> LayerIds() const;
   bool has_embedding() const;
   bool has_head() const;
+  bool is_last_stage(int stage) const;
 
-  // Forward through every layer of this stage, then the whole backward, accumulating gradients.
-  // Needs the embedding and the head here (pp = 1). Returns this micro-batch's scaled loss.
+  // One stage's part of a micro-batch. ForwardStage returns the activation for the next stage, or
+  // the 1-element scaled loss on the last stage; it keeps what the backward needs unless
+  // `keep` is false (evaluation). BackwardInputStage returns the gradient for the previous stage
+  // (empty on stage 0); BackwardWeightStage accumulates parameter gradients and frees the state.
+  memory::Tensor ForwardStage(int stage, const layer::MicroBatch& mb, memory::Tensor input,
+                              bool keep = true);
+  // BackwardStage does both halves layer by layer (the memory-friendly order); the zero-bubble
+  // schedule calls BackwardInputStage now and BackwardWeightStage later.
+  memory::Tensor BackwardStage(int stage, const layer::MicroBatch& mb, memory::Tensor grad);
+  memory::Tensor BackwardInputStage(int stage, const layer::MicroBatch& mb, memory::Tensor grad);
+  void BackwardWeightStage(int stage, const layer::MicroBatch& mb);
+
+  // Whole model on this rank (pp = 1): forward and backward of one micro-batch; returns its loss.
   double ForwardBackward(const layer::MicroBatch& mb);
   // Forward only (evaluation); nothing is kept. Returns the scaled loss.
   double ForwardLoss(const layer::MicroBatch& mb);
 
-  // Where non-finite numbers first appear in a forward of `mb`: "block 1 (parameter
-  // attn.qkv.weight)", "block 2 (output)", or "" if nowhere. Used to name the layer when the loss
-  // is NaN or Inf.
+  // Where non-finite numbers first appear in a forward of `mb` through the whole model:
+  // "block 1 (parameter attn.qkv.weight)", "block 2 (output)", or "".
   std::string FirstNonFiniteLayer(const layer::MicroBatch& mb);
 
   void ZeroGrads();
-  // Tied weights when owner and copy live on this stage: add the copy's gradient into the owner's
+  // Tied weights when owner and copy live on this rank: add the copy's gradient into the owner's
   // and clear it (after the backward); copy the owner's value into the copy (after the step).
   void ReduceTiedGradients();
   void SyncTiedCopies();
+  // The owner's (embedding) or the copy's (head) tied parameter on this rank, or null.
+  layer::Param* TiedOwner();
+  layer::Param* TiedCopy();
 
-  // The parameters this stage owns and updates (tied copies excluded), with "layer/param" names.
+  // The parameters this rank owns and updates (tied copies excluded), with "layer/param" names.
   struct NamedParam {
     std::string name;
     int layer_id;
@@ -55,12 +75,29 @@ class Stage {
   std::vector<NamedParam> OwnedParams();
   int64_t OwnedParameterCount();
 
+  // (micro-batch, stage) pairs holding activations now, and the most at any time.
+  int in_flight() const { return static_cast<int>(saved_.size()); }
+  int max_in_flight() const { return max_in_flight_; }
+
  private:
+  memory::Tensor Backward(int stage, const layer::MicroBatch& mb, memory::Tensor grad,
+                          bool with_weights);
+  // Indices into layers_ of stage `stage`'s layers.
+  const std::vector<int>& LayersOf(int stage) const;
   layer::Param* FindParam(int layer_id, const std::string& name);
+
   StageOptions options_;
   std::vector<std::unique_ptr<layer::Layer>> layers_;
-  std::vector<layer::Saved> saved_;
+  std::vector<partition::StageRange> ranges_;
+  std::map<int, std::vector<int>> layers_of_stage_;
+  int last_stage_ = 0;
+  std::map<std::pair<int, int>, std::vector<layer::Saved>> saved_;  // (mb, stage) -> per layer
+  int max_in_flight_ = 0;
 };
+
+// Checks that the layer_ids every rank built cover the embedding, every block and the head exactly
+// once. Returns "" or the problem (a gap or an overlap, naming the layer and the ranks).
+std::string CheckLayerCoverage(const std::vector<std::vector<int>>& ids_per_rank, int num_layers);
 
 }  // namespace bigmac::engine
 

@@ -60,6 +60,7 @@ struct MicroBatch {
   // The head's loss is sum(token losses) * loss_scale; the gradient follows. Choosing
   // 1/(tokens in the global batch) makes every pp/dp split of one global batch give one gradient.
   double loss_scale = 1.0;
+  int index = 0;  // the micro-batch's number within its pipeline flush (keys kept activations)
 };
 
 // What a layer keeps between its forward and its backward for one micro-batch.
