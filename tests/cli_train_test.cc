@@ -96,12 +96,5 @@ TEST(CliTrain, DataPrepRefusesTooLittleText) {
       << r.output;
 }
 
-TEST(CliTrain, ManyRanksAreRefusedUntilThePipelineEngineLands) {
-  const testutil::RunResult r =
-      RunCommand(testutil::Mpirun(2) + " " + TrainCommand("--set parallel.pp_size=2"), 60);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("needs the pipeline engine"), std::string::npos) << r.output;
-}
-
 }  // namespace
 }  // namespace bigmac

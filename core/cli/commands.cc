@@ -1,13 +1,20 @@
 #include "core/cli/commands.h"
 
+#include <cblas.h>
+#include <omp.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "core/cli/exit_codes.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
+#include "core/comm/mpi_pipeline_comm.h"
 #include "core/comm/mpi_world.h"
 #include "core/comm/topology.h"
 #include "core/config/effective_log.h"
@@ -111,23 +118,38 @@ void PrintLines(const std::vector<std::string>& lines) {
 }
 
 // Runs the trainer and maps its failures to exit codes (docs/exit_codes.md).
-int RunSingleRankTraining(const config::ResolvedConfig& resolved) {
+int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipeline,
+                const engine::TrainOptions& options) {
+  const std::string rank = "bigmac: rank " + std::to_string(pipeline.world_rank()) + ": ";
   try {
-    engine::TrainSingleRank(resolved, [](const std::string& line) {
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-    });
+    engine::Train(resolved, pipeline, options);
     return kExitOk;
   } catch (const memory::OutOfMemoryError& error) {
-    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitOutOfMemory;
   } catch (const engine::NumericalError& error) {
-    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitNumerical;
   } catch (const data::DataError& error) {
-    std::fprintf(stderr, "bigmac: bad data: %s\n", error.what());
+    std::fprintf(stderr, "%sbad data: %s\n", rank.c_str(), error.what());
     return kExitBadData;
+  } catch (const comm::DeadlineError& error) {
+    std::fprintf(stderr, "%s%s; stopping the job\n", rank.c_str(), error.what());
+    return kExitTimeout;
+  } catch (const comm::TransportError& error) {
+    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
+    return kExitFailure;
   }
+}
+
+// OpenMP and BLAS threads per rank: the node's cores shared by its ranks (spinning threads of
+// oversubscribed ranks starve each other), unless the user set OMP_NUM_THREADS.
+void ConfigureThreads(int ranks_on_node) {
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = std::max(1, cores / std::max(1, ranks_on_node));
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
 }
 
 }  // namespace
@@ -256,25 +278,34 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   const std::vector<std::string> rank_lines = world.GatherToRoot(
       "[rank] " + comm::FormatRankLine(topology, resolved->partition, world.rank(), placement));
   if (world.rank() == 0) PrintLines(rank_lines);
-  comms.Free();
 
   if (options.dry_run) {
     if (world.rank() == 0) {
       std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n",
                   world.size());
     }
+    comms.Free();
     return kExitOk;
   }
-  if (world.size() != 1) {
-    if (world.rank() == 0) {
-      std::fprintf(stderr,
-                   "bigmac: training with %d ranks (pp=%d, dp=%d) needs the pipeline engine, which "
-                   "this build does not have yet; run one rank, or use --dry-run\n",
-                   world.size(), resolved->pp, resolved->dp);
-    }
-    return kExitFailure;
+  ConfigureThreads(world.local_size());
+  std::unique_ptr<comm::PipelineComm> pipeline = comm::MakeMpiPipelineComm(
+      topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds());
+  engine::TrainOptions train_options;
+  train_options.ranks_on_node = world.local_size();
+  train_options.dump_dir = options.dump_dir;
+  train_options.log = [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  const int code = RunTraining(*resolved, *pipeline, train_options);
+  if (code != kExitOk && world.size() > 1) {
+    // The other ranks may be waiting on this one: stop the whole job now, with this code.
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
   }
-  return RunSingleRankTraining(*resolved);
+  pipeline.reset();
+  comms.Free();
+  return code;
 }
 
 int RunPlan(const PlanOptions& options) {

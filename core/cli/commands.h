@@ -10,6 +10,7 @@ struct TrainOptions {
   std::string config;
   std::vector<std::string> overrides;
   bool dry_run = false;
+  std::string dump_dir;  // final weights per layer_id and per-step losses, to compare runs
 };
 
 struct PlanOptions {

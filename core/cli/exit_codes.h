@@ -10,6 +10,7 @@ inline constexpr int kExitConfig = 2;       // bad command line or configuration
 inline constexpr int kExitOutOfMemory = 3;  // memory::OutOfMemoryError: over the device's capacity
 inline constexpr int kExitNumerical = 4;    // engine::NumericalError: NaN/Inf loss or gradient
 inline constexpr int kExitBadData = 5;      // data::DataError: a data file that cannot be used
+inline constexpr int kExitTimeout = 6;      // comm::DeadlineError: a wait on another rank timed out
 
 }  // namespace bigmac::cli
 

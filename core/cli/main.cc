@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
       "applied after the file, in order");
   train->add_flag("--dry-run", train_options.dry_run,
                   "check and print the effective configuration and topology, then exit");
+  train->add_option(
+      "--dump", train_options.dump_dir,
+      "write the final weights (one file per layer_id) and per-step losses here, to compare runs");
   train->footer(bigmac::cli::ConfigKeysHelp());
 
   bigmac::cli::PlanOptions plan_options;

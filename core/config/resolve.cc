@@ -167,6 +167,8 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
         (low_open ? value > low : value >= low) && (high_open ? value < high : value <= high);
     if (!ok) problems.push_back(describe(key, FormatDouble(value)) + " must be " + rule);
   };
+  check_range("train.comm_timeout_seconds", train.comm_timeout_seconds(), 0, true, 1e9, false,
+              "> 0");
   check_range("optim.lr", optim.lr(), 0, true, 1e9, false, "> 0");
   check_range("optim.min_lr", optim.min_lr(), 0, false, optim.lr(), false, "in [0, optim.lr]");
   check_range("optim.beta1", optim.beta1(), 0, false, 1, true, "in [0, 1)");
@@ -175,10 +177,6 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
   check_range("optim.weight_decay", optim.weight_decay(), 0, false, 1e9, false, ">= 0");
   check_range("optim.grad_clip", optim.grad_clip(), 0, false, 1e18, false,
               ">= 0 (0 turns clipping off)");
-  if (optim.warmup_steps() > train.max_steps()) {
-    problems.push_back(describe("optim.warmup_steps", optim.warmup_steps()) + " must not exceed " +
-                       describe("train.max_steps", train.max_steps()));
-  }
   if (values.precision().dtype() != "fp32" && values.device().backend() == "cpu") {
     problems.push_back(describe("precision.dtype", values.precision().dtype()) + " needs " +
                        describe("device.backend", std::string("cpu")) +

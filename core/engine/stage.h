@@ -29,6 +29,7 @@ class Stage {
   Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank);
 
   const std::vector<std::unique_ptr<layer::Layer>>& layers() const { return layers_; }
+  memory::DeviceAllocator* allocator() const { return options_.allocator; }
   // The pipeline stages this rank hosts, in model order.
   const std::vector<partition::StageRange>& ranges() const { return ranges_; }
   std::vector<int> LayerIds() const;

@@ -3,126 +3,221 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
 
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
+#include "core/engine/executor.h"
 #include "core/engine/stage.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
+#include "core/schedule/schedule.h"
 
 namespace bigmac::engine {
 namespace {
 
 std::string Format(const char* format, auto... args) {
-  char text[512];
+  char text[1024];
   std::snprintf(text, sizeof(text), format, args...);
   return text;
 }
 
-// Names the first layer/parameter with a non-finite gradient, or "".
-std::string FirstNonFinite(Stage& stage) {
+// One micro-batch's tokens and the MicroBatch view of them.
+struct BatchSlot {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> targets;
+  layer::MicroBatch mb;
+};
+
+// Writes this rank's owned parameters as <dir>/layer_<id>.f32 (every parameter of the layer, in
+// order, float32), so that runs under different layouts can be compared by layer_id.
+void DumpWeights(Stage& stage, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::map<int, std::ofstream> files;
   for (const Stage::NamedParam& named : stage.OwnedParams()) {
-    if (!optim::AllFinite(named.param->grad)) return named.name;
+    auto [it, inserted] = files.try_emplace(named.layer_id);
+    if (inserted)
+      it->second.open(dir + "/layer_" + std::to_string(named.layer_id) + ".f32", std::ios::binary);
+    it->second.write(reinterpret_cast<const char*>(named.param->value.data<float>()),
+                     named.param->value.bytes());
   }
-  return "";
 }
 
 }  // namespace
 
-TrainResult TrainSingleRank(const config::ResolvedConfig& resolved,
-                            const std::function<void(const std::string&)>& log) {
+TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
+                  const TrainOptions& options) {
   const config::Config& cfg = resolved.values();
   const config::Train& train = cfg.train();
   const int batch = train.micro_batch_size();
   const int seq = train.seq_length();
   const int accum = train.gradient_accumulation_steps();
+  const int m = resolved.batch.num_microbatches;
+  const int flushes = resolved.batch.flushes_per_step;
+  const bool root = comm.world_rank() == 0;
+  auto log = [&](const std::string& line) {
+    if (root) options.log(line);
+  };
 
-  data::TokenDataset train_data(cfg.data().dir(), "train");
-  data::TokenDataset val_data(cfg.data().dir(), "val");
-  if (static_cast<int>(train_data.vocab_size()) > cfg.model().vocab_size()) {
-    throw data::DataError(
-        train_data.description() + ": vocabulary " + std::to_string(train_data.vocab_size()) +
-        " is larger than model.vocab_size=" + std::to_string(cfg.model().vocab_size()));
+  memory::DeviceAllocator allocator(
+      "cpu:" + std::to_string(comm.world_rank()),
+      memory::CpuCapacity(cfg.device().memory_limit(), options.ranks_on_node));
+  StageOptions stage_options;
+  stage_options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(),
+                        cfg.model().num_heads(), cfg.model().num_layers(), seq};
+  stage_options.allocator = &allocator;
+  stage_options.activation_checkpointing = train.activation_checkpointing();
+  stage_options.seed = static_cast<uint64_t>(train.seed());
+  Stage stage(stage_options, resolved.partition, comm.pp_rank());
+
+  // The ranks' layers together must cover every layer_id once.
+  if (std::string problem =
+          CheckLayerCoverage(comm.AllGatherPp(stage.LayerIds()), cfg.model().num_layers());
+      !problem.empty()) {
+    throw std::logic_error("stage layout: " + problem);
   }
 
-  memory::DeviceAllocator allocator("cpu:0", memory::CpuCapacity(cfg.device().memory_limit(), 1));
-  StageOptions options;
-  options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
-                  cfg.model().num_layers(), seq};
-  options.allocator = &allocator;
-  options.activation_checkpointing = train.activation_checkpointing();
-  options.seed = static_cast<uint64_t>(train.seed());
-  Stage stage(options, resolved.partition, /*pp_rank=*/0);
+  // Only the ranks with the embedding (tokens) or the head (targets) read data.
+  std::optional<data::TokenDataset> train_data, val_data;
+  if (stage.has_embedding() || stage.has_head()) {
+    train_data.emplace(cfg.data().dir(), "train");
+    val_data.emplace(cfg.data().dir(), "val");
+    if (static_cast<int>(train_data->vocab_size()) > cfg.model().vocab_size()) {
+      throw data::DataError(
+          train_data->description() + ": vocabulary " + std::to_string(train_data->vocab_size()) +
+          " is larger than model.vocab_size=" + std::to_string(cfg.model().vocab_size()));
+    }
+  }
+
+  schedule::Kind kind = schedule::Kind::k1F1B;
+  schedule::ParseKind(cfg.parallel().schedule(), &kind);
+  const schedule::ScheduleSpec spec{kind, comm.pp_size(), m, cfg.parallel().virtual_stages()};
+  Executor executor(&stage, &comm, schedule::BuildRankActions(spec, comm.pp_rank()),
+                    cfg.model().hidden_size());
 
   std::vector<layer::Param*> params;
   for (const Stage::NamedParam& named : stage.OwnedParams()) params.push_back(named.param);
   TrainResult result;
   result.parameter_count = stage.OwnedParameterCount();
-  log(Format("[train] model: %lld parameters, %d blocks, hidden %d, %d heads, vocab %d | data: %s",
-             static_cast<long long>(result.parameter_count), cfg.model().num_layers(),
-             cfg.model().hidden_size(), cfg.model().num_heads(), cfg.model().vocab_size(),
-             train_data.description().c_str()));
+  const double total_params =
+      comm.SumToRoot(comm.dp_rank() == 0 ? double(result.parameter_count) : 0.0);
+  log(
+      Format("[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
+             "flush(es) of %d "
+             "micro-batches per step",
+             total_params, cfg.model().num_layers(), cfg.model().hidden_size(),
+             cfg.model().num_heads(), cfg.model().vocab_size(),
+             train_data ? train_data->description().c_str() : "(data on other ranks)", flushes, m));
 
   optim::AdamW adamw(
       {cfg.optim().beta1(), cfg.optim().beta2(), cfg.optim().eps(), cfg.optim().weight_decay()});
-  const optim::LrSchedule schedule{cfg.optim().lr(), cfg.optim().min_lr(),
-                                   cfg.optim().warmup_steps(), train.max_steps()};
-  std::vector<int32_t> tokens(int64_t{batch} * seq);
-  std::vector<int32_t> targets(tokens.size());
-  layer::MicroBatch mb{batch, seq, tokens.data(), targets.data(), 0.0};
+  const optim::LrSchedule lr_schedule{cfg.optim().lr(), cfg.optim().min_lr(),
+                                      cfg.optim().warmup_steps(), train.max_steps()};
+  // Every token loss is scaled by 1/(tokens per optimizer step over all replicas), so the summed
+  // gradient is the mean over the global batch, whatever the pp/dp split.
+  const double tokens_per_step = double(batch) * seq * accum * resolved.dp;
+  std::vector<BatchSlot> slots(m);
 
   auto evaluate = [&](int step) {
-    double sum = 0;
-    mb.loss_scale = 1.0 / (double(batch) * seq);
-    for (int i = 0; i < train.eval_batches(); ++i) {
-      val_data.EvalBatch(i, batch, seq, tokens.data(), targets.data());
-      sum += stage.ForwardLoss(mb);
+    double local = 0;
+    BatchSlot slot;
+    slot.tokens.resize(int64_t{batch} * seq);
+    slot.targets.resize(slot.tokens.size());
+    for (int i = comm.dp_rank(); i < train.eval_batches(); i += comm.dp_size()) {
+      if (val_data) val_data->EvalBatch(i, batch, seq, slot.tokens.data(), slot.targets.data());
+      slot.mb = {batch, seq, slot.tokens.data(), slot.targets.data(), 1.0 / (double(batch) * seq),
+                 i};
+      local += executor.Evaluate(slot.mb);
     }
-    const double loss = sum / train.eval_batches();
-    result.val_losses.emplace_back(step, loss);
+    comm.FinishSends();
+    const double loss = comm.SumToRoot(local) / train.eval_batches();
+    if (root) result.val_losses.emplace_back(step, loss);
     log(Format("[val] step %d | val_loss %.4f | %d batches of %dx%d", step, loss,
                train.eval_batches(), batch, seq));
   };
 
-  // Every micro-batch's token losses are scaled by 1/(tokens per optimizer step), so the gradient
-  // is that of the mean over the whole step (and, later, over every pp/dp split of it).
   evaluate(0);  // the starting point: about ln(vocab_size) for a fresh model
-  const double tokens_per_step = double(batch) * seq * accum * resolved.dp;
+  // Testing hook (docs/exit_codes.md): the named rank stops responding before its first step, so
+  // that tests can show a peer's deadline firing with a diagnostic instead of a hang.
+  if (const char* stall = std::getenv("BIGMAC_TEST_STALL_RANK");
+      stall && std::atoi(stall) == comm.world_rank()) {
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   for (int step = 0; step < train.max_steps(); ++step) {
     const auto start = std::chrono::steady_clock::now();
     stage.ZeroGrads();
-    double loss = 0;
-    for (int micro = 0; micro < accum; ++micro) {
-      train_data.TrainBatch(options.seed, step, /*dp_rank=*/0, micro, batch, seq, tokens.data(),
-                            targets.data());
-      mb.loss_scale = 1.0 / tokens_per_step;
-      loss += stage.ForwardBackward(mb);
+    double local_loss = 0;
+    double norm = 0;
+    double lr = 0;
+    for (int flush = 0; flush < flushes; ++flush) {
+      for (int mb = 0; mb < m; ++mb) {
+        BatchSlot& slot = slots[mb];
+        slot.tokens.resize(int64_t{batch} * seq);
+        slot.targets.resize(slot.tokens.size());
+        // The sample key is the micro-batch's global index in the step, so any pp/dp layout
+        // of the same global batch reads the same samples.
+        const int global_microbatch = comm.dp_rank() * accum + flush * m + mb;
+        if (train_data) {
+          train_data->TrainBatch(stage_options.seed, step, 0, global_microbatch, batch, seq,
+                                 slot.tokens.data(), slot.targets.data());
+        }
+        slot.mb = {batch, seq, slot.tokens.data(), slot.targets.data(), 1.0 / tokens_per_step, mb};
+      }
+      local_loss += executor.RunFlush(
+          [&](int mb) -> const layer::MicroBatch& { return slots[mb].mb; }, flush == flushes - 1,
+          [&] {
+            // Each parameter is owned by one rank of the pipeline and is
+            // identical across dp replicas: sum over the pipeline only.
+            double local_sumsq = 0;
+            std::string bad;
+            for (const Stage::NamedParam& named : stage.OwnedParams()) {
+              const double sq = optim::GlobalGradNorm({named.param});
+              if (!std::isfinite(sq) && bad.empty()) bad = named.name;
+              local_sumsq += sq * sq;
+            }
+            norm = std::sqrt(comm.AllReduceSumPp(local_sumsq));
+            if (!std::isfinite(norm)) {
+              // With the whole model here, also say where the forward
+              // first goes wrong.
+              std::string origin;
+              if (stage.has_embedding() && stage.has_head()) {
+                origin = stage.FirstNonFiniteLayer(slots[0].mb);
+                if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
+              }
+              throw NumericalError(
+                  Format("step %d: non-finite gradient %s%s", step + 1,
+                         bad.empty() ? "on another pipeline rank" : ("in " + bad).c_str(),
+                         origin.c_str()));
+            }
+            if (cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip()) {
+              optim::ScaleGradients(params, cfg.optim().grad_clip() / norm);
+            }
+            lr = optim::LearningRate(lr_schedule, step);
+            adamw.Step(params, lr, step + 1);
+            executor.SendTiedWeight();
+          });
     }
-    stage.ReduceTiedGradients();
-    if (!std::isfinite(loss)) {
-      const std::string where = stage.FirstNonFiniteLayer(mb);
-      throw NumericalError(
-          Format("step %d: the loss is %f; non-finite values first appear in %s", step + 1, loss,
-                 where.empty() ? "no layer on re-run (an intermittent fault?)" : where.c_str()));
+    comm.FinishSends();
+    const double loss = comm.SumToRoot(local_loss);
+    const double peak = comm.MaxToRoot(double(allocator.peak_bytes()));
+    if (root) {
+      if (!std::isfinite(loss)) {
+        throw NumericalError(Format("step %d: the loss is %f", step + 1, loss));
+      }
+      result.train_losses.push_back(loss);
     }
-    if (std::string where = FirstNonFinite(stage); !where.empty()) {
-      throw NumericalError(Format("step %d: non-finite gradient in %s", step + 1, where.c_str()));
-    }
-    const double norm = optim::GlobalGradNorm(params);
-    if (cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip()) {
-      optim::ScaleGradients(params, cfg.optim().grad_clip() / norm);
-    }
-    const double lr = optim::LearningRate(schedule, step);
-    adamw.Step(params, lr, step + 1);
-    stage.SyncTiedCopies();
-    result.train_losses.push_back(loss);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if ((step + 1) % train.log_interval() == 0 || step == 0 || step + 1 == train.max_steps()) {
       log(Format(
           "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f MiB",
           step + 1, train.max_steps(), loss, lr, norm, tokens_per_step / (ms / 1000.0), ms,
-          double(allocator.peak_bytes()) / (1 << 20)));
+          peak / (1 << 20)));
     }
     if (train.eval_interval() > 0 && (step + 1) % train.eval_interval() == 0 &&
         step + 1 != train.max_steps()) {
@@ -130,7 +225,20 @@ TrainResult TrainSingleRank(const config::ResolvedConfig& resolved,
     }
   }
   evaluate(train.max_steps());
+
   result.peak_bytes = allocator.peak_bytes();
+  result.max_in_flight = stage.max_in_flight();
+  std::string stages;
+  for (const partition::StageRange& range : stage.ranges())
+    stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
+  const std::vector<std::string> memory_lines =
+      comm.GatherToRoot(Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB, at most "
+                               "%d micro-batch stage(s) of "
+                               "activations in flight, %lld parameters",
+                               comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(),
+                               double(result.peak_bytes) / (1 << 20), result.max_in_flight,
+                               static_cast<long long>(result.parameter_count)));
+  for (const std::string& line : memory_lines) log(line);
   for (layer::Param* param : params) {
     for (int64_t i = 0; i < param->value.numel(); ++i) {
       result.final_parameters.push_back(param->value.dtype() == memory::DType::kF64
@@ -138,7 +246,22 @@ TrainResult TrainSingleRank(const config::ResolvedConfig& resolved,
                                             : param->value.data<float>()[i]);
     }
   }
+  if (!options.dump_dir.empty()) {
+    if (comm.dp_rank() == 0) DumpWeights(stage, options.dump_dir);
+    if (root) {
+      std::ofstream losses(options.dump_dir + "/losses.txt");
+      for (double loss : result.train_losses) losses << Format("%.17g\n", loss);
+    }
+  }
   return result;
+}
+
+TrainResult TrainSingleRank(const config::ResolvedConfig& config,
+                            const std::function<void(const std::string&)>& log) {
+  std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
+  TrainOptions options;
+  options.log = log;
+  return Train(config, *comm, options);
 }
 
 }  // namespace bigmac::engine

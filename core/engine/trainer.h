@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
 
 namespace bigmac::engine {
@@ -17,18 +18,32 @@ class NumericalError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct TrainResult {
-  std::vector<double> train_losses;                // per step, mean per token
-  std::vector<std::pair<int, double>> val_losses;  // (step, mean per token)
-  std::vector<double> final_parameters;            // every owned parameter, flattened (tests)
-  int64_t peak_bytes = 0;
-  int64_t parameter_count = 0;
+struct TrainOptions {
+  int ranks_on_node = 1;  // shares the host's memory when device.memory_limit is unset
+  std::string dump_dir;   // if set: final weights per layer_id and per-step losses, to compare runs
+  std::function<void(const std::string&)> log = [](const std::string&) {};  // called on rank 0
 };
 
-// Single-rank training (pp = 1, dp = 1) with the CPU backend: AdamW with warm-up and cosine decay,
-// global-norm clipping, NaN/Inf detection, validation every train.eval_interval steps. Prints a
-// progress line every train.log_interval steps through `log`. Throws memory::OutOfMemoryError,
-// data::DataError, NumericalError.
+struct TrainResult {
+  std::vector<double> train_losses;                // per step, mean per token (rank 0)
+  std::vector<std::pair<int, double>> val_losses;  // (step, mean per token) (rank 0)
+  std::vector<double> final_parameters;            // this rank's owned parameters, flattened
+  int64_t peak_bytes = 0;                          // this rank's allocator peak
+  int max_in_flight = 0;                           // most (micro-batch, stage) activations kept
+  int64_t parameter_count = 0;                     // this rank's owned parameters
+};
+
+// Trains with the configured schedule on this rank's stages: for each optimizer step,
+// gradient_accumulation_steps / num_microbatches flushes of the rank's action list, then the tied
+// gradient to its owner, the data-parallel all-reduce, global-norm clipping (each parameter
+// counted once), AdamW with warm-up and cosine decay, and the updated tied weight back to its
+// consumer. Rank 0 logs the progress line (loss from the last stage) and validation losses.
+// Throws memory::OutOfMemoryError, data::DataError, NumericalError, comm::DeadlineError,
+// comm::TransportError.
+TrainResult Train(const config::ResolvedConfig& config, comm::PipelineComm& comm,
+                  const TrainOptions& options);
+
+// One rank, no MPI.
 TrainResult TrainSingleRank(const config::ResolvedConfig& config,
                             const std::function<void(const std::string&)>& log);
 

@@ -1,0 +1,20 @@
+#ifndef BIGMAC_CORE_COMM_MPI_PIPELINE_COMM_H_
+#define BIGMAC_CORE_COMM_MPI_PIPELINE_COMM_H_
+
+#include <memory>
+
+#include "core/comm/mpi_world.h"
+#include "core/comm/pipeline_comm.h"
+
+namespace bigmac::comm {
+
+// PipelineComm over MPI and host memory. Sends are MPI_Isend of a buffer holding a small header
+// (dtype, shape) and the data; receives probe with a deadline (backing off so that an
+// oversubscribed CPU node is not starved by polling), then check the header. `deadline_seconds`
+// bounds every wait. The communicators must outlive this object.
+std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
+                                                  const GroupComms& comms, double deadline_seconds);
+
+}  // namespace bigmac::comm
+
+#endif  // BIGMAC_CORE_COMM_MPI_PIPELINE_COMM_H_

@@ -1,0 +1,258 @@
+// The pipeline engine under mpirun: every schedule and layout trains exactly like one rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/testing/run.h"
+
+namespace bigmac {
+namespace {
+
+using testutil::RunCommand;
+using testutil::Runfile;
+
+std::string Bigmac() { return Runfile("bigmac"); }
+
+std::string TempDir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+
+std::string DataDir() {
+  static const std::string dir = [] {
+    std::string text;
+    for (int i = 0; i < 5000; ++i) {
+      text += "Stage " + std::to_string(i * 31 % 97) + " sends its activations to the next one, " +
+              std::to_string(i % 7) + " micro-batches in flight.\n";
+    }
+    const std::string corpus = testutil::WriteTempFile("pipeline_corpus.txt", text);
+    const std::string out = TempDir() + "/pipeline_shards";
+    const testutil::RunResult r =
+        RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + out, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return out;
+  }();
+  return dir;
+}
+
+constexpr int kLayers = 11;  // uneven on 2, 4 and 8 stages, so policies differ
+constexpr int kHidden = 32;
+constexpr int kSeq = 16;
+constexpr int kVocab = 256;
+constexpr int kSteps = 10;
+
+struct Layout {
+  std::string schedule;
+  int pp;
+  int dp;
+  std::string policy;
+  int virtual_stages() const { return schedule == "interleaved_1f1b" ? 2 : 1; }
+};
+
+struct TrainRun {
+  int exit_code;
+  std::string output;
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> layers;  // file name -> weights
+};
+
+// Trains kSteps on the tiny model with 4 micro-batches per flush and per replica; the reference
+// (pp = dp = 1) accumulates dp times as many, so every run sees the same global batch.
+TrainRun Train(const Layout& l, int microbatches_per_replica, const std::string& extra,
+               const std::string& name) {
+  const std::string dump = TempDir() + "/dump_" + name;
+  std::filesystem::remove_all(dump);
+  const int world = l.pp * l.dp;
+  const std::string command =
+      testutil::Mpirun(world) + " " + Bigmac() + " train --config " + Runfile("configs/tiny.yaml") +
+      " --dump " + dump + " --set data.dir=" + DataDir() +
+      " --set model.num_layers=" + std::to_string(kLayers) +
+      " --set model.hidden_size=" + std::to_string(kHidden) + " --set model.num_heads=2" +
+      " --set model.vocab_size=" + std::to_string(kVocab) +
+      " --set train.seq_length=" + std::to_string(kSeq) +
+      " --set train.micro_batch_size=2 --set train.max_steps=" + std::to_string(kSteps) +
+      " --set train.eval_batches=2 --set train.eval_interval=0 --set train.log_interval=1" +
+      " --set optim.warmup_steps=2 --set optim.lr=3e-3" +
+      " --set parallel.pp_size=" + std::to_string(l.pp) + " --set parallel.schedule=" + l.schedule +
+      " --set parallel.virtual_stages=" + std::to_string(l.virtual_stages()) +
+      " --set parallel.num_microbatches=" + std::to_string(microbatches_per_replica) +
+      " --set train.gradient_accumulation_steps=" + std::to_string(microbatches_per_replica) +
+      " --set model.partition=" + l.policy + " " + extra;
+  const testutil::RunResult r = RunCommand(command, 240);
+  TrainRun run{r.exit_code, r.output, {}, {}};
+  std::ifstream losses(dump + "/losses.txt");
+  for (double loss; losses >> loss;) run.losses.push_back(loss);
+  if (std::filesystem::exists(dump)) {
+    for (const auto& entry : std::filesystem::directory_iterator(dump)) {
+      if (entry.path().extension() != ".f32") continue;
+      std::ifstream in(entry.path(), std::ios::binary);
+      std::vector<float> values(std::filesystem::file_size(entry.path()) / sizeof(float));
+      in.read(reinterpret_cast<char*>(values.data()), values.size() * sizeof(float));
+      run.layers[entry.path().filename().string()] = std::move(values);
+    }
+  }
+  return run;
+}
+
+const TrainRun& Reference(int dp, const std::string& extra = "") {
+  static std::map<std::string, TrainRun> cache;
+  const std::string key = std::to_string(dp) + extra;
+  if (!cache.count(key)) {
+    cache[key] = Train({"1f1b", 1, 1, "spread_first"}, 4 * dp, extra,
+                       "reference_dp" + std::to_string(dp) + std::to_string(cache.size()));
+  }
+  return cache.at(key);
+}
+
+// Largest |a-b| / max(1, |a|) over the losses and over every weight.
+struct Difference {
+  double loss = 0;
+  double weight = 0;
+};
+
+Difference Compare(const TrainRun& reference, const TrainRun& run) {
+  Difference d;
+  EXPECT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
+  for (size_t i = 0; i < std::min(run.losses.size(), reference.losses.size()); ++i) {
+    d.loss = std::max(d.loss, std::fabs(run.losses[i] - reference.losses[i]) /
+                                  std::max(1.0, std::fabs(reference.losses[i])));
+  }
+  EXPECT_EQ(run.layers.size(), reference.layers.size()) << "every layer_id is dumped exactly once";
+  for (const auto& [name, values] : reference.layers) {
+    auto it = run.layers.find(name);
+    if (it == run.layers.end()) {
+      ADD_FAILURE() << name << " missing";
+      continue;
+    }
+    EXPECT_EQ(it->second.size(), values.size()) << name;
+    for (size_t i = 0; i < std::min(values.size(), it->second.size()); ++i) {
+      d.weight = std::max(d.weight, std::fabs(double(it->second[i]) - values[i]) /
+                                        std::max(1.0, std::fabs(double(values[i]))));
+    }
+  }
+  return d;
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(EquivalenceTest, LossesAndWeightsMatchOneRank) {
+  const Layout l = GetParam();
+  const TrainRun& reference = Reference(l.dp);
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const std::string name =
+      l.schedule + "_pp" + std::to_string(l.pp) + "_dp" + std::to_string(l.dp) + "_" + l.policy;
+  const TrainRun run = Train(l, 4, "", name);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const Difference d = Compare(reference, run);
+  EXPECT_LE(d.loss, 1e-5) << name;
+  EXPECT_LE(d.weight, 1e-5) << name;
+  std::printf("[equivalence] %s: max relative difference: loss %.3g, weights %.3g\n", name.c_str(),
+              d.loss, d.weight);
+}
+
+std::vector<Layout> AllLayouts() {
+  std::vector<Layout> layouts;
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}) {
+    for (auto [pp, dp] : std::vector<std::pair<int, int>>{{2, 1}, {4, 1}, {2, 2}, {4, 2}}) {
+      for (const char* policy : {"spread_first", "last"})
+        layouts.push_back({schedule, pp, dp, policy});
+    }
+  }
+  return layouts;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, EquivalenceTest, ::testing::ValuesIn(AllLayouts()),
+                         [](const auto& info) {
+                           return info.param.schedule + "_pp" + std::to_string(info.param.pp) +
+                                  "_dp" + std::to_string(info.param.dp) + "_" + info.param.policy;
+                         });
+
+// With one replica and no clipping (whose norm is summed across ranks in another order), every
+// schedule does the same arithmetic in the same order as one rank: bitwise equal.
+TEST(Equivalence, BitwiseWithOneReplicaAndNoClipping) {
+  const TrainRun& reference = Reference(1, "--set optim.grad_clip=0");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}) {
+    const TrainRun run = Train({schedule, 4, 1, "spread_first"}, 4, "--set optim.grad_clip=0",
+                               std::string("bitwise_") + schedule);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(run.losses, reference.losses) << schedule;
+    EXPECT_EQ(run.layers, reference.layers) << schedule;
+  }
+}
+
+// Each rank builds only its stage: its parameter count is its stage's share.
+TEST(Stages, ParameterCountsAreTheStageShares) {
+  const TrainRun run = Train({"1f1b", 4, 1, "last"}, 4, "", "shares");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // 11 layers, policy last on 4 stages: [2, 2, 2, 5].
+  const int64_t c = kHidden;
+  const int64_t block = 12 * c * c + 13 * c;
+  const int64_t embedding =
+      int64_t{kVocab} * c + int64_t{kSeq} * c;  // wte + wpe (wpe rows = seq_length)
+  const int64_t head = 2 * c;                   // lnf only: wte is a copy
+  const int64_t expected[4] = {embedding + 2 * block, 2 * block, 2 * block, 5 * block + head};
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::regex line("\\[memory\\] rank " + std::to_string(rank) + " .* (\\d+) parameters");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(run.output, match, line)) << run.output;
+    EXPECT_EQ(std::stoll(match[1]), expected[rank]) << "rank " << rank;
+  }
+}
+
+// The tied embedding: the owner (first stage) dumps wte with its optimizer-updated value; the
+// consumer (last stage) owns no copy of it (no optimizer state), yet its loss matched one rank's
+// every step, which needs the copy to equal the owner's weight after every step.
+TEST(TiedWeights, OwnedByTheFirstStageOnly) {
+  const TrainRun run = Train({"1f1b", 2, 1, "spread_first"}, 4, "", "tied");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_TRUE(run.layers.count("layer_-1.f32"));
+  EXPECT_EQ(run.layers.at("layer_-1.f32").size(), size_t(kVocab * kHidden + kSeq * kHidden));
+  EXPECT_EQ(run.layers.at("layer_" + std::to_string(kLayers) + ".f32").size(), size_t(2 * kHidden))
+      << "the head stage holds no wte of its own";
+  EXPECT_LE(Compare(Reference(1), run).loss, 1e-5);
+}
+
+// Activation memory in flight on the first stage: GPipe holds all m micro-batches, 1F1B at most p.
+TEST(Memory, GpipeHoldsAllMicroBatchesOneFOneBHoldsP) {
+  auto in_flight = [](const TrainRun& run, int rank) {
+    const std::regex line("\\[memory\\] rank " + std::to_string(rank) +
+                          " .* at most (\\d+) micro-batch");
+    std::smatch match;
+    EXPECT_TRUE(std::regex_search(run.output, match, line)) << run.output;
+    return match.empty() ? -1 : std::stoi(match[1]);
+  };
+  const TrainRun gpipe =
+      Train({"gpipe", 4, 1, "spread_first"}, 8, "--set train.max_steps=1", "mem_gpipe");
+  const TrainRun one =
+      Train({"1f1b", 4, 1, "spread_first"}, 8, "--set train.max_steps=1", "mem_1f1b");
+  ASSERT_EQ(gpipe.exit_code, 0) << gpipe.output;
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(in_flight(gpipe, rank), 8);
+    EXPECT_EQ(in_flight(one, rank), 4 - rank);
+  }
+}
+
+// A peer that stops responding makes the deadline fire with a diagnostic: no hang.
+TEST(Deadline, StalledPeerStopsTheJobWithADiagnostic) {
+  const testutil::RunResult r = RunCommand(
+      "BIGMAC_TEST_STALL_RANK=0 " + testutil::Mpirun(2) + " " + Bigmac() + " train --config " +
+          Runfile("configs/tiny.yaml") + " --set data.dir=" + DataDir() +
+          " --set parallel.pp_size=2 --set model.hidden_size=32 --set train.seq_length=16"
+          " --set train.comm_timeout_seconds=2 --set train.max_steps=2",
+      60);
+  EXPECT_EQ(r.exit_code, 6) << r.output;
+  EXPECT_NE(
+      r.output.find(
+          "bigmac: rank 1: pp 1, dp 0: waited 2 s for RecvAct(micro-batch 0, stage 1) activation "
+          "from pp rank 0 (world rank 0), past the deadline of 2 s"),
+      std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace bigmac
