@@ -79,7 +79,7 @@ Tensor Stage::ForwardStage(int stage, const layer::MicroBatch& mb, Tensor input,
     layers_[indices[i]]->Forward(mb, activation, &next, saved ? &(*saved)[i] : &scratch);
     activation = std::move(next);
   }
-  if (keep) max_in_flight_ = std::max(max_in_flight_, in_flight());
+  if (keep) RecordActivations();
   return activation;
 }
 
@@ -106,8 +106,18 @@ Tensor Stage::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool
     if (with_weights) layer.BackwardWeight(mb, &it->second[i]);
     grad = std::move(dx);
   }
+  RecordActivations();
   if (with_weights) saved_.erase(it);
   return grad;
+}
+
+void Stage::RecordActivations() {
+  max_in_flight_ = std::max(max_in_flight_, in_flight());
+  int64_t bytes = 0;
+  for (const auto& [key, per_layer] : saved_) {
+    for (const layer::Saved& saved : per_layer) bytes += saved.bytes();
+  }
+  max_activation_bytes_ = std::max(max_activation_bytes_, bytes);
 }
 
 void Stage::BackwardWeightStage(int stage, const layer::MicroBatch& mb) {

@@ -79,6 +79,8 @@ class Stage {
   // (micro-batch, stage) pairs holding activations now, and the most at any time.
   int in_flight() const { return static_cast<int>(saved_.size()); }
   int max_in_flight() const { return max_in_flight_; }
+  // The most bytes of kept activations (and deferred-gradient inputs) at any time.
+  int64_t max_activation_bytes() const { return max_activation_bytes_; }
 
  private:
   memory::Tensor Backward(int stage, const layer::MicroBatch& mb, memory::Tensor grad,
@@ -94,6 +96,8 @@ class Stage {
   int last_stage_ = 0;
   std::map<std::pair<int, int>, std::vector<layer::Saved>> saved_;  // (mb, stage) -> per layer
   int max_in_flight_ = 0;
+  int64_t max_activation_bytes_ = 0;
+  void RecordActivations();
 };
 
 // Checks that the layer_ids every rank built cover the embedding, every block and the head exactly
