@@ -127,42 +127,17 @@ class MpiPipelineComm : public PipelineComm {
   }
 
   double SumToRoot(double value) override {
-    double sum = 0;
-    MPI_Request request;
-    MPI_Ireduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD, &request);
-    Complete(&request, "the sum of losses on rank 0");
-    return sum;
+    return ReduceToRoot(value, MPI_SUM, "the sum of losses on rank 0");
   }
 
   double MaxToRoot(double value) override {
-    double max = 0;
-    MPI_Request request;
-    MPI_Ireduce(&value, &max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD, &request);
-    Complete(&request, "the peak memory on rank 0");
-    return max;
+    return ReduceToRoot(value, MPI_MAX, "the peak memory on rank 0");
   }
 
   std::vector<std::string> GatherToRoot(const std::string& text) override {
-    int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    const int length = static_cast<int>(text.size());
-    std::vector<int> lengths(world_rank_ == 0 ? size : 0);
-    MPI_Request request;
-    MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &request);
-    Complete(&request, "gathering report lines on rank 0");
-    std::vector<int> offsets(lengths.size());
-    int total = 0;
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      offsets[i] = total;
-      total += lengths[i];
-    }
-    std::string all(total, '\0');
-    MPI_Igatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                 MPI_CHAR, 0, MPI_COMM_WORLD, &request);
-    Complete(&request, "gathering report lines on rank 0");
-    std::vector<std::string> texts;
-    for (size_t i = 0; i < lengths.size(); ++i) texts.push_back(all.substr(offsets[i], lengths[i]));
-    return texts;
+    return GatherStringsToRoot(text, MPI_COMM_WORLD, [&](MPI_Request* request) {
+      Complete(request, "gathering report lines on rank 0");
+    });
   }
 
   std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) override {
@@ -197,6 +172,14 @@ class MpiPipelineComm : public PipelineComm {
     Coords peer = coords_;
     peer.pp = pp_peer;
     return topology_.RankOf(peer);
+  }
+
+  double ReduceToRoot(double value, MPI_Op op, const std::string& what) {
+    double result = 0;
+    MPI_Request request;
+    MPI_Ireduce(&value, &result, 1, MPI_DOUBLE, op, 0, MPI_COMM_WORLD, &request);
+    Complete(&request, what);
+    return result;
   }
 
   // Waits for a non-blocking collective, with the deadline.

@@ -73,9 +73,21 @@ std::vector<int64_t> MpiWorld::AllGather(int64_t value) const {
 }
 
 std::vector<std::string> MpiWorld::GatherToRoot(const std::string& text) const {
+  return GatherStringsToRoot(text, MPI_COMM_WORLD,
+                             [](MPI_Request* request) { MPI_Wait(request, MPI_STATUS_IGNORE); });
+}
+
+std::vector<std::string> GatherStringsToRoot(const std::string& text, MPI_Comm comm,
+                                             const std::function<void(MPI_Request*)>& complete) {
+  int rank = 0;
+  int size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
   const int length = static_cast<int>(text.size());
-  std::vector<int> lengths(rank_ == 0 ? size_ : 0);
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::vector<int> lengths(rank == 0 ? size : 0);
+  MPI_Request request;
+  MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm, &request);
+  complete(&request);
   std::vector<int> offsets(lengths.size());
   int total = 0;
   for (size_t i = 0; i < lengths.size(); ++i) {
@@ -83,8 +95,9 @@ std::vector<std::string> MpiWorld::GatherToRoot(const std::string& text) const {
     total += lengths[i];
   }
   std::string all(total, '\0');
-  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-              0, MPI_COMM_WORLD);
+  MPI_Igatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+               0, comm, &request);
+  complete(&request);
   std::vector<std::string> texts;
   for (size_t i = 0; i < lengths.size(); ++i) texts.push_back(all.substr(offsets[i], lengths[i]));
   return texts;

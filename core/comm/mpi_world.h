@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,11 @@ class MpiWorld {
   int local_size_ = 1;
   std::string host_;
 };
+
+// Every rank's `text` at rank 0 of `comm` (others get an empty vector). `complete` waits for each
+// of the two non-blocking collectives, so callers choose a plain wait or one with a deadline.
+std::vector<std::string> GatherStringsToRoot(const std::string& text, MPI_Comm comm,
+                                             const std::function<void(MPI_Request*)>& complete);
 
 // One communicator per group of the topology (MPI_COMM_NULL for a middle stage's tied group).
 struct GroupComms {
