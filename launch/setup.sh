@@ -15,6 +15,7 @@ packages=(
   libyaml-cpp-dev
   libcli11-dev
   nlohmann-json3-dev
+  zlib1g-dev             # CRC-32 of checkpoint files
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
 )

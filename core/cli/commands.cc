@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/checkpoint/checkpoint.h"
 #include "core/cli/exit_codes.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
@@ -136,6 +137,9 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   } catch (const comm::DeadlineError& error) {
     std::fprintf(stderr, "%s%s; stopping the job\n", rank.c_str(), error.what());
     return kExitTimeout;
+  } catch (const checkpoint::CheckpointError& error) {
+    std::fprintf(stderr, "%scheckpoint: %s\n", rank.c_str(), error.what());
+    return kExitCheckpoint;
   } catch (const comm::TransportError& error) {
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitFailure;
@@ -293,6 +297,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   engine::TrainOptions train_options;
   train_options.ranks_on_node = world.local_size();
   train_options.dump_dir = options.dump_dir;
+  train_options.resume = options.resume;
   train_options.log = [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);

@@ -11,6 +11,7 @@ struct TrainOptions {
   std::vector<std::string> overrides;
   bool dry_run = false;
   std::string dump_dir;  // final weights per layer_id and per-step losses, to compare runs
+  std::string resume;    // "auto", a checkpoint step directory or root, or ""
 };
 
 struct PlanOptions {
@@ -45,6 +46,12 @@ struct ScheduleOptions {
 // `bigmac schedule`: the per-rank grid of a schedule, its simulated bubble and memory, and a
 // Chrome/Perfetto trace of the timeline.
 int RunSchedule(const ScheduleOptions& options);
+
+// `bigmac ckpt inspect DIR`, `ckpt export DIR --safetensors OUT`, `ckpt import`.
+int RunCkptInspect(const std::string& dir);
+int RunCkptExport(const std::string& dir, const std::string& safetensors);
+int RunCkptImport(const std::string& safetensors, const std::string& config_file,
+                  const std::vector<std::string>& overrides, const std::string& output);
 
 // Help text listing every config key with its layer, default and meaning.
 std::string ConfigKeysHelp();

@@ -11,6 +11,7 @@ inline constexpr int kExitOutOfMemory = 3;  // memory::OutOfMemoryError: over th
 inline constexpr int kExitNumerical = 4;    // engine::NumericalError: NaN/Inf loss or gradient
 inline constexpr int kExitBadData = 5;      // data::DataError: a data file that cannot be used
 inline constexpr int kExitTimeout = 6;      // comm::DeadlineError: a wait on another rank timed out
+inline constexpr int kExitCheckpoint = 7;   // checkpoint::CheckpointError: unusable or unwritable
 
 }  // namespace bigmac::cli
 

@@ -32,6 +32,10 @@ int main(int argc, char** argv) {
   train->add_option(
       "--dump", train_options.dump_dir,
       "write the final weights (one file per layer_id) and per-step losses here, to compare runs");
+  train->add_option(
+      "--resume", train_options.resume,
+      "continue from a checkpoint: auto (checkpoint.dir/latest, if any), a step directory, "
+      "or a checkpoint directory; any pp/dp layout");
   train->footer(bigmac::cli::ConfigKeysHelp());
 
   bigmac::cli::PlanOptions plan_options;
@@ -76,6 +80,32 @@ int main(int argc, char** argv) {
   schedule->add_option("--trace", schedule_options.trace,
                        "trace file (default schedule_<kind>_pp<P>_m<M>.json)");
 
+  CLI::App* ckpt =
+      app.add_subcommand("ckpt", "Inspect, export and import checkpoints (docs/checkpoint.md).");
+  ckpt->require_subcommand(1);
+  std::string ckpt_dir, safetensors, import_config, import_output;
+  std::vector<std::string> import_overrides;
+  CLI::App* inspect = ckpt->add_subcommand(
+      "inspect", "Print a checkpoint's step, layers, owners, sizes, and verify every checksum.");
+  inspect->add_option("dir", ckpt_dir, "a step directory, or a checkpoint directory (uses latest)")
+      ->required();
+  CLI::App* export_cmd = ckpt->add_subcommand(
+      "export",
+      "Write a checkpoint's weights as safetensors with Hugging Face GPT-2 names and layouts.");
+  export_cmd
+      ->add_option("dir", ckpt_dir, "a step directory, or a checkpoint directory (uses latest)")
+      ->required();
+  export_cmd->add_option("--safetensors", safetensors, "output .safetensors file")->required();
+  CLI::App* import_cmd = ckpt->add_subcommand(
+      "import",
+      "Turn Hugging Face GPT-2 safetensors into a step-0 checkpoint to start training from.");
+  import_cmd->add_option("--safetensors", safetensors, "input .safetensors file")->required();
+  import_cmd->add_option("--config", import_config, "the config describing the model")->required();
+  import_cmd->add_option("--set", import_overrides, "override a key (as for train)");
+  import_cmd
+      ->add_option("--output", import_output, "checkpoint directory to write step_000000 into")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -85,5 +115,10 @@ int main(int argc, char** argv) {
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
+  if (inspect->parsed()) return bigmac::cli::RunCkptInspect(ckpt_dir);
+  if (export_cmd->parsed()) return bigmac::cli::RunCkptExport(ckpt_dir, safetensors);
+  if (import_cmd->parsed()) {
+    return bigmac::cli::RunCkptImport(safetensors, import_config, import_overrides, import_output);
+  }
   return bigmac::cli::RunPlan(plan_options);
 }

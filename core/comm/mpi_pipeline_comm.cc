@@ -140,6 +140,15 @@ class MpiPipelineComm : public PipelineComm {
     });
   }
 
+  bool AllOk(bool ok) override {
+    int local = ok ? 1 : 0;
+    int all = 0;
+    MPI_Request request;
+    MPI_Iallreduce(&local, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &request);
+    Complete(&request, "agreement of all ranks");
+    return all == 1;
+  }
+
   std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) override {
     const int p = topology_.pp_size();
     const int count = static_cast<int>(values.size());

@@ -60,6 +60,8 @@ class PipelineComm {
   virtual double MaxToRoot(double value) = 0;
   virtual std::vector<std::string> GatherToRoot(const std::string& text) = 0;  // rank 0 gets all
   virtual std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) = 0;
+  // True on every rank iff every rank passed true (a barrier that also agrees on success).
+  virtual bool AllOk(bool ok) = 0;
 };
 
 // One process, one rank: sends to oneself are queued, reductions are identities.

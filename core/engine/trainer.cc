@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/checkpoint/checkpoint.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
 #include "core/engine/executor.h"
@@ -141,14 +142,40 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
                train.eval_batches(), batch, seq));
   };
 
-  evaluate(0);  // the starting point: about ln(vocab_size) for a fresh model
+  int start_step = 0;
+  const std::string& checkpoint_root = cfg.checkpoint().dir();
+  if (!options.resume.empty()) {
+    const std::string step_dir = checkpoint::ResolveStepDir(options.resume, checkpoint_root);
+    if (step_dir.empty()) {
+      log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
+    } else {
+      const auto load_start = std::chrono::steady_clock::now();
+      start_step = static_cast<int>(checkpoint::Load(step_dir, resolved, stage, adamw, comm));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+      const double bytes = comm.SumToRoot(
+          comm.dp_rank() == 0 ? double(3 * result.parameter_count * sizeof(float)) : 0.0);
+      log(Format("[ckpt] resumed from %s at step %d: read %.2f MB in %.3f s (%.1f MB/s)",
+                 step_dir.c_str(), start_step, bytes / 1e6, seconds,
+                 bytes / 1e6 / std::max(seconds, 1e-9)));
+    }
+  }
+  auto save = [&](int step) {
+    const checkpoint::SaveStats stats = checkpoint::Save(checkpoint_root, step, resolved, stage,
+                                                         adamw, comm, cfg.checkpoint().keep_last());
+    log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
+               double(stats.bytes) / 1e6, stats.seconds,
+               double(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
+  };
+
+  evaluate(start_step);  // the starting point: about ln(vocab_size) for a fresh model
   // Testing hook (docs/exit_codes.md): the named rank stops responding before its first step, so
   // that tests can show a peer's deadline firing with a diagnostic instead of a hang.
   if (const char* stall = std::getenv("BIGMAC_TEST_STALL_RANK");
       stall && std::atoi(stall) == comm.world_rank()) {
     std::this_thread::sleep_for(std::chrono::hours(1));
   }
-  for (int step = 0; step < train.max_steps(); ++step) {
+  for (int step = start_step; step < train.max_steps(); ++step) {
     const auto start = std::chrono::steady_clock::now();
     stage.ZeroGrads();
     double local_loss = 0;
@@ -222,6 +249,11 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     if (train.eval_interval() > 0 && (step + 1) % train.eval_interval() == 0 &&
         step + 1 != train.max_steps()) {
       evaluate(step + 1);
+    }
+    const int interval = cfg.checkpoint().interval();
+    if (!checkpoint_root.empty() &&
+        ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train.max_steps())) {
+      save(step + 1);
     }
   }
   evaluate(train.max_steps());

@@ -21,6 +21,7 @@ class NumericalError : public std::runtime_error {
 struct TrainOptions {
   int ranks_on_node = 1;  // shares the host's memory when device.memory_limit is unset
   std::string dump_dir;   // if set: final weights per layer_id and per-step losses, to compare runs
+  std::string resume;     // "auto", a checkpoint step directory or root, or "" (start fresh)
   std::function<void(const std::string&)> log = [](const std::string&) {};  // called on rank 0
 };
 
@@ -38,8 +39,9 @@ struct TrainResult {
 // gradient to its owner, the data-parallel all-reduce, global-norm clipping (each parameter
 // counted once), AdamW with warm-up and cosine decay, and the updated tied weight back to its
 // consumer. Rank 0 logs the progress line (loss from the last stage) and validation losses.
-// Throws memory::OutOfMemoryError, data::DataError, NumericalError, comm::DeadlineError,
-// comm::TransportError.
+// Saves checkpoints every checkpoint.interval steps and at the end when checkpoint.dir is set, and
+// resumes from options.resume. Throws memory::OutOfMemoryError, data::DataError, NumericalError,
+// comm::DeadlineError, comm::TransportError, checkpoint::CheckpointError.
 TrainResult Train(const config::ResolvedConfig& config, comm::PipelineComm& comm,
                   const TrainOptions& options);
 

@@ -50,6 +50,12 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
   }
 }
 
+void AdamW::SetState(const layer::Param* param, const memory::Tensor& m, const memory::Tensor& v) {
+  State& state = state_[param];
+  state.m = m.Clone();
+  state.v = v.Clone();
+}
+
 const memory::Tensor* AdamW::FirstMoment(const layer::Param* param) const {
   auto it = state_.find(param);
   return it == state_.end() ? nullptr : &it->second.m;

@@ -28,6 +28,9 @@ class AdamW {
   // `step` is 1-based. Tied copies must not be passed (their owner is updated instead).
   void Step(const std::vector<layer::Param*>& params, double lr, int64_t step);
 
+  // Restores `param`'s moments (from a checkpoint); they must have the parameter's shape.
+  void SetState(const layer::Param* param, const memory::Tensor& m, const memory::Tensor& v);
+
   // The moment tensors of `param` (for checkpoints and tests); null before its first step.
   const memory::Tensor* FirstMoment(const layer::Param* param) const;
   const memory::Tensor* SecondMoment(const layer::Param* param) const;

@@ -1,0 +1,469 @@
+#include "core/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "core/checkpoint/crc32.h"
+#include "google/protobuf/text_format.h"
+
+namespace bigmac::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr char kManifest[] = "manifest.pb";
+constexpr char kLatest[] = "latest";
+const char* const kKinds[] = {"value", "exp_avg", "exp_avg_sq"};
+
+void FsyncPath(const std::string& path, bool directory) {
+  const int fd = open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) throw CheckpointError(path + ": cannot open to fsync: " + std::strerror(errno));
+  const int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) throw CheckpointError(path + ": fsync failed: " + std::strerror(errno));
+}
+
+// Writes `data` to `path` and fsyncs it. Throws on any short write (a full disk, say).
+// `crash_midway` (a testing hook) kills the process half-way through, as a crash would.
+void WriteFileSynced(const std::string& path, const std::string& data, bool crash_midway = false) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw CheckpointError(path + ": cannot create: " + std::strerror(errno));
+  size_t written = 0;
+  while (written < data.size()) {
+    const size_t chunk =
+        crash_midway ? std::max<size_t>(1, data.size() / 2) : data.size() - written;
+    const ssize_t n = write(fd, data.data() + written, std::min(chunk, data.size() - written));
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      close(fd);
+      throw CheckpointError(path + ": write failed after " + std::to_string(written) + " of " +
+                            std::to_string(data.size()) + " bytes: " + why);
+    }
+    written += static_cast<size_t>(n);
+    if (crash_midway && written >= data.size() / 2) _exit(9);
+  }
+  const int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) throw CheckpointError(path + ": fsync failed: " + std::strerror(errno));
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw CheckpointError(path + ": missing (cannot open)");
+  std::string data(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  if (!in.read(data.data(), static_cast<std::streamsize>(data.size())))
+    throw CheckpointError(path + ": read failed");
+  return data;
+}
+
+// The tensors a layer's file holds, in order: every owned parameter's value and Adam moments.
+struct Piece {
+  std::string name;
+  const memory::Tensor* tensor;  // null: zeros of `shape` (no optimizer state yet)
+  std::vector<int64_t> shape;
+};
+
+std::string LayerName(int layer_id, int num_layers) {
+  return layer::LayerIdName(layer_id, num_layers);
+}
+
+bool SameModel(const config::Config& a, const config::Config& b, std::string* why) {
+  const auto& ma = a.model();
+  const auto& mb = b.model();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"model.num_layers", {ma.num_layers(), mb.num_layers()}},
+      {"model.hidden_size", {ma.hidden_size(), mb.hidden_size()}},
+      {"model.num_heads", {ma.num_heads(), mb.num_heads()}},
+      {"model.vocab_size", {ma.vocab_size(), mb.vocab_size()}},
+      {"train.seq_length (position table)", {a.train().seq_length(), b.train().seq_length()}},
+  };
+  for (const auto& [name, values] : fields) {
+    if (values.first != values.second) {
+      *why = std::string(name) + "=" + std::to_string(values.first) + " in the checkpoint, " +
+             std::to_string(values.second) + " in this config";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string StepDirName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string LayerFileName(int layer_id, int num_layers) {
+  if (layer_id == layer::kEmbeddingLayerId) return "embedding.bin";
+  if (layer_id == layer::HeadLayerId(num_layers)) return "head.bin";
+  char name[32];
+  std::snprintf(name, sizeof(name), "block_%04d.bin", layer_id);
+  return name;
+}
+
+SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
+               engine::Stage& stage, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               int keep_last) {
+  const auto start = std::chrono::steady_clock::now();
+  const int num_layers = config.values().model().num_layers();
+  const std::string final_dir = root + "/" + StepDirName(step);
+  const std::string tmp_dir = root + "/.tmp_" + StepDirName(step);
+  const bool is_root = comm.world_rank() == 0;
+  std::string error;
+
+  if (is_root) {
+    try {
+      fs::create_directories(root);
+      fs::remove_all(tmp_dir);
+      fs::create_directories(tmp_dir);
+    } catch (const std::exception& e) {
+      error = root + ": cannot prepare " + tmp_dir + ": " + e.what();
+    }
+  }
+  if (!comm.AllOk(error.empty())) {
+    throw CheckpointError(error.empty() ? "checkpoint step " + std::to_string(step) +
+                                              ": rank 0 could not prepare " + tmp_dir
+                                        : error);
+  }
+
+  // Testing hook (docs/checkpoint.md): BIGMAC_TEST_CRASH_IN_CHECKPOINT=<step> kills the writer of
+  // that step's first file half-way through.
+  const char* crash_step = std::getenv("BIGMAC_TEST_CRASH_IN_CHECKPOINT");
+  bool crash = crash_step && std::atoll(crash_step) == step;
+  // This rank's layers, grouped by layer_id; replica layer_id mod dp writes each.
+  Manifest fragment;
+  int64_t bytes_written = 0;
+  try {
+    std::map<int, std::vector<engine::Stage::NamedParam>> layers;
+    for (const engine::Stage::NamedParam& named : stage.OwnedParams())
+      layers[named.layer_id].push_back(named);
+    for (const auto& [layer_id, params] : layers) {
+      if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() != comm.dp_rank())
+        continue;
+      const std::string file = LayerFileName(layer_id, num_layers);
+      std::string data;
+      size_t total = 0;
+      for (const engine::Stage::NamedParam& named : params) total += 3 * named.param->value.bytes();
+      data.reserve(total);
+      uint32_t file_crc = 0;
+      for (const engine::Stage::NamedParam& named : params) {
+        const memory::Tensor* moments[3] = {&named.param->value, adamw.FirstMoment(named.param),
+                                            adamw.SecondMoment(named.param)};
+        for (int k = 0; k < 3; ++k) {
+          const int64_t bytes = named.param->value.bytes();
+          TensorEntry* entry = fragment.add_tensors();
+          entry->set_name(named.name + "#" + kKinds[k]);
+          entry->set_layer_id(layer_id);
+          entry->set_file(file);
+          entry->set_offset(static_cast<int64_t>(data.size()));
+          entry->set_bytes(bytes);
+          for (int64_t extent : named.param->value.shape()) entry->add_shape(extent);
+          entry->set_dtype(memory::DTypeName(named.param->value.dtype()));
+          if (moments[k]) {
+            data.append(reinterpret_cast<const char*>(moments[k]->data<float>()), bytes);
+          } else {
+            data.append(bytes, '\0');  // no step taken yet: zero moments
+          }
+          entry->set_crc32(Crc32(data.data() + entry->offset(), bytes));
+          file_crc = Crc32Combine(file_crc, entry->crc32(), bytes);
+        }
+      }
+      WriteFileSynced(tmp_dir + "/" + file, data, crash);
+      LayerFile* layer_file = fragment.add_files();
+      layer_file->set_layer_id(layer_id);
+      layer_file->set_file(file);
+      layer_file->set_bytes(static_cast<int64_t>(data.size()));
+      layer_file->set_crc32(file_crc);
+      layer_file->set_writer_rank(comm.world_rank());
+      bytes_written += static_cast<int64_t>(data.size());
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+
+  const std::vector<std::string> fragments =
+      comm.GatherToRoot(error.empty() ? "OK" + fragment.SerializeAsString() : "ERROR" + error);
+  const double total_bytes = comm.SumToRoot(double(bytes_written));
+  if (is_root) {
+    try {
+      Manifest manifest;
+      for (const std::string& part : fragments) {
+        if (part.rfind("ERROR", 0) == 0) throw CheckpointError(part.substr(5));
+        Manifest piece;
+        piece.ParseFromString(part.substr(2));
+        manifest.MergeFrom(piece);
+      }
+      manifest.set_format_version(kFormatVersion);
+      manifest.set_step(step);
+      manifest.set_next_step(step);
+      *manifest.mutable_config() = config.values();
+      manifest.set_pp(config.pp);
+      manifest.set_dp(config.dp);
+      for (int count : config.partition.LayersPerStage()) manifest.add_layers_per_stage(count);
+      manifest.set_partition_policy(partition::PolicyName(config.policy));
+      manifest.set_seed(config.values().train().seed());
+      WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
+      std::string text;
+      google::protobuf::TextFormat::PrintToString(manifest, &text);
+      WriteFileSynced(tmp_dir + "/manifest.txt", text);  // for people; manifest.pb is authoritative
+      FsyncPath(tmp_dir, true);
+      fs::remove_all(final_dir);  // a checkpoint of the same step from an earlier, abandoned run
+      fs::rename(tmp_dir, final_dir);
+      FsyncPath(root, true);
+      WriteFileSynced(root + "/" + kLatest + ".tmp", StepDirName(step) + "\n");
+      fs::rename(root + "/" + kLatest + ".tmp", root + "/" + kLatest);
+      FsyncPath(root, true);
+      // Keep the newest keep_last step directories.
+      std::vector<std::string> steps;
+      for (const auto& entry : fs::directory_iterator(root)) {
+        const std::string name = entry.path().filename().string();
+        if (entry.is_directory() && name.rfind("step_", 0) == 0) steps.push_back(name);
+      }
+      std::sort(steps.begin(), steps.end());
+      for (size_t i = 0; i + keep_last < steps.size(); ++i) fs::remove_all(root + "/" + steps[i]);
+    } catch (const std::exception& e) {
+      error = e.what();
+      std::error_code ignored;
+      fs::remove_all(tmp_dir, ignored);
+    }
+  }
+  if (!comm.AllOk(error.empty())) {
+    throw CheckpointError(error.empty() ? "checkpoint step " + std::to_string(step) +
+                                              " failed on another rank; the "
+                                              "previous checkpoint is intact"
+                                        : error + "; the previous checkpoint is intact");
+  }
+  SaveStats stats;
+  stats.dir = final_dir;
+  stats.bytes = static_cast<int64_t>(total_bytes);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+std::string ResolveStepDir(const std::string& resume, const std::string& root) {
+  auto from_latest = [](const std::string& dir) {
+    std::string name = ReadWholeFile(dir + "/" + kLatest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    return dir + "/" + name;
+  };
+  if (resume == "auto") {
+    if (root.empty()) throw CheckpointError("--resume auto needs checkpoint.dir");
+    return fs::exists(root + "/" + kLatest) ? from_latest(root) : "";
+  }
+  if (fs::exists(resume + "/" + kManifest)) return resume;
+  if (fs::exists(resume + "/" + kLatest)) return from_latest(resume);
+  throw CheckpointError(resume + ": not a checkpoint (no " + kManifest +
+                        ") nor a checkpoint directory (no " + kLatest + ")");
+}
+
+config::Config ReadManifestConfig(const std::string& step_dir) {
+  const std::string path = step_dir + "/" + kManifest;
+  Manifest manifest;
+  if (!manifest.ParseFromString(ReadWholeFile(path)))
+    throw CheckpointError(path + ": not a valid manifest");
+  return manifest.config();
+}
+
+Manifest ReadManifest(const std::string& step_dir, const config::Config& config) {
+  const std::string path = step_dir + "/" + kManifest;
+  Manifest manifest;
+  if (!manifest.ParseFromString(ReadWholeFile(path)))
+    throw CheckpointError(path + ": not a valid manifest");
+  if (manifest.format_version() != kFormatVersion) {
+    throw CheckpointError(path + ": format version " + std::to_string(manifest.format_version()) +
+                          " is not supported (this build reads " + std::to_string(kFormatVersion) +
+                          ")");
+  }
+  std::string why;
+  if (!SameModel(manifest.config(), config, &why)) {
+    throw CheckpointError(path + ": the checkpoint is for a different model shape: " + why);
+  }
+  return manifest;
+}
+
+int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
+             engine::Stage& stage, optim::AdamW& adamw, comm::PipelineComm& comm) {
+  const int num_layers = config.values().model().num_layers();
+  std::string error;
+  int64_t next_step = 0;
+  try {
+    const Manifest manifest = ReadManifest(step_dir, config.values());
+    next_step = manifest.next_step();
+    std::map<int, const LayerFile*> files;
+    for (const LayerFile& file : manifest.files()) {
+      if (files.count(file.layer_id())) {
+        throw CheckpointError(step_dir + "/" + kManifest + ": layer_id " +
+                              std::to_string(file.layer_id()) + " appears twice");
+      }
+      files[file.layer_id()] = &file;
+    }
+    std::map<std::string, const TensorEntry*> tensors;
+    for (const TensorEntry& entry : manifest.tensors()) tensors[entry.name()] = &entry;
+    std::map<int, std::string> contents;  // verified file bytes by layer_id
+    auto layer_bytes = [&](int layer_id) -> const std::string& {
+      auto cached = contents.find(layer_id);
+      if (cached != contents.end()) return cached->second;
+      auto it = files.find(layer_id);
+      if (it == files.end()) {
+        throw CheckpointError(step_dir + ": missing layer_id " + std::to_string(layer_id) + " (" +
+                              LayerName(layer_id, num_layers) +
+                              "): the manifest lists no file for it");
+      }
+      const std::string path = step_dir + "/" + it->second->file();
+      std::string data = ReadWholeFile(path);
+      if (static_cast<int64_t>(data.size()) != it->second->bytes()) {
+        throw CheckpointError(path + ": " + std::to_string(data.size()) +
+                              " bytes, the manifest says " + std::to_string(it->second->bytes()) +
+                              " (truncated or altered)");
+      }
+      if (Crc32(data.data(), data.size()) != it->second->crc32()) {
+        throw CheckpointError(path +
+                              ": checksum mismatch (CRC-32 of the file differs from the manifest)");
+      }
+      return contents[layer_id] = std::move(data);
+    };
+    auto read_tensor = [&](const std::string& name, int layer_id, memory::Tensor* into) {
+      auto it = tensors.find(name);
+      if (it == tensors.end()) {
+        throw CheckpointError(step_dir + ": tensor " + name + " is missing from the manifest");
+      }
+      const TensorEntry& entry = *it->second;
+      if (std::vector<int64_t>(entry.shape().begin(), entry.shape().end()) != into->shape() ||
+          entry.bytes() != into->bytes()) {
+        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
+                              " has shape of " + std::to_string(entry.bytes()) +
+                              " bytes, the model wants " + into->ShapeString());
+      }
+      const std::string& data = layer_bytes(layer_id);
+      if (entry.offset() < 0 ||
+          entry.offset() + entry.bytes() > static_cast<int64_t>(data.size())) {
+        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
+                              " lies outside the file");
+      }
+      std::memcpy(into->data<float>(), data.data() + entry.offset(), entry.bytes());
+    };
+    // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
+    struct Loaded {
+      layer::Param* param;
+      memory::Tensor value, m, v;
+      bool optimizer_state;
+    };
+    std::vector<Loaded> loaded;
+    for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
+      Loaded l{named.param, named.param->value.Clone(), named.param->value.Clone(),
+               named.param->value.Clone(), true};
+      read_tensor(named.name + "#value", named.layer_id, &l.value);
+      read_tensor(named.name + "#exp_avg", named.layer_id, &l.m);
+      read_tensor(named.name + "#exp_avg_sq", named.layer_id, &l.v);
+      loaded.push_back(std::move(l));
+    }
+    // The tied copy reads its value from the owner's file: stored once, loaded without a duplicate.
+    if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
+      Loaded l{copy, copy->value.Clone(), memory::Tensor(), memory::Tensor(), false};
+      read_tensor(LayerName(layer::kEmbeddingLayerId, num_layers) + "/wte#value",
+                  layer::kEmbeddingLayerId, &l.value);
+      loaded.push_back(std::move(l));
+    }
+    for (Loaded& l : loaded) {
+      l.param->value.CopyFrom(l.value);
+      if (l.optimizer_state) adamw.SetState(l.param, l.m, l.v);
+    }
+    stage.SyncTiedCopies();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!comm.AllOk(error.empty())) {
+    throw CheckpointError(error.empty() ? step_dir + ": another rank could not load its layers"
+                                        : error);
+  }
+  return next_step;
+}
+
+bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
+  const std::string path = step_dir + "/" + kManifest;
+  Manifest manifest;
+  try {
+    if (!manifest.ParseFromString(ReadWholeFile(path))) {
+      lines->push_back(path + ": not a valid manifest");
+      return false;
+    }
+  } catch (const CheckpointError& e) {
+    lines->push_back(e.what());
+    return false;
+  }
+  const config::Config& cfg = manifest.config();
+  const int num_layers = cfg.model().num_layers();
+  std::string counts;
+  for (int count : manifest.layers_per_stage())
+    counts += (counts.empty() ? "" : ", ") + std::to_string(count);
+  char header[512];
+  std::snprintf(header, sizeof(header),
+                "%s: step %lld (format %d) | model: %d blocks, hidden %d, %d heads, vocab %d, seq "
+                "%d | saved with pp=%d "
+                "dp=%d, %s [%s] | seed %lld",
+                step_dir.c_str(), static_cast<long long>(manifest.step()),
+                manifest.format_version(), num_layers, cfg.model().hidden_size(),
+                cfg.model().num_heads(), cfg.model().vocab_size(), cfg.train().seq_length(),
+                manifest.pp(), manifest.dp(), manifest.partition_policy().c_str(), counts.c_str(),
+                static_cast<long long>(manifest.seed()));
+  lines->push_back(header);
+  bool ok = true;
+  std::set<int> present;
+  int64_t total = 0;
+  for (const LayerFile& file : manifest.files()) {
+    present.insert(file.layer_id());
+    const std::string file_path = step_dir + "/" + file.file();
+    std::string status = "ok";
+    std::ifstream in(file_path, std::ios::binary);
+    if (!in) {
+      status = "MISSING";
+    } else {
+      const std::string data((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      if (static_cast<int64_t>(data.size()) != file.bytes()) {
+        status = "SIZE " + std::to_string(data.size()) + " != " + std::to_string(file.bytes());
+      } else if (Crc32(data.data(), data.size()) != file.crc32()) {
+        status = "CHECKSUM MISMATCH";
+      }
+    }
+    if (status != "ok") ok = false;
+    int tensors = 0;
+    for (const TensorEntry& entry : manifest.tensors())
+      tensors += entry.layer_id() == file.layer_id();
+    char line[512];
+    std::snprintf(
+        line, sizeof(line),
+        "  layer_id %4d  %-10s %-16s %10.1f KiB  %2d tensors  written by rank %d  crc32 %08x  %s",
+        file.layer_id(), LayerName(file.layer_id(), num_layers).c_str(), file.file().c_str(),
+        double(file.bytes()) / 1024, tensors, file.writer_rank(), file.crc32(), status.c_str());
+    lines->push_back(line);
+    total += file.bytes();
+  }
+  for (int id = layer::kEmbeddingLayerId; id <= layer::HeadLayerId(num_layers); ++id) {
+    if (!present.count(id)) {
+      lines->push_back("  layer_id " + std::to_string(id) + " (" + LayerName(id, num_layers) +
+                       "): MISSING from the manifest");
+      ok = false;
+    }
+  }
+  char footer[128];
+  std::snprintf(footer, sizeof(footer), "%zu files, %.2f MiB, %s",
+                static_cast<size_t>(manifest.files_size()), double(total) / (1 << 20),
+                ok ? "all checksums verified" : "DAMAGED");
+  lines->push_back(footer);
+  return ok;
+}
+
+}  // namespace bigmac::checkpoint

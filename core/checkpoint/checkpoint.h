@@ -1,0 +1,69 @@
+#ifndef BIGMAC_CORE_CHECKPOINT_CHECKPOINT_H_
+#define BIGMAC_CORE_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/checkpoint.pb.h"
+#include "core/comm/pipeline_comm.h"
+#include "core/config/resolve.h"
+#include "core/engine/stage.h"
+#include "core/optim/adamw.h"
+
+namespace bigmac::checkpoint {
+
+// A checkpoint that cannot be written or used; the message names the file and the problem.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr int kFormatVersion = 1;
+
+// "step_000100".
+std::string StepDirName(int64_t step);
+// The file of one layer_id: "embedding.bin", "block_0003.bin", "head.bin".
+std::string LayerFileName(int layer_id, int num_layers);
+
+struct SaveStats {
+  std::string dir;  // the final step directory
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Collective. Writes step `step` under `root`: every rank writes the files of the layers it owns
+// (with dp > 1, layer_id k is written by replica k mod dp) into a temporary directory and fsyncs
+// them; rank 0 writes the manifest, fsyncs, renames the directory into place, fsyncs `root`,
+// then replaces the `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A
+// failure anywhere leaves the previous checkpoints untouched and throws CheckpointError on every
+// rank.
+SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
+               engine::Stage& stage, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               int keep_last);
+
+// "auto": the step directory `root/latest` names, or "" if there is none yet. Anything else is a
+// step directory, or a checkpoint root with a `latest` pointer. Throws CheckpointError.
+std::string ResolveStepDir(const std::string& resume, const std::string& root);
+
+// The config snapshot a checkpoint was saved with. Throws CheckpointError.
+config::Config ReadManifestConfig(const std::string& step_dir);
+
+// Reads and checks `step_dir`/manifest.pb (format, model shape against `config`).
+Manifest ReadManifest(const std::string& step_dir, const config::Config& config);
+
+// Collective. Loads this rank's layers (and its tied copy) from `step_dir`, whatever layout the
+// checkpoint was saved with, after checking every file it reads (size, CRC-32, every tensor
+// present with its shape). Nothing on disk changes. Returns the step to continue from. Throws
+// CheckpointError on every rank if any rank failed.
+int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
+             engine::Stage& stage, optim::AdamW& adamw, comm::PipelineComm& comm);
+
+// `bigmac ckpt inspect`: the manifest and every file's size and checksum status, one line each.
+// Returns false if anything is damaged or missing.
+bool Inspect(const std::string& step_dir, std::vector<std::string>* lines);
+
+}  // namespace bigmac::checkpoint
+
+#endif  // BIGMAC_CORE_CHECKPOINT_CHECKPOINT_H_

@@ -1,0 +1,225 @@
+#include "core/checkpoint/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "core/checkpoint/checkpoint.h"
+#include "nlohmann/json.hpp"
+
+namespace bigmac::checkpoint {
+namespace {
+
+// Our parameter name -> (Hugging Face name, transposed?).
+struct Mapping {
+  int layer_id;
+  std::string ours;
+  std::string theirs;
+  bool transpose;
+};
+
+std::vector<Mapping> Gpt2Mappings(int num_layers) {
+  std::vector<Mapping> mappings = {
+      {layer::kEmbeddingLayerId, "wte", "transformer.wte.weight", false},
+      {layer::kEmbeddingLayerId, "wpe", "transformer.wpe.weight", false},
+  };
+  for (int i = 0; i < num_layers; ++i) {
+    const std::string h = "transformer.h." + std::to_string(i) + ".";
+    for (const Mapping& m : std::vector<Mapping>{
+             {i, "ln1.weight", h + "ln_1.weight", false},
+             {i, "ln1.bias", h + "ln_1.bias", false},
+             {i, "attn.qkv.weight", h + "attn.c_attn.weight", true},
+             {i, "attn.qkv.bias", h + "attn.c_attn.bias", false},
+             {i, "attn.proj.weight", h + "attn.c_proj.weight", true},
+             {i, "attn.proj.bias", h + "attn.c_proj.bias", false},
+             {i, "ln2.weight", h + "ln_2.weight", false},
+             {i, "ln2.bias", h + "ln_2.bias", false},
+             {i, "mlp.fc.weight", h + "mlp.c_fc.weight", true},
+             {i, "mlp.fc.bias", h + "mlp.c_fc.bias", false},
+             {i, "mlp.proj.weight", h + "mlp.c_proj.weight", true},
+             {i, "mlp.proj.bias", h + "mlp.c_proj.bias", false},
+         }) {
+      mappings.push_back(m);
+    }
+  }
+  mappings.push_back(
+      {layer::HeadLayerId(num_layers), "lnf.weight", "transformer.ln_f.weight", false});
+  mappings.push_back({layer::HeadLayerId(num_layers), "lnf.bias", "transformer.ln_f.bias", false});
+  return mappings;
+}
+
+layer::Param* FindParam(engine::Stage& stage, int layer_id, const std::string& name) {
+  for (const auto& layer : stage.layers()) {
+    if (layer->layer_id() != layer_id) continue;
+    for (layer::Param* param : layer->Params()) {
+      if (param->name == name) return param;
+    }
+  }
+  return nullptr;
+}
+
+// [rows, cols] row-major -> [cols, rows].
+std::vector<float> Transposed(const float* data, int64_t rows, int64_t cols) {
+  std::vector<float> out(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = data[r * cols + c];
+  }
+  return out;
+}
+
+}  // namespace
+
+void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    const uint64_t bytes = t.data.size() * sizeof(float);
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw CheckpointError(path + ": cannot create");
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i)
+    length[i] = static_cast<unsigned char>((uint64_t{json.size()} >> (8 * i)) & 0xff);
+  out.write(reinterpret_cast<const char*>(length), 8);
+  out.write(json.data(), static_cast<std::streamsize>(json.size()));
+  for (const NamedTensor& t : tensors) {
+    out.write(reinterpret_cast<const char*>(t.data.data()),
+              static_cast<std::streamsize>(t.data.size() * sizeof(float)));
+  }
+  if (!out.flush()) throw CheckpointError(path + ": write failed");
+}
+
+std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path + ": cannot open");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) throw CheckpointError(path + ": shorter than the 8-byte header length");
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  if (length > bytes.size() - 8) {
+    throw CheckpointError(path + ": header length " + std::to_string(length) + " exceeds the file");
+  }
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.substr(8, length));
+  } catch (const std::exception& e) {
+    throw CheckpointError(path + ": the header is not JSON: " + e.what());
+  }
+  if (!header.is_object()) throw CheckpointError(path + ": the header is not a JSON object");
+  const uint64_t buffer_size = bytes.size() - 8 - length;
+  const char* buffer = bytes.data() + 8 + length;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<NamedTensor> tensors;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = path + ": tensor " + name;
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets")) {
+      throw CheckpointError(where + ": needs dtype, shape and data_offsets");
+    }
+    const std::string dtype = entry["dtype"].get<std::string>();
+    static const std::set<std::string> kKnown = {"BOOL", "U8",   "I8",  "I16",     "U16",
+                                                 "F16",  "BF16", "I32", "U32",     "F32",
+                                                 "F64",  "I64",  "U64", "F8_E4M3", "F8_E5M2"};
+    if (!kKnown.count(dtype)) throw CheckpointError(where + ": unknown dtype " + dtype);
+    if (dtype != "F32")
+      throw CheckpointError(where + ": dtype " + dtype + " is not supported (BigMac imports F32)");
+    NamedTensor t;
+    t.name = name;
+    int64_t numel = 1;
+    for (const auto& extent : entry["shape"]) {
+      if (!extent.is_number_unsigned())
+        throw CheckpointError(where + ": shape entries must be non-negative integers");
+      t.shape.push_back(extent.get<int64_t>());
+      numel *= t.shape.back();
+    }
+    const auto& offsets = entry["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2)
+      throw CheckpointError(where + ": data_offsets must be [begin, end]");
+    const uint64_t begin = offsets[0].get<uint64_t>();
+    const uint64_t end = offsets[1].get<uint64_t>();
+    if (begin > end || end > buffer_size || end - begin != uint64_t(numel) * 4) {
+      throw CheckpointError(where + ": data_offsets [" + std::to_string(begin) + ", " +
+                            std::to_string(end) + "] do not match its shape or lie outside the " +
+                            std::to_string(buffer_size) + "-byte buffer");
+    }
+    ranges.emplace_back(begin, end);
+    t.data.resize(numel);
+    std::memcpy(t.data.data(), buffer + begin, end - begin);
+    tensors.push_back(std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin != covered)
+      throw CheckpointError(path + ": the data buffer has a hole or an overlap at byte " +
+                            std::to_string(begin));
+    covered = end;
+  }
+  if (covered != buffer_size)
+    throw CheckpointError(path + ": " + std::to_string(buffer_size - covered) +
+                          " bytes after the last tensor");
+  return tensors;
+}
+
+std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers) {
+  std::vector<NamedTensor> tensors;
+  for (const Mapping& m : Gpt2Mappings(num_layers)) {
+    layer::Param* param = FindParam(stage, m.layer_id, m.ours);
+    if (!param) throw CheckpointError("export needs the whole model; " + m.ours + " is not here");
+    const float* data = param->value.data<float>();
+    NamedTensor t;
+    t.name = m.theirs;
+    t.shape = param->value.shape();
+    if (m.transpose) {
+      t.data = Transposed(data, t.shape[0], t.shape[1]);
+      std::swap(t.shape[0], t.shape[1]);
+    } else {
+      t.data.assign(data, data + param->value.numel());
+    }
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
+void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage& stage,
+                         int num_layers, const std::string& source) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  for (const Mapping& m : Gpt2Mappings(num_layers)) {
+    layer::Param* param = FindParam(stage, m.layer_id, m.ours);
+    auto it = by_name.find(m.theirs);
+    if (it == by_name.end()) throw CheckpointError(source + ": " + m.theirs + " is missing");
+    std::vector<int64_t> want = param->value.shape();
+    if (m.transpose) std::swap(want[0], want[1]);
+    const NamedTensor& t = *it->second;
+    // A Hugging Face position table may be longer than our sequence: take its first rows.
+    const bool longer_positions = m.theirs == "transformer.wpe.weight" && t.shape.size() == 2 &&
+                                  t.shape[1] == want[1] && t.shape[0] >= want[0];
+    if (t.shape != want && !longer_positions) {
+      std::string got, wanted;
+      for (int64_t e : t.shape) got += (got.empty() ? "" : ", ") + std::to_string(e);
+      for (int64_t e : want) wanted += (wanted.empty() ? "" : ", ") + std::to_string(e);
+      throw CheckpointError(source + ": " + m.theirs + " has shape [" + got +
+                            "], this config needs [" + wanted + "]");
+    }
+    float* into = param->value.data<float>();
+    if (m.transpose) {
+      const std::vector<float> ours = Transposed(t.data.data(), want[0], want[1]);
+      std::copy(ours.begin(), ours.end(), into);
+    } else {
+      std::copy_n(t.data.data(), param->value.numel(), into);
+    }
+  }
+  stage.SyncTiedCopies();
+}
+
+}  // namespace bigmac::checkpoint

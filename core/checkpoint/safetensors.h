@@ -1,0 +1,44 @@
+#ifndef BIGMAC_CORE_CHECKPOINT_SAFETENSORS_H_
+#define BIGMAC_CORE_CHECKPOINT_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/engine/stage.h"
+
+namespace bigmac::checkpoint {
+
+// One float32 tensor of a safetensors file.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// The safetensors format (huggingface/safetensors): an 8-byte little-endian header length N, N
+// bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}
+// padded with spaces to a multiple of 8, then the data buffer. Throws CheckpointError.
+void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata);
+
+// Reads and validates a file against the specification: the header length fits, the header is a
+// JSON object, every entry has a known dtype (only F32 is accepted), a shape and offsets that
+// match it, and the entries cover the data buffer exactly, without holes or overlaps. Throws
+// CheckpointError naming the file and the problem.
+std::vector<NamedTensor> ReadSafetensors(const std::string& path);
+
+// The model's parameters under Hugging Face GPT-2 names and layouts (Conv1D weights are
+// [in, out], the transpose of ours): transformer.wte.weight, transformer.h.0.attn.c_attn.weight,
+// ... The stage must hold the whole model (pp = 1).
+std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers);
+
+// The reverse: sets the stage's parameters from Hugging Face GPT-2 tensors, checking that every
+// one is present with the shape the config implies. Throws CheckpointError.
+void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage& stage,
+                         int num_layers, const std::string& source);
+
+}  // namespace bigmac::checkpoint
+
+#endif  // BIGMAC_CORE_CHECKPOINT_SAFETENSORS_H_

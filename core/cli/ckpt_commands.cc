@@ -1,0 +1,123 @@
+// `bigmac ckpt inspect | export | import`.
+#include <cstdio>
+#include <memory>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/cli/commands.h"
+#include "core/cli/exit_codes.h"
+#include "core/comm/pipeline_comm.h"
+#include "core/config/errors.h"
+#include "core/memory/allocator.h"
+#include "core/optim/adamw.h"
+
+namespace bigmac::cli {
+namespace {
+
+// The whole model on one rank (pp = 1), as the tools need it, from a config.
+config::ResolvedConfig SingleRank(config::LoadedConfig loaded) {
+  config::Parallel* parallel = loaded.values.mutable_parallel();
+  parallel->set_pp_size(1);
+  parallel->set_tp_size(1);
+  parallel->set_virtual_stages(1);
+  parallel->set_schedule("gpipe");
+  loaded.values.mutable_model()->clear_layers_per_stage();
+  loaded.values.mutable_model()->clear_split_points();
+  loaded.values.mutable_model()->set_partition("spread_first");
+  return config::Resolve(std::move(loaded), 1, "ckpt tool");
+}
+
+struct Model {
+  std::unique_ptr<memory::DeviceAllocator> allocator;
+  std::unique_ptr<engine::Stage> stage;
+};
+
+Model BuildModel(const config::ResolvedConfig& resolved) {
+  const config::Config& cfg = resolved.values();
+  Model model;
+  model.allocator = std::make_unique<memory::DeviceAllocator>("cpu:0", memory::CpuCapacity("", 1));
+  engine::StageOptions options;
+  options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
+                  cfg.model().num_layers(), cfg.train().seq_length()};
+  options.allocator = model.allocator.get();
+  options.seed = static_cast<uint64_t>(cfg.train().seed());
+  model.stage = std::make_unique<engine::Stage>(options, resolved.partition, 0);
+  return model;
+}
+
+int Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "bigmac: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+
+int RunCkptInspect(const std::string& dir) {
+  try {
+    const std::string step_dir = checkpoint::ResolveStepDir(dir, "");
+    std::vector<std::string> lines;
+    const bool ok = checkpoint::Inspect(step_dir, &lines);
+    for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+    return ok ? kExitOk : kExitCheckpoint;
+  } catch (const checkpoint::CheckpointError& error) {
+    return Fail(error.what(), kExitCheckpoint);
+  }
+}
+
+int RunCkptExport(const std::string& dir, const std::string& safetensors) {
+  try {
+    const std::string step_dir = checkpoint::ResolveStepDir(dir, "");
+    config::LoadedConfig loaded;
+    // The manifest's own config describes the model; Load then checks every file it reads.
+    loaded.values = checkpoint::ReadManifestConfig(step_dir);
+    const config::ResolvedConfig resolved = SingleRank(std::move(loaded));
+    Model model = BuildModel(resolved);
+    optim::AdamW adamw({});
+    std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
+    const int64_t step = checkpoint::Load(step_dir, resolved, *model.stage, adamw, *comm);
+    const config::Model& m = resolved.values().model();
+    checkpoint::WriteSafetensors(
+        safetensors, checkpoint::ToHuggingFaceGpt2(*model.stage, m.num_layers()),
+        {{"format", "pt"},
+         {"source", "bigmac " + step_dir},
+         {"step", std::to_string(step)},
+         {"n_layer", std::to_string(m.num_layers())},
+         {"n_embd", std::to_string(m.hidden_size())},
+         {"n_head", std::to_string(m.num_heads())},
+         {"vocab_size", std::to_string(m.vocab_size())},
+         {"n_positions", std::to_string(resolved.values().train().seq_length())}});
+    std::printf("exported %s (step %lld) to %s with Hugging Face GPT-2 names\n", step_dir.c_str(),
+                static_cast<long long>(step), safetensors.c_str());
+    return kExitOk;
+  } catch (const checkpoint::CheckpointError& error) {
+    return Fail(error.what(), kExitCheckpoint);
+  } catch (const config::ConfigError& error) {
+    return Fail(std::string("the checkpoint's config is not valid: ") + error.what(),
+                kExitCheckpoint);
+  }
+}
+
+int RunCkptImport(const std::string& safetensors, const std::string& config_file,
+                  const std::vector<std::string>& overrides, const std::string& output) {
+  try {
+    const config::ResolvedConfig resolved = SingleRank(config::LoadConfig(config_file, overrides));
+    Model model = BuildModel(resolved);
+    checkpoint::FromHuggingFaceGpt2(checkpoint::ReadSafetensors(safetensors), *model.stage,
+                                    resolved.values().model().num_layers(), safetensors);
+    optim::AdamW adamw({});
+    std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
+    const checkpoint::SaveStats stats =
+        checkpoint::Save(output, 0, resolved, *model.stage, adamw, *comm,
+                         resolved.values().checkpoint().keep_last());
+    std::printf(
+        "imported %s as %s (step 0, zero optimizer state); train from it with --resume %s\n",
+        safetensors.c_str(), stats.dir.c_str(), stats.dir.c_str());
+    return kExitOk;
+  } catch (const checkpoint::CheckpointError& error) {
+    return Fail(error.what(), kExitCheckpoint);
+  } catch (const config::ConfigError& error) {
+    return Fail(error.what(), kExitConfig);
+  }
+}
+
+}  // namespace bigmac::cli
