@@ -291,6 +291,37 @@ TEST(Crash, FirstSaveKilledLeavesTheOlderOne) {
   EXPECT_EQ(resumed.losses, Tail(Full(2, 1).losses));
 }
 
+// A write that fails half-way (a full disk): every rank stops with exit 7, the temporary directory
+// is removed, and `latest` still names the previous, intact checkpoint.
+TEST(Crash, FailedWriteKeepsThePreviousCheckpoint) {
+  const std::string dir = Tmp() + "/ckpt_full_disk";
+  fs::remove_all(dir);
+  const testutil::RunResult r =
+      RunCommand("BIGMAC_TEST_FAIL_CHECKPOINT=6 " + testutil::Mpirun(2) + " " + Bigmac() +
+                     " train --config " + Runfile("configs/tiny.yaml") +
+                     " --set checkpoint.dir=" + dir + " --set data.dir=" + DataDir() +
+                     " --set model.num_layers=11 --set model.hidden_size=32 --set "
+                     "model.num_heads=2 --set train.seq_length=16"
+                     " --set train.micro_batch_size=2 --set parallel.schedule=1f1b --set "
+                     "parallel.num_microbatches=4"
+                     " --set train.max_steps=6 --set train.eval_batches=2 --set "
+                     "train.eval_interval=0 --set checkpoint.interval=3"
+                     " --set parallel.pp_size=2" +
+                     Accum(4),
+                 120);
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_NE(r.output.find("No space left on device (injected); the previous checkpoint is intact"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/.tmp_step_000006"));
+  EXPECT_FALSE(fs::exists(dir + "/step_000006"));
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_000003");
+  EXPECT_EQ(RunCommand(Bigmac() + " ckpt inspect " + dir, 30).exit_code, 0);
+}
+
 TEST(Retention, KeepsTheLastNAndTiedWeightOnce) {
   const std::string dir = Tmp() + "/ckpt_keep";
   fs::remove_all(dir);

@@ -34,13 +34,21 @@ void FsyncPath(const std::string& path, bool directory) {
 
 // Writes `data` to `path` and fsyncs it. Throws on any short write (a full disk, say).
 // `crash_midway` (a testing hook) kills the process half-way through, as a crash would.
-void WriteFileSynced(const std::string& path, const std::string& data, bool crash_midway = false) {
+// `fail_midway` (a testing hook) makes the write fail half-way, as a full disk would.
+void WriteFileSynced(const std::string& path, const std::string& data, bool crash_midway = false,
+                     bool fail_midway = false) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw CheckpointError(path + ": cannot create: " + std::strerror(errno));
   size_t written = 0;
   while (written < data.size()) {
+    if (fail_midway && written >= data.size() / 2) {
+      close(fd);
+      throw CheckpointError(path + ": write failed after " + std::to_string(written) + " of " +
+                            std::to_string(data.size()) +
+                            " bytes: No space left on device (injected)");
+    }
     const size_t chunk =
-        crash_midway ? std::max<size_t>(1, data.size() / 2) : data.size() - written;
+        crash_midway || fail_midway ? std::max<size_t>(1, data.size() / 2) : data.size() - written;
     const ssize_t n = write(fd, data.data() + written, std::min(chunk, data.size() - written));
     if (n <= 0) {
       const std::string why = std::strerror(errno);
@@ -142,6 +150,9 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
   // that step's first file half-way through.
   const char* crash_step = std::getenv("BIGMAC_TEST_CRASH_IN_CHECKPOINT");
   bool crash = crash_step && std::atoll(crash_step) == step;
+  // BIGMAC_TEST_FAIL_CHECKPOINT=<step> makes that step's file writes fail half-way (a full disk).
+  const char* fail_step = std::getenv("BIGMAC_TEST_FAIL_CHECKPOINT");
+  const bool fail = fail_step && std::atoll(fail_step) == step;
   // This rank's layers, grouped by layer_id; replica layer_id mod dp writes each.
   Manifest fragment;
   int64_t bytes_written = 0;
@@ -180,7 +191,7 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
           file_crc = Crc32Combine(file_crc, entry->crc32(), bytes);
         }
       }
-      WriteFileSynced(tmp_dir + "/" + file, data, crash);
+      WriteFileSynced(tmp_dir + "/" + file, data, crash, fail);
       LayerFile* layer_file = fragment.add_files();
       layer_file->set_layer_id(layer_id);
       layer_file->set_file(file);
