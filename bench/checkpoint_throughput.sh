@@ -19,6 +19,7 @@ measure() {  # name, then --set arguments
   local save load
   save=$(bazel-bin/bigmac train --config configs/tiny.yaml --set train.max_steps=1 --set train.eval_batches=1 \
            --set checkpoint.dir="$dir" "$@" | grep '^\[ckpt\] saved')
+  sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true  # a cold cache, as for dd below
   load=$(bazel-bin/bigmac train --config configs/tiny.yaml --set train.max_steps=1 --set train.eval_batches=1 \
            --set checkpoint.dir="$dir" --resume auto "$@" | grep '^\[ckpt\] resumed')
   local bytes_mb

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Counts test cases from the gtest XML of the test targets that ran.
 
-Usage: count_tests.py TESTLOGS_DIR TARGET...   (targets as //pkg:name)
+Usage: count_tests.py TESTLOGS_DIR TARGET... [--not-run TARGET...]   (targets as //pkg:name)
 Prints one line per failed case, then `tests: N passed, M failed[, K skipped]`.
-A target with no XML (it failed to build or crashed before writing it) counts as one failure.
+A target with no XML (it failed to build or crashed before writing it), or named after --not-run
+(bazel reported it as not built or not run, so its XML is stale), counts as one failure.
 """
 import sys
 import xml.etree.ElementTree as ET
@@ -12,10 +13,17 @@ from pathlib import Path
 
 def main() -> int:
     logs = Path(sys.argv[1])
+    args = sys.argv[2:]
+    not_run = set(args[args.index("--not-run") + 1:]) if "--not-run" in args else set()
+    targets = args[:args.index("--not-run")] if "--not-run" in args else args
     passed = failed = skipped = 0
-    for target in sys.argv[2:]:
+    for target in targets:
         package, name = target.lstrip("/").split(":")
         xml = logs / package / name / "test.xml"
+        if target in not_run:
+            print(f"FAILED {target}: not built or not run")
+            failed += 1
+            continue
         if not xml.is_file():
             print(f"FAILED {target}: no test results (build failure or crash)")
             failed += 1

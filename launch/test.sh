@@ -9,10 +9,15 @@ launch/setup.sh || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 targets=$(bazel query 'tests(//...)' 2>/dev/null) || { echo "test.sh: bazel query failed" >&2; exit 1; }
-bazel test //... "$@"
-bazel_status=$?
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# --keep_going: a target that fails to build does not stop the others from running.
+bazel test //... --keep_going "$@" 2>&1 | tee "$log"
+bazel_status=${PIPESTATUS[0]}
 
-# bazel-testlogs may hold results of targets that no longer exist: read only the current ones.
-python3 launch/count_tests.py bazel-testlogs $targets
+# Targets without a result this time (failed to build, not run) must not be counted from an older
+# test.xml left in bazel-testlogs: pass them as failures.
+not_run=$(grep -E '^//[^ ]+ +(FAILED TO BUILD|NO STATUS)' "$log" | awk '{print $1}' | tr '\n' ' ')
+python3 launch/count_tests.py bazel-testlogs $targets --not-run $not_run
 count_status=$?
 if ((bazel_status != 0 || count_status != 0)); then exit 1; fi

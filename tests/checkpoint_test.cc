@@ -322,6 +322,30 @@ TEST(Crash, FailedWriteKeepsThePreviousCheckpoint) {
   EXPECT_EQ(RunCommand(Bigmac() + " ckpt inspect " + dir, 30).exit_code, 0);
 }
 
+// Resuming from an older step into a directory that holds later steps of an abandoned run: the new
+// saves count as the newest, `latest` always names an existing checkpoint, and the later
+// directories are left for the user.
+TEST(Retention, ResumingFromAnOlderStepNeverDeletesWhatLatestNames) {
+  const std::string dir = Tmp() + "/ckpt_older";
+  fs::remove_all(dir);
+  ASSERT_EQ(Train(2, 1, "older_full", "--set checkpoint.dir=" + dir + Accum(4)).exit_code,
+            0);  // steps 3, 6
+  const Result r = Train(
+      2, 1, "older_resume",
+      "--resume " + dir + "/step_000003 --set checkpoint.dir=" + dir +
+          " --set checkpoint.interval=1 --set checkpoint.keep_last=1 --set train.max_steps=4" +
+          Accum(4));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_000004");
+  EXPECT_TRUE(fs::exists(dir + "/step_000004"));
+  EXPECT_FALSE(fs::exists(dir + "/step_000003")) << "keep_last=1 among steps up to 4";
+  EXPECT_TRUE(fs::exists(dir + "/step_000006")) << "the abandoned run's later step is left alone";
+  EXPECT_EQ(RunCommand(Bigmac() + " ckpt inspect " + dir, 30).exit_code, 0);
+}
+
 TEST(Retention, KeepsTheLastNAndTiedWeightOnce) {
   const std::string dir = Tmp() + "/ckpt_keep";
   fs::remove_all(dir);

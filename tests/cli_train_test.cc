@@ -96,5 +96,24 @@ TEST(CliTrain, DataPrepRefusesTooLittleText) {
       << r.output;
 }
 
+// Settings the dry-run accepts but training does not implement are refused, not ignored.
+TEST(CliTrain, UnimplementedSettingsAreRefusedForTraining) {
+  const testutil::RunResult r =
+      RunCommand(TrainCommand("--set precision.dtype=bf16 --set device.backend=cuda"), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("device.backend=cuda: the CUDA backend is not implemented yet"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("precision.dtype=bf16: mixed precision"), std::string::npos) << r.output;
+  // The dry-run still shows such a layout.
+  EXPECT_EQ(RunCommand(TrainCommand("--set parallel.tp_size=1 --dry-run"), 60).exit_code, 0);
+  const testutil::RunResult tp =
+      RunCommand(testutil::Mpirun(2) + " " + TrainCommand("--set parallel.tp_size=2"), 60);
+  EXPECT_EQ(tp.exit_code, 2) << tp.output;
+  EXPECT_NE(tp.output.find("parallel.tp_size=2: tensor parallelism has no kernels yet"),
+            std::string::npos)
+      << tp.output;
+}
+
 }  // namespace
 }  // namespace bigmac

@@ -50,6 +50,9 @@ struct Layout {
   int dp;
   std::string policy;
   int virtual_stages() const { return schedule == "interleaved_1f1b" ? 2 : 1; }
+  friend void PrintTo(const Layout& l, std::ostream* os) {
+    *os << l.schedule << " pp=" << l.pp << " dp=" << l.dp << " " << l.policy;
+  }
 };
 
 struct TrainRun {
@@ -203,16 +206,31 @@ TEST(Stages, ParameterCountsAreTheStageShares) {
   }
 }
 
-// The tied embedding: the owner (first stage) dumps wte with its optimizer-updated value; the
-// consumer (last stage) owns no copy of it (no optimizer state), yet its loss matched one rank's
-// every step, which needs the copy to equal the owner's weight after every step.
-TEST(TiedWeights, OwnedByTheFirstStageOnly) {
+// The tied embedding: the owner (first stage) holds wte with its optimizer state; the consumer
+// (last stage) holds a read-only copy without optimizer state, equal to the owner's weight after
+// the last step; and the losses match one rank's at every step.
+TEST(TiedWeights, OneOwnerAndAnIdenticalCopyWithoutOptimizerState) {
   const TrainRun run = Train({"1f1b", 2, 1, "spread_first"}, 4, "", "tied");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_TRUE(run.layers.count("layer_-1.f32"));
-  EXPECT_EQ(run.layers.at("layer_-1.f32").size(), size_t(kVocab * kHidden + kSeq * kHidden));
-  EXPECT_EQ(run.layers.at("layer_" + std::to_string(kLayers) + ".f32").size(), size_t(2 * kHidden))
-      << "the head stage holds no wte of its own";
+  const std::vector<float>& owner = run.layers.at("layer_-1.f32");
+  std::ifstream copy_file(TempDir() + "/dump_tied/tied_copy.bin", std::ios::binary);
+  ASSERT_TRUE(copy_file) << "the consumer dumps its copy";
+  std::vector<float> copy(kVocab * kHidden);
+  copy_file.read(reinterpret_cast<char*>(copy.data()), copy.size() * sizeof(float));
+  ASSERT_EQ(copy.size(), size_t(kVocab * kHidden));
+  EXPECT_TRUE(std::equal(copy.begin(), copy.end(), owner.begin()))
+      << "wte is the first parameter of the embedding";
+  EXPECT_EQ(run.layers.at("layer_" + std::to_string(kLayers) + ".f32").size(), size_t(2 * kHidden));
+  // Optimizer state: the owner's covers its parameters (wte included); the consumer's excludes
+  // the copy.
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::regex line("\\[memory\\] rank " + std::to_string(rank) +
+                          " .* (\\d+) parameters, optimizer state for (\\d+)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(run.output, match, line)) << run.output;
+    EXPECT_EQ(match[1], match[2]) << "rank " << rank;
+  }
   EXPECT_LE(Compare(Reference(1), run).loss, 1e-5);
 }
 
@@ -235,6 +253,17 @@ TEST(Memory, GpipeHoldsAllMicroBatchesOneFOneBHoldsP) {
     EXPECT_EQ(in_flight(gpipe, rank), 8);
     EXPECT_EQ(in_flight(one, rank), 4 - rank);
   }
+  // And in bytes: on the last stage GPipe keeps 8 micro-batches of activations, 1F1B one.
+  auto activation_mib = [](const TrainRun& run, int rank) {
+    const std::regex line("\\[memory\\] rank " + std::to_string(rank) +
+                          " .* activations peak ([0-9.]+) MiB");
+    std::smatch match;
+    EXPECT_TRUE(std::regex_search(run.output, match, line)) << run.output;
+    return match.empty() ? -1.0 : std::stod(match[1]);
+  };
+  EXPECT_GT(activation_mib(gpipe, 3), 4 * activation_mib(one, 3));
+  EXPECT_NEAR(activation_mib(gpipe, 0), activation_mib(one, 0) * 2, activation_mib(one, 0) * 0.3)
+      << "first stage: 8 micro-batches against p = 4";
 }
 
 // A peer that stops responding makes the deadline fire with a diagnostic: no hang.

@@ -230,17 +230,27 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
       google::protobuf::TextFormat::PrintToString(manifest, &text);
       WriteFileSynced(tmp_dir + "/manifest.txt", text);  // for people; manifest.pb is authoritative
       FsyncPath(tmp_dir, true);
-      fs::remove_all(final_dir);  // a checkpoint of the same step from an earlier, abandoned run
+      // A checkpoint of the same step from an abandoned run is moved aside, not deleted, until
+      // the new one is in place and `latest` names it.
+      const std::string replaced = root + "/.replaced_" + StepDirName(step);
+      if (fs::exists(final_dir)) {
+        fs::remove_all(replaced);
+        fs::rename(final_dir, replaced);
+      }
       fs::rename(tmp_dir, final_dir);
       FsyncPath(root, true);
       WriteFileSynced(root + "/" + kLatest + ".tmp", StepDirName(step) + "\n");
       fs::rename(root + "/" + kLatest + ".tmp", root + "/" + kLatest);
       FsyncPath(root, true);
-      // Keep the newest keep_last step directories.
+      fs::remove_all(replaced);
+      // Keep the newest keep_last checkpoints of this run's history: those up to this step.
+      // Directories of later steps belong to an abandoned run that this one resumed before; they
+      // are left alone (and replaced when this run reaches them).
       std::vector<std::string> steps;
       for (const auto& entry : fs::directory_iterator(root)) {
         const std::string name = entry.path().filename().string();
-        if (entry.is_directory() && name.rfind("step_", 0) == 0) steps.push_back(name);
+        if (entry.is_directory() && name.rfind("step_", 0) == 0 && name <= StepDirName(step))
+          steps.push_back(name);
       }
       std::sort(steps.begin(), steps.end());
       for (size_t i = 0; i + keep_last < steps.size(); ++i) fs::remove_all(root + "/" + steps[i]);
@@ -373,8 +383,11 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
     };
     std::vector<Loaded> loaded;
     for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
-      Loaded l{named.param, named.param->value.Clone(), named.param->value.Clone(),
-               named.param->value.Clone(), true};
+      auto fresh = [&] {
+        return memory::Tensor(stage.allocator(), named.param->value.shape(),
+                              named.param->value.dtype());
+      };
+      Loaded l{named.param, fresh(), fresh(), fresh(), true};
       read_tensor(named.name + "#value", named.layer_id, &l.value);
       read_tensor(named.name + "#exp_avg", named.layer_id, &l.m);
       read_tensor(named.name + "#exp_avg_sq", named.layer_id, &l.v);
@@ -389,7 +402,7 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
     }
     for (Loaded& l : loaded) {
       l.param->value.CopyFrom(l.value);
-      if (l.optimizer_state) adamw.SetState(l.param, l.m, l.v);
+      if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));
     }
     stage.SyncTiedCopies();
   } catch (const std::exception& e) {

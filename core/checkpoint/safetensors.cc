@@ -97,7 +97,21 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
   if (!out.flush()) throw CheckpointError(path + ": write failed");
 }
 
+namespace {
+std::vector<NamedTensor> ParseSafetensors(const std::string& path);
+}  // namespace
+
 std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
+  try {
+    return ParseSafetensors(path);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(path + ": malformed header entry: " + e.what());
+  }
+}
+
+namespace {
+
+std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": cannot open");
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -169,6 +183,8 @@ std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
                           " bytes after the last tensor");
   return tensors;
 }
+
+}  // namespace
 
 std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers) {
   std::vector<NamedTensor> tensors;

@@ -59,7 +59,7 @@ int RunCkptInspect(const std::string& dir) {
     const bool ok = checkpoint::Inspect(step_dir, &lines);
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());
     return ok ? kExitOk : kExitCheckpoint;
-  } catch (const checkpoint::CheckpointError& error) {
+  } catch (const std::exception& error) {
     return Fail(error.what(), kExitCheckpoint);
   }
 }
@@ -117,6 +117,8 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
     return Fail(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {
     return Fail(error.what(), kExitConfig);
+  } catch (const std::exception& error) {
+    return Fail(error.what(), kExitCheckpoint);
   }
 }
 

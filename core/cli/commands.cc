@@ -129,7 +129,8 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitOutOfMemory;
   } catch (const engine::NumericalError& error) {
-    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
+    // With several ranks, rank 0 has already reported for all of them.
+    if (!error.reported()) std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitNumerical;
   } catch (const data::DataError& error) {
     std::fprintf(stderr, "%sbad data: %s\n", rank.c_str(), error.what());
@@ -143,7 +144,30 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   } catch (const comm::TransportError& error) {
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitFailure;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%sinternal error: %s\n", rank.c_str(), error.what());
+    return kExitFailure;
   }
+}
+
+// Settings the config schema accepts (the dry-run and `plan` show their layouts) that training does
+// not implement yet. Each is named with its value and what works instead.
+std::vector<std::string> UnsupportedForTraining(const config::Config& values) {
+  std::vector<std::string> missing;
+  if (values.parallel().tp_size() != 1) {
+    missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
+                      ": tensor parallelism has no kernels yet; training needs tp_size=1");
+  }
+  if (values.device().backend() != "cpu") {
+    missing.push_back(
+        "device.backend=" + values.device().backend() +
+        ": the CUDA backend is not implemented yet; training runs on device.backend=cpu");
+  }
+  if (values.precision().dtype() != "fp32") {
+    missing.push_back("precision.dtype=" + values.precision().dtype() +
+                      ": mixed precision arrives with the CUDA backend; training runs in fp32");
+  }
+  return missing;
 }
 
 // OpenMP and BLAS threads per rank: the node's cores shared by its ranks (spinning threads of
@@ -257,6 +281,16 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     return kExitConfig;
   }
 
+  // Decided from the (agreed) config alone, so every rank stops together without communicating.
+  if (!options.dry_run) {
+    if (const std::vector<std::string> missing = UnsupportedForTraining(resolved->values());
+        !missing.empty()) {
+      if (world.rank() == 0)
+        PrintProblems("bigmac: this configuration cannot train with this build", missing);
+      std::fprintf(stderr, "bigmac: rank %d exits with code %d\n", world.rank(), kExitConfig);
+      return kExitConfig;
+    }
+  }
   world.DiscoverNode();
   const std::string& backend = resolved->values().device().backend();
   comm::DevicePlacement device;

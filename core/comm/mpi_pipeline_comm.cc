@@ -28,7 +28,12 @@ class MpiPipelineComm : public PipelineComm {
     coords_ = topology.CoordsOf(world_rank);
   }
   ~MpiPipelineComm() override {
-    for (Pending& p : pending_) MPI_Request_free(&p.request);
+    // Only on an abnormal exit are sends still in flight: MPI may still read their buffers, so
+    // they are released to MPI and deliberately leaked rather than freed under it.
+    for (Pending& p : pending_) {
+      MPI_Request_free(&p.request);
+      new std::vector<char>(std::move(p.buffer));
+    }
   }
 
   int pp_rank() const override { return coords_.pp; }
@@ -78,7 +83,10 @@ class MpiPipelineComm : public PipelineComm {
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
     std::vector<char> buffer(bytes);
-    MPI_Recv(buffer.data(), bytes, MPI_BYTE, peer, tag, comms_.pp, MPI_STATUS_IGNORE);
+    MPI_Request request;
+    MPI_Irecv(buffer.data(), bytes, MPI_BYTE, peer, tag, comms_.pp, &request);
+    Complete(&request,
+             what + " from pp rank " + std::to_string(peer) + " (receiving the matched message)");
     int64_t header[kHeaderWords] = {};
     if (bytes >= static_cast<int>(sizeof(header)))
       std::memcpy(header, buffer.data(), sizeof(header));

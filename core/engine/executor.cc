@@ -148,16 +148,18 @@ void Executor::ReduceDp() {
   std::vector<Stage::NamedParam> params = stage_->OwnedParams();
   int64_t total = 0;
   for (const auto& named : params) total += named.param->grad.numel();
-  std::vector<float> flat(total);
+  // Staged in one buffer from the device allocator, so it counts against the capacity.
+  Tensor flat_tensor(stage_->allocator(), {total}, memory::DType::kF32);
+  float* flat = flat_tensor.data<float>();
   int64_t offset = 0;
   for (const auto& named : params) {
-    std::copy_n(named.param->grad.data<float>(), named.param->grad.numel(), flat.data() + offset);
+    std::copy_n(named.param->grad.data<float>(), named.param->grad.numel(), flat + offset);
     offset += named.param->grad.numel();
   }
-  comm_->AllReduceSumDp(flat.data(), total);
+  comm_->AllReduceSumDp(flat, total);
   offset = 0;
   for (const auto& named : params) {
-    std::copy_n(flat.data() + offset, named.param->grad.numel(), named.param->grad.data<float>());
+    std::copy_n(flat + offset, named.param->grad.numel(), named.param->grad.data<float>());
     offset += named.param->grad.numel();
   }
 }

@@ -39,6 +39,11 @@ struct BatchSlot {
 // order, float32), so that runs under different layouts can be compared by layer_id.
 void DumpWeights(Stage& stage, const std::string& dir) {
   std::filesystem::create_directories(dir);
+  // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
+  if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
+    std::ofstream(dir + "/tied_copy.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(copy->value.data<float>()), copy->value.bytes());
+  }
   std::map<int, std::ofstream> files;
   for (const Stage::NamedParam& named : stage.OwnedParams()) {
     auto [it, inserted] = files.try_emplace(named.layer_id);
@@ -47,6 +52,17 @@ void DumpWeights(Stage& stage, const std::string& dir) {
     it->second.write(reinterpret_cast<const char*>(named.param->value.data<float>()),
                      named.param->value.bytes());
   }
+}
+
+// Parameters on this rank that have AdamW state: the owned ones, never a tied copy.
+int64_t OptimizerStateCount(Stage& stage, const optim::AdamW& adamw) {
+  int64_t count = 0;
+  for (const auto& layer : stage.layers()) {
+    for (layer::Param* param : layer->Params()) {
+      if (adamw.FirstMoment(param)) count += param->value.numel();
+    }
+  }
+  return count;
 }
 
 }  // namespace
@@ -209,17 +225,26 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
             }
             norm = std::sqrt(comm.AllReduceSumPp(local_sumsq));
             if (!std::isfinite(norm)) {
-              // With the whole model here, also say where the forward
-              // first goes wrong.
+              // Every rank of every replica sees the non-finite norm. Gather where each found
+              // non-finite gradients; rank 0 reports them all before any rank stops.
               std::string origin;
               if (stage.has_embedding() && stage.has_head()) {
                 origin = stage.FirstNonFiniteLayer(slots[0].mb);
                 if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
               }
-              throw NumericalError(
-                  Format("step %d: non-finite gradient %s%s", step + 1,
-                         bad.empty() ? "on another pipeline rank" : ("in " + bad).c_str(),
-                         origin.c_str()));
+              const std::vector<std::string> found = comm.GatherToRoot(
+                  bad.empty() ? ""
+                              : "rank " + std::to_string(comm.world_rank()) + ": " + bad + origin);
+              std::string report;
+              for (const std::string& where : found) {
+                if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
+              }
+              const std::string message =
+                  Format("step %d: non-finite gradient norm; non-finite gradients in %s", step + 1,
+                         report.empty() ? "(none found)" : report.c_str());
+              if (root) std::fprintf(stderr, "bigmac: rank 0: %s\n", message.c_str());
+              comm.AllOk(false);
+              throw NumericalError(message, /*reported=*/true);
             }
             if (cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip()) {
               optim::ScaleGradients(params, cfg.optim().grad_clip() / norm);
@@ -265,10 +290,12 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
   const std::vector<std::string> memory_lines = comm.GatherToRoot(Format(
       "[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB, activations peak "
-      "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters",
+      "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
+      "optimizer state for %lld",
       comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(),
       double(result.peak_bytes) / (1 << 20), double(stage.max_activation_bytes()) / (1 << 20),
-      result.max_in_flight, static_cast<long long>(result.parameter_count)));
+      result.max_in_flight, static_cast<long long>(result.parameter_count),
+      static_cast<long long>(OptimizerStateCount(stage, adamw))));
   for (const std::string& line : memory_lines) log(line);
   for (layer::Param* param : params) {
     for (int64_t i = 0; i < param->value.numel(); ++i) {

@@ -15,7 +15,13 @@ namespace bigmac::engine {
 // A non-finite loss or gradient; the message names the step and the layer.
 class NumericalError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit NumericalError(const std::string& message, bool reported = false)
+      : std::runtime_error(message), reported_(reported) {}
+  // Already printed (by rank 0, for the whole pipeline) before the ranks stopped.
+  bool reported() const { return reported_; }
+
+ private:
+  bool reported_;
 };
 
 struct TrainOptions {

@@ -50,10 +50,10 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
   }
 }
 
-void AdamW::SetState(const layer::Param* param, const memory::Tensor& m, const memory::Tensor& v) {
+void AdamW::SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v) {
   State& state = state_[param];
-  state.m = m.Clone();
-  state.v = v.Clone();
+  state.m = std::move(m);
+  state.v = std::move(v);
 }
 
 const memory::Tensor* AdamW::FirstMoment(const layer::Param* param) const {

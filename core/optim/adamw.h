@@ -29,7 +29,7 @@ class AdamW {
   void Step(const std::vector<layer::Param*>& params, double lr, int64_t step);
 
   // Restores `param`'s moments (from a checkpoint); they must have the parameter's shape.
-  void SetState(const layer::Param* param, const memory::Tensor& m, const memory::Tensor& v);
+  void SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v);
 
   // The moment tensors of `param` (for checkpoints and tests); null before its first step.
   const memory::Tensor* FirstMoment(const layer::Param* param) const;
