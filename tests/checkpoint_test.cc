@@ -30,11 +30,7 @@ std::string DataDir() {
       text += "Checkpoint " + std::to_string(i * 17 % 89) + " keeps layer " +
               std::to_string(i % 11) + " safe on disk.\n";
     }
-    const std::string corpus = testutil::WriteTempFile("ckpt_corpus.txt", text);
-    const testutil::RunResult r = RunCommand(
-        Bigmac() + " data prep --input " + corpus + " --output " + Tmp() + "/ckpt_shards", 60);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return Tmp() + "/ckpt_shards";
+    return testutil::PrepareShards("ckpt", text);
   }();
   return dir;
 }

@@ -28,12 +28,7 @@ std::string DataDir() {
       text += "Stage " + std::to_string(i * 31 % 97) + " sends its activations to the next one, " +
               std::to_string(i % 7) + " micro-batches in flight.\n";
     }
-    const std::string corpus = testutil::WriteTempFile("pipeline_corpus.txt", text);
-    const std::string out = TempDir() + "/pipeline_shards";
-    const testutil::RunResult r =
-        RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + out, 60);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return out;
+    return testutil::PrepareShards("pipeline", text);
   }();
   return dir;
 }

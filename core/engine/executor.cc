@@ -10,10 +10,6 @@ using schedule::Op;
 
 namespace {
 
-double ScalarOf(const Tensor& tensor) {
-  return tensor.dtype() == memory::DType::kF64 ? tensor.data<double>()[0] : tensor.data<float>()[0];
-}
-
 Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
             const std::string& what) {
   auto it = box.find({mb, stage});
@@ -58,7 +54,7 @@ double Executor::RunFlush(const std::function<const layer::MicroBatch&(int)>& ba
             a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
         Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input));
         if (stage_->is_last_stage(a.stage)) {
-          loss += ScalarOf(output);
+          loss += output.Scalar();
         } else {
           outbox_[{a.microbatch, a.stage}] = std::move(output);
         }
@@ -177,7 +173,7 @@ double Executor::Evaluate(const layer::MicroBatch& mb) {
     }
     Tensor output = stage_->ForwardStage(s, mb, std::move(input), /*keep=*/false);
     if (stage_->is_last_stage(s)) {
-      loss += ScalarOf(output);
+      loss += output.Scalar();
     } else {
       comm_->Send(output, (s + 1) % pp, comm::ActivationTag(s + 1, mb.index),
                   "evaluation activation");

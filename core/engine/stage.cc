@@ -10,13 +10,7 @@ using layer::Layer;
 using layer::LayerSpec;
 using memory::Tensor;
 
-namespace {
-
-double ScalarOf(const Tensor& tensor) {
-  return tensor.dtype() == memory::DType::kF64 ? tensor.data<double>()[0] : tensor.data<float>()[0];
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Stage::Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank)
     : options_(options) {
@@ -135,7 +129,7 @@ double Stage::ForwardBackward(const layer::MicroBatch& mb) {
   Tensor activation;
   for (const partition::StageRange& range : ranges_)
     activation = ForwardStage(range.stage, mb, std::move(activation));
-  const double loss = ScalarOf(activation);
+  const double loss = activation.Scalar();
   Tensor grad;
   for (size_t r = ranges_.size(); r-- > 0;)
     grad = BackwardStage(ranges_[r].stage, mb, std::move(grad));
@@ -147,7 +141,7 @@ double Stage::ForwardLoss(const layer::MicroBatch& mb) {
   for (const partition::StageRange& range : ranges_) {
     activation = ForwardStage(range.stage, mb, std::move(activation), /*keep=*/false);
   }
-  return ScalarOf(activation);
+  return activation.Scalar();
 }
 
 std::string Stage::FirstNonFiniteLayer(const layer::MicroBatch& mb) {

@@ -66,6 +66,10 @@ std::string Tensor::ShapeString() const {
   return text + "]";
 }
 
+double Tensor::Scalar() const {
+  return dtype_ == DType::kF64 ? data<double>()[0] : data<float>()[0];
+}
+
 void Tensor::Zero() {
   if (data_) std::memset(data_, 0, bytes());
 }

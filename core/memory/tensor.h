@@ -61,6 +61,8 @@ class Tensor {
   std::string ShapeString() const;  // "f32[4, 64, 128]"
 
   void Zero();
+  // The first element as a double (the loss a head writes), whatever the float dtype.
+  double Scalar() const;
   // Same shape and dtype required.
   void CopyFrom(const Tensor& other);
   // A new tensor with the same shape, dtype and values, from the same allocator.

@@ -48,6 +48,16 @@ std::string Mpirun(int ranks) {
          "btl_vader_single_copy_mechanism none";
 }
 
+std::string PrepareShards(const std::string& name, const std::string& text) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string out = std::string(dir ? dir : "/tmp") + "/" + name + "_shards";
+  const std::string corpus = WriteTempFile(name + "_corpus.txt", text);
+  const RunResult r =
+      RunCommand(Runfile("bigmac") + " data prep --input " + corpus + " --output " + out, 60);
+  if (r.exit_code != 0) throw std::runtime_error("data prep failed: " + r.output);
+  return out;
+}
+
 int CountOccurrences(const std::string& text, const std::string& needle) {
   int count = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))

@@ -24,6 +24,10 @@ std::string WriteTempFile(const std::string& name, const std::string& contents);
 // "mpirun -np N --oversubscribe" with the settings the CPU tests need (see launch/README).
 std::string Mpirun(int ranks);
 
+// Token shards of `text` made by `bigmac data prep` under the test's temporary directory, once per
+// `name` and test binary; returns their directory.
+std::string PrepareShards(const std::string& name, const std::string& text);
+
 // Number of (possibly overlapping) occurrences of `needle` in `text`.
 int CountOccurrences(const std::string& text, const std::string& needle);
 
