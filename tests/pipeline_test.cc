@@ -6,9 +6,11 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tests/testing/run.h"
 
 namespace bigmac {
@@ -259,6 +261,51 @@ TEST(Memory, GpipeHoldsAllMicroBatchesOneFOneBHoldsP) {
   EXPECT_GT(activation_mib(gpipe, 3), 4 * activation_mib(one, 3));
   EXPECT_NEAR(activation_mib(gpipe, 0), activation_mib(one, 0) * 2, activation_mib(one, 0) * 0.3)
       << "first stage: 8 micro-batches against p = 4";
+}
+
+// Every run can write metrics.jsonl (one line per step) and a Perfetto trace with one process
+// per rank and the forward, backward, wait, tied-weight and optimizer spans of each.
+TEST(Timeline, MetricsAndTraceFromAllRanks) {
+  const std::string out = TempDir() + "/run_output";
+  std::filesystem::remove_all(out);
+  const TrainRun run =
+      Train({"1f1b", 2, 2, "spread_first"}, 4, "--set train.output_dir=" + out, "timeline");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream metrics(out + "/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    EXPECT_EQ(m["step"], lines + 1);
+    for (const char* key :
+         {"loss", "lr", "grad_norm", "clipped", "step_ms", "tokens_per_s", "peak_bytes"}) {
+      EXPECT_TRUE(m.contains(key)) << key;
+    }
+    EXPECT_EQ(m["micro_batch_size"], 2);
+    EXPECT_EQ(m["num_microbatches"], 4);
+    EXPECT_EQ(m["ranks"].size(), 4u);
+  }
+  EXPECT_EQ(lines, kSteps);
+  std::ifstream trace_file(out + "/trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(trace_file);
+  std::map<int, std::set<std::string>> categories;
+  std::set<int> named;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["ph"] == "M" && event["name"] == "process_name")
+      named.insert(event["pid"].get<int>());
+    if (event["ph"] == "X") {
+      EXPECT_GE(event["ts"].get<double>(), 0.0);
+      EXPECT_GE(event["dur"].get<double>(), 0.0);
+      categories[event["pid"].get<int>()].insert(event["cat"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(named, (std::set<int>{0, 1, 2, 3})) << "one process per rank";
+  for (int rank = 0; rank < 4; ++rank) {
+    for (const char* category : {"forward", "backward", "wait", "allreduce", "optimizer", "tied"}) {
+      EXPECT_TRUE(categories[rank].count(category)) << "rank " << rank << " " << category;
+    }
+  }
+  EXPECT_NE(run.output.find("[stage] rank 3 (pp 1, dp 1, stage 1): forward"), std::string::npos)
+      << run.output;
 }
 
 // A peer that stops responding makes the deadline fire with a diagnostic: no hang.

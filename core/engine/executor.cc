@@ -10,6 +10,36 @@ using schedule::Op;
 
 namespace {
 
+bool IsPerStep(Op op) {
+  return op == Op::kReduceTied || op == Op::kReduceDp || op == Op::kOptimizerStep;
+}
+
+std::string Category(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return "forward";
+    case Op::kBackward:
+      return "backward";
+    case Op::kBackwardInput:
+      return "backward_input";
+    case Op::kBackwardWeight:
+      return "backward_weight";
+    case Op::kRecvAct:
+    case Op::kRecvGrad:
+      return "wait";
+    case Op::kSendAct:
+    case Op::kSendGrad:
+      return "send";
+    case Op::kReduceTied:
+      return "tied";
+    case Op::kReduceDp:
+      return "allreduce";
+    case Op::kOptimizerStep:
+      return "optimizer";
+  }
+  return "other";
+}
+
 Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
             const std::string& what) {
   auto it = box.find({mb, stage});
@@ -40,6 +70,21 @@ double Executor::RunFlush(const std::function<const layer::MicroBatch&(int)>& ba
                           bool last_flush, const std::function<void()>& optimizer_step) {
   double loss = 0;
   for (const Action& a : actions_) {
+    const auto start = metrics::Timeline::Clock::now();
+    RunAction(a, batch, last_flush, optimizer_step, &loss);
+    if (timeline_ && (last_flush || !IsPerStep(a.op))) {
+      timeline_->Record(schedule::ShortName(a), Category(a.op), start,
+                        metrics::Timeline::Clock::now());
+    }
+  }
+  return loss;
+}
+
+void Executor::RunAction(const Action& a, const std::function<const layer::MicroBatch&(int)>& batch,
+                         bool last_flush, const std::function<void()>& optimizer_step,
+                         double* loss_sum) {
+  double& loss = *loss_sum;
+  {
     switch (a.op) {
       case Op::kRecvAct: {
         const layer::MicroBatch& mb = batch(a.microbatch);
@@ -103,7 +148,6 @@ double Executor::RunFlush(const std::function<const layer::MicroBatch&(int)>& ba
         break;
     }
   }
-  return loss;
 }
 
 void Executor::ReduceTied() {

@@ -7,6 +7,7 @@
 
 #include "core/comm/pipeline_comm.h"
 #include "core/engine/stage.h"
+#include "core/metrics/timeline.h"
 #include "core/schedule/schedule.h"
 
 namespace bigmac::engine {
@@ -32,7 +33,13 @@ class Executor {
   // After the owner's optimizer step: its tied weight to the consumer's copy.
   void SendTiedWeight();
 
+  // Where every action's span goes (null: nowhere).
+  void set_timeline(metrics::Timeline* timeline) { timeline_ = timeline; }
+
  private:
+  void RunAction(const schedule::Action& action,
+                 const std::function<const layer::MicroBatch&(int)>& batch, bool last_flush,
+                 const std::function<void()>& optimizer_step, double* loss);
   void ReduceTied();
   void ReduceDp();
   std::string Describe(const schedule::Action& action) const;
@@ -44,6 +51,7 @@ class Executor {
   int hidden_size_;
   std::map<std::pair<int, int>, memory::Tensor> inbox_;   // received, keyed by (mb, stage)
   std::map<std::pair<int, int>, memory::Tensor> outbox_;  // produced, waiting for their send
+  metrics::Timeline* timeline_ = nullptr;
 };
 
 }  // namespace bigmac::engine

@@ -16,6 +16,7 @@
 #include "core/engine/executor.h"
 #include "core/engine/stage.h"
 #include "core/memory/allocator.h"
+#include "core/metrics/timeline.h"
 #include "core/optim/adamw.h"
 #include "core/schedule/schedule.h"
 
@@ -114,8 +115,16 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   schedule::Kind kind = schedule::Kind::k1F1B;
   schedule::ParseKind(cfg.parallel().schedule(), &kind);
   const schedule::ScheduleSpec spec{kind, comm.pp_size(), m, cfg.parallel().virtual_stages()};
+  metrics::Timeline timeline;
   Executor executor(&stage, &comm, schedule::BuildRankActions(spec, comm.pp_rank()),
                     cfg.model().hidden_size());
+  executor.set_timeline(&timeline);
+  const std::string& output_dir = train.output_dir();
+  std::ofstream metrics_file;
+  if (root && !output_dir.empty()) {
+    std::filesystem::create_directories(output_dir);
+    metrics_file.open(output_dir + "/metrics.jsonl", std::ios::trunc);
+  }
 
   std::vector<layer::Param*> params;
   for (const Stage::NamedParam& named : stage.OwnedParams()) params.push_back(named.param);
@@ -193,6 +202,8 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   }
   for (int step = start_step; step < train.max_steps(); ++step) {
     const auto start = std::chrono::steady_clock::now();
+    timeline.set_recording(step - start_step < train.trace_steps());
+    timeline.ResetWindow();
     stage.ZeroGrads();
     double local_loss = 0;
     double norm = 0;
@@ -265,6 +276,30 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     }
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    // Per-rank milliseconds in compute and waiting this step, for metrics.jsonl.
+    const auto& w = timeline.window_ms();
+    auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
+    const std::vector<std::string> per_rank =
+        comm.GatherToRoot(Format("{\"rank\":%d,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"wait_"
+                                 "ms\":%.3f,\"allreduce_ms\":%.3f}",
+                                 comm.world_rank(), get("forward"),
+                                 get("backward") + get("backward_input") + get("backward_weight"),
+                                 get("wait"), get("allreduce")));
+    if (metrics_file.is_open()) {
+      std::string ranks;
+      for (const std::string& r : per_rank) ranks += (ranks.empty() ? "" : ",") + r;
+      metrics_file
+          << Format(
+                 "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,\"clipped\":%s,"
+                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,\"micro_batch_size\":%"
+                 "d,"
+                 "\"num_microbatches\":%d,\"ranks\":[",
+                 step + 1, loss, lr, norm,
+                 cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip() ? "true" : "false",
+                 ms, tokens_per_step / (ms / 1000.0), peak, batch, m)
+          << ranks << "]}\n";
+      metrics_file.flush();
+    }
     if ((step + 1) % train.log_interval() == 0 || step == 0 || step + 1 == train.max_steps()) {
       log(Format(
           "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f MiB",
@@ -297,6 +332,26 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       result.max_in_flight, static_cast<long long>(result.parameter_count),
       static_cast<long long>(OptimizerStateCount(stage, adamw))));
   for (const std::string& line : memory_lines) log(line);
+  const auto& totals = timeline.total_ms();
+  auto total = [&totals](const char* key) { return totals.count(key) ? totals.at(key) : 0.0; };
+  const std::vector<std::string> stage_lines = comm.GatherToRoot(
+      Format("[stage] rank %d (pp %d, dp %d, stage %s): forward %.1f ms, backward %.1f ms, waiting "
+             "%.1f ms, "
+             "all-reduce %.1f ms, optimizer %.1f ms over %d step(s)",
+             comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), total("forward"),
+             total("backward") + total("backward_input") + total("backward_weight"), total("wait"),
+             total("allreduce"), total("optimizer"), train.max_steps() - start_step));
+  for (const std::string& line : stage_lines) log(line);
+  if (!output_dir.empty()) {
+    const std::vector<std::string> events = comm.GatherToRoot(timeline.TraceEvents(
+        comm.world_rank(),
+        Format("rank %d (pp %d, dp %d)", comm.world_rank(), comm.pp_rank(), comm.dp_rank())));
+    if (root) {
+      std::ofstream(output_dir + "/trace.json", std::ios::trunc) << metrics::MergeTraces(events);
+      log("[train] wrote " + output_dir + "/metrics.jsonl and " + output_dir +
+          "/trace.json (open it at https://ui.perfetto.dev)");
+    }
+  }
   for (layer::Param* param : params) {
     for (int64_t i = 0; i < param->value.numel(); ++i) {
       result.final_parameters.push_back(param->value.dtype() == memory::DType::kF64

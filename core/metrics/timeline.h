@@ -1,0 +1,51 @@
+#ifndef BIGMAC_CORE_METRICS_TIMELINE_H_
+#define BIGMAC_CORE_METRICS_TIMELINE_H_
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace bigmac::metrics {
+
+// What one rank did and when: spans for a Chrome/Perfetto trace (kept while recording is on) and
+// running totals per category (always). Times come from the monotonic clock, which all ranks of
+// one node share, so their spans line up in the merged trace.
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Categories: "forward", "backward", "backward_input", "backward_weight", "wait" (receives),
+  // "send", "tied", "allreduce", "optimizer", "eval".
+  void Record(const std::string& name, const std::string& category, Clock::time_point start,
+              Clock::time_point end);
+  void set_recording(bool on) { recording_ = on; }
+
+  // Milliseconds per category since the last ResetWindow (per step) and since the start.
+  const std::map<std::string, double>& window_ms() const { return window_ms_; }
+  const std::map<std::string, double>& total_ms() const { return total_ms_; }
+  void ResetWindow() { window_ms_.clear(); }
+
+  // This rank's spans as trace events (a JSON array) with pid = `rank`.
+  std::string TraceEvents(int rank, const std::string& process_name) const;
+
+ private:
+  struct Span {
+    std::string name;
+    std::string category;
+    double start_us;
+    double duration_us;
+  };
+  bool recording_ = true;
+  std::vector<Span> spans_;
+  std::map<std::string, double> window_ms_;
+  std::map<std::string, double> total_ms_;
+};
+
+// One Chrome/Perfetto trace from every rank's TraceEvents: one process per rank, times shifted so
+// that the earliest span starts at 0.
+std::string MergeTraces(const std::vector<std::string>& per_rank_events);
+
+}  // namespace bigmac::metrics
+
+#endif  // BIGMAC_CORE_METRICS_TIMELINE_H_
