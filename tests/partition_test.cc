@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 
 namespace bigmac::partition {
@@ -129,6 +130,62 @@ TEST(Partition, FormattingHonoursOrigin) {
   EXPECT_EQ(FormatLayerList(p.SplitPoints(), 1), "[8, 15, 22]");
   EXPECT_EQ(FormatRange(p.stages[0], 0), "layers 0-6 (7) + embedding");
   EXPECT_EQ(FormatRange(p.stages[3], 1), "layers 22-27 (6) + head");
+}
+
+// The smallest possible costliest stage, by trying every composition of the layers.
+double BruteForceBest(const PartitionSpec& spec) {
+  const int stages = spec.pp * spec.virtual_stages;
+  double best = 1e300;
+  std::vector<int> counts(stages, 1);
+  std::function<void(int, int)> place = [&](int stage, int left) {
+    if (stage == stages - 1) {
+      counts[stage] = left;
+      PartitionSpec explicit_spec = spec;
+      explicit_spec.policy = Policy::kExplicit;
+      explicit_spec.layers_per_stage = counts;
+      const std::vector<double> costs = StageCosts(spec, MakePartition(explicit_spec));
+      best = std::min(best, *std::max_element(costs.begin(), costs.end()));
+      return;
+    }
+    for (int take = 1; take <= left - (stages - stage - 1); ++take) {
+      counts[stage] = take;
+      place(stage + 1, left - take);
+    }
+  };
+  place(0, spec.num_layers);
+  return best;
+}
+
+TEST(Partition, BalancedMatchesBruteForce) {
+  uint64_t state = 7;
+  auto next = [&state] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return double((state >> 33) % 1000) / 100.0 + 0.1;
+  };
+  for (int pp = 1; pp <= 4; ++pp) {
+    for (int layers = pp; layers <= 10; ++layers) {
+      for (int trial = 0; trial < 3; ++trial) {
+        PartitionSpec spec = Spec(layers, pp, Policy::kBalanced);
+        for (int i = 0; i < layers; ++i) spec.layer_costs.push_back(next());
+        spec.first_stage_extra = next();
+        spec.last_stage_extra = 3 * next();
+        const Partition p = MakePartition(spec);
+        const std::vector<double> costs = StageCosts(spec, p);
+        EXPECT_DOUBLE_EQ(*std::max_element(costs.begin(), costs.end()), BruteForceBest(spec))
+            << "pp=" << pp << " layers=" << layers;
+      }
+    }
+  }
+}
+
+TEST(Partition, BalancedUnloadsAHeavyHead) {
+  PartitionSpec spec = Spec(12, 4, Policy::kBalanced);
+  spec.layer_costs.assign(12, 1.0);
+  spec.last_stage_extra = 2.5;  // a large vocabulary
+  const Partition p = MakePartition(spec);
+  EXPECT_EQ(p.LayersPerStage().back(), 1) << "the head's stage keeps one block";
+  const std::vector<double> costs = StageCosts(spec, p);
+  EXPECT_DOUBLE_EQ(*std::max_element(costs.begin(), costs.end()), 4.0);  // spread_first: 3 + 2.5
 }
 
 TEST(Partition, PolicyNamesRoundTrip) {

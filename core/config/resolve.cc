@@ -5,6 +5,7 @@
 
 #include "core/config/errors.h"
 #include "core/config/schema.h"
+#include "core/layer/gpt_cost.h"
 #include "core/memory/allocator.h"
 #include "core/schedule/constraints.h"
 
@@ -85,6 +86,21 @@ partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance&
   spec.origin = model.layers_per_stage_origin();
   spec.layers_per_stage.assign(model.layers_per_stage().begin(), model.layers_per_stage().end());
   for (int point : model.split_points()) spec.split_points.push_back(point - spec.origin);
+  // balanced: the estimated compute (forward + backward FLOPs) of each layer for one micro-batch.
+  const layer::ModelDims dims{model.vocab_size(), model.hidden_size(), model.num_heads(),
+                              model.num_layers(), values.train().seq_length()};
+  const int batch = values.train().micro_batch_size();
+  const int seq = values.train().seq_length();
+  if (model.num_heads() > 0 && model.hidden_size() > 0) {
+    const layer::LayerCost block =
+        layer::BlockCost(dims, batch, seq, values.train().activation_checkpointing());
+    const layer::LayerCost embedding = layer::EmbeddingCost(dims, batch, seq);
+    const layer::LayerCost head = layer::HeadCost(dims, batch, seq);
+    spec.layer_costs.assign(std::max(0, model.num_layers()),
+                            double(block.forward_flops + block.backward_flops));
+    spec.first_stage_extra = double(embedding.forward_flops + embedding.backward_flops);
+    spec.last_stage_extra = double(head.forward_flops + head.backward_flops);
+  }
   const bool has_lists = !spec.layers_per_stage.empty() || !spec.split_points.empty();
   // An explicit list with the policy left at its default means "explicit".
   if (has_lists && sources.IsDefault("model.partition")) {

@@ -1,5 +1,7 @@
 #include "core/partition/partition.h"
 
+#include <algorithm>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -12,6 +14,44 @@ std::string Join(const std::vector<int>& values, int offset) {
     text += (i ? ", " : "") + std::to_string(values[i] + offset);
   }
   return text + "]";
+}
+
+double LayerCost(const PartitionSpec& spec, int layer) {
+  return spec.layer_costs.empty() ? 1.0 : spec.layer_costs[layer];
+}
+
+// Dynamic programming over split points: best[s][i] is the smallest possible costliest stage when
+// the first i blocks go to the first s stages (each at least one block). O(S * L^2).
+std::vector<int> BalancedCounts(const PartitionSpec& spec) {
+  const int stages = spec.pp * spec.virtual_stages;
+  const int n = spec.num_layers;
+  std::vector<double> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + LayerCost(spec, i);
+  auto cost = [&](int s, int begin, int end) {
+    return prefix[end] - prefix[begin] + (s == 0 ? spec.first_stage_extra : 0) +
+           (s == stages - 1 ? spec.last_stage_extra : 0);
+  };
+  const double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, kInf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int i = s; i <= n - (stages - s); ++i) {
+      for (int j = s - 1; j < i; ++j) {
+        const double value = std::max(best[s - 1][j], cost(s - 1, j, i));
+        if (value < best[s][i]) {
+          best[s][i] = value;
+          cut[s][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> counts(stages);
+  for (int s = stages, i = n; s > 0; --s) {
+    counts[s - 1] = i - cut[s][i];
+    i = cut[s][i];
+  }
+  return counts;
 }
 
 // Blocks per stage for the policies that compute it.
@@ -36,6 +76,8 @@ std::vector<int> ComputeCounts(const PartitionSpec& spec) {
     case Policy::kLast:
       counts.back() += rem;
       break;
+    case Policy::kBalanced:
+      return BalancedCounts(spec);
     case Policy::kExplicit:
       if (!spec.layers_per_stage.empty()) return spec.layers_per_stage;
       for (int s = 0; s < stages; ++s) {
@@ -52,7 +94,7 @@ std::vector<int> ComputeCounts(const PartitionSpec& spec) {
 
 bool ParsePolicy(const std::string& name, Policy* policy) {
   for (Policy candidate : {Policy::kSpreadFirst, Policy::kSpreadLast, Policy::kFirst, Policy::kLast,
-                           Policy::kExplicit}) {
+                           Policy::kExplicit, Policy::kBalanced}) {
     if (PolicyName(candidate) == name) {
       *policy = candidate;
       return true;
@@ -73,6 +115,8 @@ std::string PolicyName(Policy policy) {
       return "last";
     case Policy::kExplicit:
       return "explicit";
+    case Policy::kBalanced:
+      return "balanced";
   }
   return "unknown";
 }
@@ -101,6 +145,11 @@ std::vector<std::string> CheckSpec(const PartitionSpec& spec) {
   }
   const bool has_counts = !spec.layers_per_stage.empty();
   const bool has_splits = !spec.split_points.empty();
+  if (spec.policy == Policy::kBalanced && !spec.layer_costs.empty() &&
+      static_cast<int>(spec.layer_costs.size()) != spec.num_layers) {
+    problems.push_back("model.partition=balanced has " + std::to_string(spec.layer_costs.size()) +
+                       " layer costs for model.num_layers=" + std::to_string(spec.num_layers));
+  }
   if (spec.policy != Policy::kExplicit) {
     if (has_counts || has_splits) {
       problems.push_back(
@@ -194,6 +243,19 @@ Partition MakePartition(const PartitionSpec& spec) {
                            std::to_string(spec.num_layers) + " layers");
   }
   return partition;
+}
+
+std::vector<double> StageCosts(const PartitionSpec& spec, const Partition& partition) {
+  std::vector<double> costs;
+  for (const StageRange& range : partition.stages) {
+    double total = 0;
+    for (int layer = range.first_layer; layer < range.end_layer(); ++layer)
+      total += LayerCost(spec, layer);
+    if (range.has_embedding) total += spec.first_stage_extra;
+    if (range.has_head) total += spec.last_stage_extra;
+    costs.push_back(total);
+  }
+  return costs;
 }
 
 std::vector<int> Partition::LayersPerStage() const {

@@ -13,6 +13,7 @@ enum class Policy {
   kFirst,        // the first stage takes the whole remainder
   kLast,         // the last stage takes the whole remainder
   kExplicit,     // layers_per_stage or split_points, as written
+  kBalanced,     // contiguous ranges that minimise the costliest stage (from per-layer costs)
 };
 
 // Parses "spread_first", ...; returns false for anything else.
@@ -27,6 +28,11 @@ struct PartitionSpec {
   std::vector<int> layers_per_stage;  // kExplicit: blocks per stage
   std::vector<int> split_points;      // kExplicit: first layer_id (0-based) of stages 1..S-1
   int origin = 0;                     // 0 or 1: how layer numbers are printed (never stored)
+  // kBalanced: the cost of each block (empty: all equal), plus what the first stage (embedding)
+  // and the last stage (head) carry besides their blocks.
+  std::vector<double> layer_costs;
+  double first_stage_extra = 0;
+  double last_stage_extra = 0;
 };
 
 // One stage: a contiguous range of blocks hosted by one pipeline rank.
@@ -53,6 +59,9 @@ struct Partition {
 // Problems with `spec`, each naming the model.* field, its value and the rule. Empty: valid.
 // Messages print layer numbers in `spec.origin`.
 std::vector<std::string> CheckSpec(const PartitionSpec& spec);
+
+// The cost of every stage of `partition` under the costs in `spec` (kBalanced's objective).
+std::vector<double> StageCosts(const PartitionSpec& spec, const Partition& partition);
 
 // The single partition function: every tool and the trainer call it. Throws std::invalid_argument
 // with the CheckSpec problems if `spec` is invalid. Covers every layer_id exactly once.

@@ -3,6 +3,7 @@
 // BackwardInput recomputes the rest with the same kernels, so results are bitwise unchanged.
 #include <cmath>
 
+#include "core/layer/gpt_cost.h"
 #include "stages/cpu/kernels.h"
 #include "stages/gpt/gpt_layer.h"
 #include "stages/gpt/init.h"
@@ -148,22 +149,17 @@ class Block : public GptLayer<T> {
     saved->Clear();
   }
 
-  int64_t ForwardFlops(int batch, int seq) const override {
-    const int64_t n = int64_t{batch} * seq;
-    const int64_t c = this->C();
-    return 2 * n * 12 * c * c + 2 * int64_t{batch} * seq * seq * c;  // matmuls + causal attention
-  }
+  int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
   int64_t ActivationBytes(int batch, int seq) const override {
-    const int64_t n = int64_t{batch} * seq;
-    const int64_t c = this->C();
-    const int64_t elements =
-        this->spec_.activation_checkpointing
-            ? n * c
-            : n * c * 16 + 4 * n + int64_t{batch} * this->spec_.dims.num_heads * seq * seq;
-    return elements * memory::DTypeSize(this->spec_.dtype);
+    return Cost(batch, seq).activation_bytes;
   }
 
  private:
+  layer::LayerCost Cost(int batch, int seq) const {
+    return layer::BlockCost(this->spec_.dims, batch, seq, this->spec_.activation_checkpointing,
+                            static_cast<int>(memory::DTypeSize(this->spec_.dtype)));
+  }
+
   // Fills saved[kLn1 .. kFchGelu] from saved[kX].
   void ComputeInternals(const MicroBatch& mb, Saved* saved) {
     const int n = mb.batch * mb.seq;

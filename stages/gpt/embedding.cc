@@ -1,5 +1,6 @@
 // GPT-2 embedding: token embedding plus learned position embedding. Owns the tied token
 // embedding `wte` that the head also uses.
+#include "core/layer/gpt_cost.h"
 #include "stages/cpu/kernels.h"
 #include "stages/gpt/gpt_layer.h"
 #include "stages/gpt/init.h"
@@ -43,7 +44,7 @@ class Embedding : public GptLayer<T> {
   }
 
   int64_t ForwardFlops(int batch, int seq) const override {
-    return int64_t{batch} * seq * this->C();
+    return layer::EmbeddingCost(this->spec_.dims, batch, seq).forward_flops;
   }
   int64_t ActivationBytes(int, int) const override { return 0; }
 

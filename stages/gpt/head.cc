@@ -1,5 +1,6 @@
 // GPT-2 head: final LayerNorm, output projection tied to the token embedding, cross-entropy.
 // The head holds a read-only copy of the embedding's `wte` (the embedding's stage owns it).
+#include "core/layer/gpt_cost.h"
 #include "stages/cpu/kernels.h"
 #include "stages/gpt/gpt_layer.h"
 #include "stages/gpt/init.h"
@@ -77,11 +78,12 @@ class Head : public GptLayer<T> {
   }
 
   int64_t ForwardFlops(int batch, int seq) const override {
-    return 2 * int64_t{batch} * seq * this->C() * this->V();
+    return layer::HeadCost(this->spec_.dims, batch, seq).forward_flops;
   }
   int64_t ActivationBytes(int batch, int seq) const override {
-    const int64_t n = int64_t{batch} * seq;
-    return (2 * n * this->C() + 2 * n + n * this->V()) * memory::DTypeSize(this->spec_.dtype);
+    return layer::HeadCost(this->spec_.dims, batch, seq,
+                           static_cast<int>(memory::DTypeSize(this->spec_.dtype)))
+        .activation_bytes;
   }
 
  private:

@@ -1,0 +1,44 @@
+#include "core/layer/gpt_cost.h"
+
+namespace bigmac::layer {
+
+LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq) {
+  const int64_t c = dims.hidden_size;
+  LayerCost cost;
+  cost.parameters = int64_t{dims.vocab_size} * c + int64_t{dims.max_seq_length} * c;
+  cost.forward_flops = int64_t{batch} * seq * c;
+  cost.backward_flops = cost.forward_flops;
+  return cost;
+}
+
+LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
+                    int bytes_per_element) {
+  const int64_t n = int64_t{batch} * seq;
+  const int64_t c = dims.hidden_size;
+  LayerCost cost;
+  cost.parameters = 12 * c * c + 13 * c;
+  // Four matmuls (qkv 3C, proj C, fc 4C, proj back 4C: 12 C^2 per token) and causal attention.
+  cost.forward_flops = 2 * n * 12 * c * c + 2 * int64_t{batch} * seq * seq * c;
+  cost.backward_flops =
+      2 * cost.forward_flops + (activation_checkpointing ? cost.forward_flops : 0);
+  // Kept: x, ln1, qkv (3), attention output, residual, ln2, fc (4) and gelu (4) rows of C; two
+  // LayerNorm statistics; the attention probabilities. Only x with recomputation.
+  const int64_t elements = activation_checkpointing
+                               ? n * c
+                               : n * c * 16 + 4 * n + int64_t{batch} * dims.num_heads * seq * seq;
+  cost.activation_bytes = elements * bytes_per_element;
+  return cost;
+}
+
+LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element) {
+  const int64_t n = int64_t{batch} * seq;
+  const int64_t c = dims.hidden_size;
+  LayerCost cost;
+  cost.parameters = 2 * c;
+  cost.forward_flops = 2 * n * c * dims.vocab_size;
+  cost.backward_flops = 2 * cost.forward_flops;
+  cost.activation_bytes = (2 * n * c + 2 * n + n * dims.vocab_size) * bytes_per_element;
+  return cost;
+}
+
+}  // namespace bigmac::layer

@@ -1,0 +1,26 @@
+#ifndef BIGMAC_CORE_LAYER_GPT_COST_H_
+#define BIGMAC_CORE_LAYER_GPT_COST_H_
+
+#include <cstdint>
+
+#include "core/layer/layer.h"
+
+namespace bigmac::layer {
+
+// The cost model of the built-in GPT layers, in one place: the layers report it (ForwardFlops,
+// ActivationBytes) and the planner and the balanced partition use it without building a model.
+struct LayerCost {
+  int64_t parameters = 0;        // owned (the head's tied copy not counted)
+  int64_t forward_flops = 0;     // a multiply-add counts 2
+  int64_t backward_flops = 0;    // input and weight gradients (plus the recomputed forward)
+  int64_t activation_bytes = 0;  // kept between forward and backward, per micro-batch
+};
+
+LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq);
+LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
+                    int bytes_per_element = 4);
+LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element = 4);
+
+}  // namespace bigmac::layer
+
+#endif  // BIGMAC_CORE_LAYER_GPT_COST_H_
