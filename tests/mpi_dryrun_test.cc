@@ -174,6 +174,33 @@ TEST(Plan, EveryShippedConfigIsValidAndTextProtoMatchesYaml) {
   }
 }
 
+// The stage table: every policy, its parameters per stage (checked against the real model's
+// counts), memory, times, the predicted step and bubble, and a recommendation.
+TEST(Plan, StageTableForEveryPolicy) {
+  const testutil::RunResult r =
+      RunCommand(Bigmac() + " plan --config " + TinyPp4() + " --world-size 4", 30);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* policy :
+       {"spread_first (configured)", "spread_last", "first", "last", "balanced"}) {
+    EXPECT_NE(r.output.find(std::string("[plan] policy ") + policy + ": predicted step"),
+              std::string::npos)
+        << policy << "\n"
+        << r.output;
+  }
+  // spread_first on tiny_pp4: [7,7,7,6] layers; the pipeline engine's own counts are 370368,
+  // 349888, 349888 and 300032 parameters per rank (see the [memory] lines of a real run).
+  EXPECT_NE(r.output.find("[plan]   0     0    0-6         7      370.4K"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[plan]   3     3    21-26       6      300.0K    -49.9K    0.86"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[plan] recommend: model.partition="), std::string::npos) << r.output;
+  const testutil::RunResult profiled =
+      RunCommand(Bigmac() + " plan --config " + TinyPp4() + " --world-size 4 --profile", 60);
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  EXPECT_NE(profiled.output.find("times measured on this machine"), std::string::npos);
+}
+
 TEST(Plan, BadConfigExitsTwo) {
   const testutil::RunResult r = RunCommand(
       Bigmac() + " plan --config " + TinyPp4() + " --world-size 8 --set parallel.pp_size=3", 30);

@@ -26,6 +26,7 @@
 #include "core/data/shard.h"
 #include "core/engine/trainer.h"
 #include "core/memory/allocator.h"
+#include "core/plan/plan.h"
 #include "core/schedule/simulator.h"
 
 namespace bigmac::cli {
@@ -358,6 +359,10 @@ int RunPlan(const PlanOptions& options) {
       lines.push_back("[rank] " + comm::FormatRankLine(topology, resolved.partition, rank, ""));
     }
     PrintLines(lines);
+    const plan::LayerTimes times = options.profile
+                                       ? plan::MeasureLayerTimes(resolved)
+                                       : plan::EstimateLayerTimes(resolved, options.gflops);
+    PrintLines(plan::FormatPlans(resolved, plan::PlanPolicies(resolved, times), times));
     return kExitOk;
   } catch (const config::ConfigError& error) {
     PrintProblems("bigmac: invalid configuration", error.problems());

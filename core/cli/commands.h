@@ -18,6 +18,8 @@ struct PlanOptions {
   std::string config;
   std::vector<std::string> overrides;
   int world_size = 1;
+  double gflops = 20;    // assumed per-rank throughput for the estimated times
+  bool profile = false;  // measure each kind of layer on this machine instead
 };
 
 // `bigmac train`: one rank per process under mpirun. Returns the exit code (exit_codes.h).

@@ -40,13 +40,21 @@ int main(int argc, char** argv) {
 
   bigmac::cli::PlanOptions plan_options;
   CLI::App* plan = app.add_subcommand(
-      "plan", "Print what `train --dry-run` would print for a world size, without MPI.");
+      "plan",
+      "Print what `train --dry-run` would print for a world size, without MPI, then the stage "
+      "table of every partition policy (parameters, memory, times, predicted step and bubble) "
+      "and a recommendation.");
   plan->add_option("--config", plan_options.config,
                    "YAML (.yaml) or text proto (.textproto) config file")
       ->required();
   plan->add_option("--world-size", plan_options.world_size, "number of ranks mpirun would start")
       ->required();
   plan->add_option("--set", plan_options.overrides, "override a key (as for train)");
+  plan->add_option("--gflops", plan_options.gflops,
+                   "per-rank throughput assumed for estimated times (default 20)");
+  plan->add_flag(
+      "--profile", plan_options.profile,
+      "time each kind of layer on this machine (CPU backend) instead of estimating from FLOPs");
   plan->footer(bigmac::cli::ConfigKeysHelp());
 
   bigmac::cli::DataPrepOptions prep_options;

@@ -32,8 +32,23 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
   std::vector<std::set<std::pair<int, int>>> live(p);  // (mb, stage) holding activations
   std::map<MessageKey, double> in_transit;             // arrival times
   const double scale = 1.0 / virtual_stages;
-  auto cost = [&](Op op) {
-    switch (op) {
+  auto cost = [&](const Action& a) {
+    const bool per_stage = !costs.stage_forward.empty() && a.stage >= 0 &&
+                           a.stage < static_cast<int>(costs.stage_forward.size());
+    if (per_stage) {
+      switch (a.op) {
+        case Op::kForward:
+          return costs.stage_forward[a.stage];
+        case Op::kBackward:
+          return costs.stage_backward[a.stage];
+        case Op::kBackwardInput:
+        case Op::kBackwardWeight:
+          return costs.stage_backward[a.stage] / 2;
+        default:
+          return 0.0;
+      }
+    }
+    switch (a.op) {
       case Op::kForward:
         return costs.forward * scale;
       case Op::kBackward:
@@ -65,9 +80,9 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
           event.end = clock[r];
           in_transit.erase(it);
         } else if (IsCompute(a.op)) {
-          event.end = clock[r] + cost(a.op);
+          event.end = clock[r] + cost(a);
           clock[r] = event.end;
-          result.busy[r] += cost(a.op);
+          result.busy[r] += cost(a);
           result.makespan = std::max(result.makespan, clock[r]);
           if (a.op == Op::kForward) live[r].insert({a.microbatch, a.stage});
           if (a.op == Op::kBackward || a.op == Op::kBackwardWeight)

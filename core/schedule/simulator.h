@@ -16,6 +16,11 @@ struct Costs {
   double backward_input = 1;  // zero-bubble split
   double backward_weight = 1;
   double transfer = 0;  // send -> matching receive
+  // Optional per-stage durations (indexed by global stage), overriding the uniform ones above:
+  // a forward and a full backward of one micro-batch through that stage. The zero-bubble split
+  // gives each backward half.
+  std::vector<double> stage_forward;
+  std::vector<double> stage_backward;
 };
 
 struct SimEvent {

@@ -1,0 +1,264 @@
+#include "core/plan/plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/engine/stage.h"
+#include "core/layer/gpt_cost.h"
+#include "core/memory/allocator.h"
+#include "core/schedule/simulator.h"
+
+namespace bigmac::plan {
+namespace {
+
+std::string Format(const char* format, auto... args) {
+  char text[512];
+  std::snprintf(text, sizeof(text), format, args...);
+  return text;
+}
+
+layer::ModelDims DimsOf(const config::Config& cfg) {
+  return {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
+          cfg.model().num_layers(), cfg.train().seq_length()};
+}
+
+std::string Count(int64_t n) {
+  if (n >= 1000000) return Format("%.2fM", n / 1e6);
+  if (n >= 1000) return Format("%.1fK", n / 1e3);
+  return std::to_string(n);
+}
+
+}  // namespace
+
+LayerTimes EstimateLayerTimes(const config::ResolvedConfig& config, double gflops) {
+  const config::Config& cfg = config.values();
+  const layer::ModelDims dims = DimsOf(cfg);
+  const int b = cfg.train().micro_batch_size();
+  const int t = cfg.train().seq_length();
+  const double ms_per_flop = 1e3 / (gflops * 1e9);
+  const layer::LayerCost e = layer::EmbeddingCost(dims, b, t);
+  const layer::LayerCost k = layer::BlockCost(dims, b, t, cfg.train().activation_checkpointing());
+  const layer::LayerCost h = layer::HeadCost(dims, b, t);
+  LayerTimes times;
+  times.embedding_forward = e.forward_flops * ms_per_flop;
+  times.embedding_backward = e.backward_flops * ms_per_flop;
+  times.block_forward = k.forward_flops * ms_per_flop;
+  times.block_backward = k.backward_flops * ms_per_flop;
+  times.head_forward = h.forward_flops * ms_per_flop;
+  times.head_backward = h.backward_flops * ms_per_flop;
+  times.source =
+      Format("estimated from FLOPs at %.0f GFLOP/s per rank (use --profile to measure)", gflops);
+  return times;
+}
+
+LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats) {
+  const config::Config& cfg = config.values();
+  const int b = cfg.train().micro_batch_size();
+  const int t = cfg.train().seq_length();
+  memory::DeviceAllocator allocator("cpu:profile",
+                                    memory::CpuCapacity(cfg.device().memory_limit(), 1));
+  // A model of one block: its embedding, block and head are timed one at a time.
+  partition::PartitionSpec spec;
+  spec.num_layers = 1;
+  engine::StageOptions options;
+  options.dims = DimsOf(cfg);
+  options.dims.num_layers = 1;
+  options.allocator = &allocator;
+  options.activation_checkpointing = cfg.train().activation_checkpointing();
+  engine::Stage stage(options, partition::MakePartition(spec), 0);
+  std::vector<int32_t> tokens(int64_t{b} * t), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7919) % cfg.model().vocab_size());
+    targets[i] = static_cast<int32_t>((i * 104729) % cfg.model().vocab_size());
+  }
+  const layer::MicroBatch mb{b, t, tokens.data(), targets.data(), 1.0 / (double(b) * t), 0};
+  double forward[3] = {0, 0, 0};
+  double backward[3] = {0, 0, 0};
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point z) {
+    return std::chrono::duration<double, std::milli>(z - a).count();
+  };
+  for (int rep = 0; rep <= repeats; ++rep) {
+    memory::Tensor activation;
+    std::vector<layer::Saved> saved(3);
+    double f[3], w[3];
+    for (int i = 0; i < 3; ++i) {
+      const auto start = Clock::now();
+      memory::Tensor next;
+      stage.layers()[i]->Forward(mb, activation, &next, &saved[i]);
+      f[i] = ms(start, Clock::now());
+      activation = std::move(next);
+    }
+    memory::Tensor grad;
+    for (int i = 2; i >= 0; --i) {
+      const auto start = Clock::now();
+      memory::Tensor dx;
+      stage.layers()[i]->BackwardInput(mb, grad, i == 0 ? nullptr : &dx, &saved[i]);
+      stage.layers()[i]->BackwardWeight(mb, &saved[i]);
+      w[i] = ms(start, Clock::now());
+      grad = std::move(dx);
+    }
+    if (rep == 0) continue;  // warm-up
+    for (int i = 0; i < 3; ++i) {
+      forward[i] += f[i] / repeats;
+      backward[i] += w[i] / repeats;
+    }
+  }
+  LayerTimes times{forward[0],
+                   backward[0],
+                   forward[1],
+                   backward[1],
+                   forward[2],
+                   backward[2],
+                   Format("measured on this machine (CPU backend, mean of %d runs)", repeats)};
+  return times;
+}
+
+std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
+                                     const LayerTimes& times) {
+  const config::Config& cfg = config.values();
+  const layer::ModelDims dims = DimsOf(cfg);
+  const int b = cfg.train().micro_batch_size();
+  const int t = cfg.train().seq_length();
+  const bool ckpt = cfg.train().activation_checkpointing();
+  const layer::LayerCost embedding = layer::EmbeddingCost(dims, b, t);
+  const layer::LayerCost block = layer::BlockCost(dims, b, t, ckpt);
+  const layer::LayerCost head = layer::HeadCost(dims, b, t);
+  constexpr double kMiB = 1024.0 * 1024.0;
+
+  schedule::Kind kind = schedule::Kind::k1F1B;
+  schedule::ParseKind(cfg.parallel().schedule(), &kind);
+  const int pp = config.pp;
+  const int v = cfg.parallel().virtual_stages();
+  const int m = config.batch.num_microbatches;
+
+  std::vector<std::string> policies = {"spread_first", "spread_last", "first", "last", "balanced"};
+  if (config.policy == partition::Policy::kExplicit) policies.insert(policies.begin(), "explicit");
+  std::vector<PolicyPlan> plans;
+  for (const std::string& name : policies) {
+    PolicyPlan plan;
+    plan.policy = name;
+    partition::PartitionSpec spec = config::PartitionSpecOf(cfg, config.sources());
+    partition::ParsePolicy(name, &spec.policy);
+    if (spec.policy != partition::Policy::kExplicit) {
+      spec.layers_per_stage.clear();
+      spec.split_points.clear();
+    }
+    // balanced minimises the costliest stage in the same times the table shows.
+    spec.layer_costs.assign(cfg.model().num_layers(), times.block_forward + times.block_backward);
+    spec.first_stage_extra = times.embedding_forward + times.embedding_backward;
+    spec.last_stage_extra = times.head_forward + times.head_backward;
+    if (std::vector<std::string> problems = partition::CheckSpec(spec); !problems.empty()) {
+      plan.valid = false;
+      plan.problem = problems.front();
+      plans.push_back(plan);
+      continue;
+    }
+    const partition::Partition partition = partition::MakePartition(spec);
+    schedule::Costs costs;
+    for (const partition::StageRange& range : partition.stages) {
+      StagePlan stage;
+      stage.range = range;
+      stage.parameters = int64_t{range.num_layers} * block.parameters;
+      double activation = double(range.num_layers) * block.activation_bytes;
+      stage.forward_ms = range.num_layers * times.block_forward;
+      stage.backward_ms = range.num_layers * times.block_backward;
+      if (range.has_embedding) {
+        stage.parameters += embedding.parameters;
+        stage.forward_ms += times.embedding_forward;
+        stage.backward_ms += times.embedding_backward;
+        stage.notes += "embedding (owns tied wte)";
+      }
+      if (range.has_head) {
+        stage.parameters += head.parameters;
+        activation += double(head.activation_bytes);
+        stage.forward_ms += times.head_forward;
+        stage.backward_ms += times.head_backward;
+        stage.notes += std::string(stage.notes.empty() ? "" : ", ") + "head (tied copy of wte)";
+      }
+      stage.activation_mib = activation / kMiB;
+      costs.stage_forward.push_back(stage.forward_ms);
+      costs.stage_backward.push_back(stage.backward_ms);
+      plan.stages.push_back(stage);
+    }
+    const schedule::SimResult sim =
+        schedule::Simulate(schedule::BuildAllActions({kind, pp, m, v}), v, costs);
+    for (StagePlan& stage : plan.stages) {
+      const int rank = stage.range.pp_rank;
+      // The rank's in-flight count covers all its chunks; spread it evenly over them.
+      stage.in_flight = sim.max_in_flight[rank] / v;
+      // The head's copy of wte is memory, not a parameter it owns.
+      const double copy_bytes = stage.range.has_head && !stage.range.has_embedding
+                                    ? double(dims.vocab_size) * dims.hidden_size * 4
+                                    : 0.0;
+      stage.total_mib = (double(stage.parameters) * 16 + copy_bytes) / kMiB +
+                        stage.activation_mib * stage.in_flight;
+    }
+    plan.step_ms = sim.makespan * config.batch.flushes_per_step;
+    plan.bubble = sim.bubble_fraction;
+    plans.push_back(plan);
+  }
+  return plans;
+}
+
+std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
+                                     const std::vector<PolicyPlan>& plans,
+                                     const LayerTimes& times) {
+  std::vector<std::string> lines;
+  const int origin = config.partition.origin;
+  const std::string configured = partition::PolicyName(config.policy);
+  lines.push_back("[plan] times " + times.source +
+                  "; memory = parameters x 16 B (value, gradient, 2 Adam "
+                  "moments) + activations x micro-batches in flight under " +
+                  config.values().parallel().schedule());
+  const PolicyPlan* best = nullptr;
+  const PolicyPlan* current = nullptr;
+  for (const PolicyPlan& plan : plans) {
+    if (!plan.valid) {
+      lines.push_back("[plan] policy " + plan.policy + ": not possible: " + plan.problem);
+      continue;
+    }
+    if (plan.policy == configured) current = &plan;
+    if (!best || plan.step_ms < best->step_ms - 1e-9 ||
+        (plan.step_ms <= best->step_ms + 1e-9 && plan.policy == configured)) {
+      best = &plan;
+    }
+    lines.push_back(Format("[plan] policy %s%s: predicted step %.1f ms, bubble %.3f",
+                           plan.policy.c_str(), plan.policy == configured ? " (configured)" : "",
+                           plan.step_ms, plan.bubble));
+    lines.push_back(
+        Format("[plan]   %-5s %-4s %-11s %-6s %-9s %-9s %-6s %-10s %-8s %-9s %-8s %-8s %s", "stage",
+               "rank", "layers", "count", "params", "diff", "ratio", "act MiB", "in fl.",
+               "total MiB", "fwd ms", "bwd ms", "notes"));
+    int64_t previous = -1;
+    for (const StagePlan& s : plan.stages) {
+      const std::string range = std::to_string(s.range.first_layer + origin) + "-" +
+                                std::to_string(s.range.end_layer() - 1 + origin);
+      const std::string diff = previous < 0 ? ""
+                                            : (s.parameters >= previous ? "+" : "-") +
+                                                  Count(std::abs(s.parameters - previous));
+      const std::string ratio =
+          previous <= 0 ? "" : Format("%.2f", double(s.parameters) / previous);
+      lines.push_back(Format(
+          "[plan]   %-5d %-4d %-11s %-6d %-9s %-9s %-6s %-10.2f %-8d %-9.1f %-8.2f %-8.2f %s",
+          s.range.stage, s.range.pp_rank, range.c_str(), s.range.num_layers,
+          Count(s.parameters).c_str(), diff.c_str(), ratio.c_str(), s.activation_mib, s.in_flight,
+          s.total_mib, s.forward_ms, s.backward_ms, s.notes.c_str()));
+      previous = s.parameters;
+    }
+  }
+  if (best) {
+    std::string versus;
+    if (current && current != best && current->step_ms > 0) {
+      versus = Format(", %.1f%% faster than the configured %s",
+                      100.0 * (1 - best->step_ms / current->step_ms), configured.c_str());
+    }
+    lines.push_back(
+        Format("[plan] recommend: model.partition=%s (predicted step %.1f ms, bubble %.3f%s)",
+               best->policy.c_str(), best->step_ms, best->bubble, versus.c_str()));
+  }
+  return lines;
+}
+
+}  // namespace bigmac::plan

@@ -1,0 +1,56 @@
+#ifndef BIGMAC_CORE_PLAN_PLAN_H_
+#define BIGMAC_CORE_PLAN_PLAN_H_
+
+#include <string>
+#include <vector>
+
+#include "core/config/resolve.h"
+#include "core/partition/partition.h"
+
+namespace bigmac::plan {
+
+// Forward and backward milliseconds of one micro-batch through each kind of layer.
+struct LayerTimes {
+  double embedding_forward = 0, embedding_backward = 0;
+  double block_forward = 0, block_backward = 0;
+  double head_forward = 0, head_backward = 0;
+  std::string source;  // "estimated at N GFLOP/s" or "measured on this machine"
+};
+
+// From the cost model's FLOPs at `gflops` per rank.
+LayerTimes EstimateLayerTimes(const config::ResolvedConfig& config, double gflops);
+// Times each kind of layer on this machine (CPU backend, the config's micro-batch): a warm-up,
+// then the mean of `repeats` runs of forward and backward.
+LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats = 3);
+
+// One stage of a planned layout.
+struct StagePlan {
+  partition::StageRange range;
+  int64_t parameters = 0;
+  std::string notes;          // "embedding (owns tied wte)", "head (tied copy of wte)"
+  double activation_mib = 0;  // per micro-batch
+  int in_flight = 0;          // micro-batches held at once under the schedule (its rank)
+  double total_mib = 0;       // parameters x 16 B (value, gradient, 2 Adam moments) + activations
+  double forward_ms = 0;
+  double backward_ms = 0;
+};
+
+struct PolicyPlan {
+  std::string policy;
+  bool valid = true;
+  std::string problem;
+  std::vector<StagePlan> stages;
+  double step_ms = 0;  // simulated with the stages' own times, all flushes of one step
+  double bubble = 0;   // idle share of the pipeline in the simulation
+};
+
+// Every partition policy (and the config's explicit lists, if any) for the config's layout.
+std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config, const LayerTimes& times);
+
+// The stage tables side by side (one block per policy) and the recommendation.
+std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
+                                     const std::vector<PolicyPlan>& plans, const LayerTimes& times);
+
+}  // namespace bigmac::plan
+
+#endif  // BIGMAC_CORE_PLAN_PLAN_H_
