@@ -1,6 +1,7 @@
 // End to end through the bigmac binary: data prep, single-rank training, and its exit codes.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -113,6 +114,85 @@ TEST(CliTrain, UnimplementedSettingsAreRefusedForTraining) {
   EXPECT_NE(tp.output.find("parallel.tp_size=2: tensor parallelism has no kernels yet"),
             std::string::npos)
       << tp.output;
+}
+
+// tune-mbs on the real trainer with a memory limit: the maximum it reports fits and one more does
+// not, which is the definition of the true maximum.
+TEST(TuneMbs, FindsTheTrueMaximumUnderAMemoryLimit) {
+  const std::string limit =
+      " --set device.memory_limit=48MiB --set model.hidden_size=32 --set train.seq_length=64";
+  const testutil::RunResult r =
+      RunCommand(Bigmac() + " tune-mbs --config " + Runfile("configs/tiny.yaml") +
+                     " --set data.dir=" + DataDir() + limit + " --hi 64 --steps 2",
+                 240);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex found(R"(max micro_batch_size = (\d+); recommended (\d+))");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(r.output, match, found)) << r.output;
+  const int max = std::stoi(match[1]);
+  EXPECT_EQ(std::stoi(match[2]), std::max(1, max * 4 / 5));
+  EXPECT_NE(r.output.find("stopped: converged"), std::string::npos) << r.output;
+  auto train = [&](int mbs) {
+    return RunCommand(
+               Bigmac() + " train --config " + Runfile("configs/tiny.yaml") +
+                   " --set data.dir=" + DataDir() + limit +
+                   " --set train.max_steps=2 --set train.eval_batches=1 --set optim.warmup_steps=0"
+                   " --set train.micro_batch_size=" +
+                   std::to_string(mbs),
+               120)
+        .exit_code;
+  };
+  EXPECT_EQ(train(max), 0) << "the maximum fits";
+  EXPECT_EQ(train(max + 1), 3) << "one more runs out of memory";
+}
+
+// The stop conditions, with a fake child whose behaviour per micro-batch is known.
+TEST(TuneMbs, StopConditions) {
+  auto tune = [](const std::string& child, const std::string& extra) {
+    // Single quotes: the child's $((...)) must reach tune-mbs's own shell unexpanded.
+    return RunCommand(Bigmac() + " tune-mbs --config " + Runfile("configs/tiny.yaml") +
+                          " --hi 64 --child-command '" + child + "' " + extra,
+                      120);
+  };
+  const testutil::RunResult converged =
+      tune("if [ {mbs} -gt 20 ]; then echo out of memory: tried to allocate 1 MiB; exit 3; fi", "");
+  EXPECT_NE(converged.output.find("max micro_batch_size = 20; recommended 16"), std::string::npos)
+      << converged.output;
+  EXPECT_NE(converged.output.find("stopped: converged"), std::string::npos);
+
+  const testutil::RunResult timeout = tune("if [ {mbs} -gt 20 ]; then sleep 30; fi", "--timeout 1");
+  EXPECT_NE(timeout.output.find("stopped: a try timed out"), std::string::npos) << timeout.output;
+  EXPECT_NE(timeout.output.find("max micro_batch_size = 1;"), std::string::npos) << timeout.output;
+
+  // Above 20: even sizes run out of memory, odd ones fail otherwise (exit 1).
+  const testutil::RunResult mixed = tune(
+      "if [ {mbs} -gt 20 ]; then if [ $(({mbs} % 2)) -eq 0 ]; then echo out of memory; exit 3; fi; "
+      "exit 1; fi",
+      "");
+  EXPECT_NE(mixed.output.find("stopped: two tries in a row mixed out-of-memory and other failures"),
+            std::string::npos)
+      << mixed.output;
+
+  const testutil::RunResult nan =
+      tune("if [ {mbs} -gt 20 ]; then echo step 1: the loss is nan; exit 4; fi", "");
+  EXPECT_NE(nan.output.find("NaN (a numerical problem, not memory)"), std::string::npos)
+      << nan.output;
+  EXPECT_NE(nan.output.find("the true maximum may be higher"), std::string::npos) << nan.output;
+}
+
+// --write puts the recommendation on the config's own line.
+TEST(TuneMbs, WritesTheRecommendation) {
+  const std::string config = testutil::WriteTempFile(
+      "tune.yaml", "train:\n  micro_batch_size: 2   # keep\n  seq_length: 16\n");
+  const testutil::RunResult r =
+      RunCommand(Bigmac() + " tune-mbs --config " + config +
+                     " --hi 64 --write --child-command "
+                     "\"if [ {mbs} -gt 30 ]; then echo out of memory; exit 3; fi\"",
+                 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(config);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "train:\n  micro_batch_size: 24   # keep\n  seq_length: 16\n");
 }
 
 }  // namespace

@@ -55,6 +55,22 @@ int RunCkptExport(const std::string& dir, const std::string& safetensors);
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
                   const std::vector<std::string>& overrides, const std::string& output);
 
+struct TuneMbsOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  int lo = 1;
+  int hi = 256;
+  int steps = 3;
+  int timeout_seconds = 900;
+  bool write = false;
+  bool pipeline = false;
+  std::string launcher = "mpirun --oversubscribe -np {np}";
+  std::string child_command;  // replaces the trainer ({mbs} is substituted), for tests
+};
+
+// `bigmac tune-mbs`: the largest micro-batch that fits, by bisection over real training runs.
+int RunTuneMbs(const TuneMbsOptions& options);
+
 // Help text listing every config key with its layer, default and meaning.
 std::string ConfigKeysHelp();
 

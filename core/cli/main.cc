@@ -114,6 +114,29 @@ int main(int argc, char** argv) {
       ->add_option("--output", import_output, "checkpoint directory to write step_000000 into")
       ->required();
 
+  bigmac::cli::TuneMbsOptions tune_options;
+  CLI::App* tune = app.add_subcommand("tune-mbs",
+                                      "Find the largest micro-batch that fits: bisection over real "
+                                      "training runs (a few steps each); "
+                                      "only out-of-memory counts as not fitting.");
+  tune->add_option("--config", tune_options.config, "the config to tune (YAML for --write)")
+      ->required();
+  tune->add_option("--set", tune_options.overrides, "override a key (as for train)");
+  tune->add_option("--lo", tune_options.lo, "a micro-batch known to fit (default 1)");
+  tune->add_option("--hi", tune_options.hi, "an upper bound to search below (default 256)");
+  tune->add_option("--steps", tune_options.steps, "training steps per try (default 3)");
+  tune->add_option("--timeout", tune_options.timeout_seconds,
+                   "seconds per try before it counts as a timeout (default 900)");
+  tune->add_flag("--write", tune_options.write, "write the recommendation into the config file");
+  tune->add_flag("--pipeline", tune_options.pipeline,
+                 "search with the config's real pipeline layout (pp_size * tp_size ranks) and name "
+                 "the binding stage");
+  tune->add_option("--launcher", tune_options.launcher,
+                   "how --pipeline starts ranks ({np} is the count)");
+  tune->add_option(
+      "--child-command", tune_options.child_command,
+      "run this instead of the trainer ({mbs} is substituted); for testing the search");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -123,6 +146,7 @@ int main(int argc, char** argv) {
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
+  if (tune->parsed()) return bigmac::cli::RunTuneMbs(tune_options);
   if (inspect->parsed()) return bigmac::cli::RunCkptInspect(ckpt_dir);
   if (export_cmd->parsed()) return bigmac::cli::RunCkptExport(ckpt_dir, safetensors);
   if (import_cmd->parsed()) {
