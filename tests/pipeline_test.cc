@@ -1,6 +1,7 @@
 // The pipeline engine under mpirun: every schedule and layout trains exactly like one rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -306,6 +307,48 @@ TEST(Timeline, MetricsAndTraceFromAllRanks) {
   }
   EXPECT_NE(run.output.find("[stage] rank 3 (pp 1, dp 1, stage 1): forward"), std::string::npos)
       << run.output;
+}
+
+// bigmac compare end to end: two layouts, the table, the verdict, the report and the chart.
+TEST(Compare, TwoLayoutsGiveATableAVerdictAndAReport) {
+  const std::string out = TempDir() + "/compare_report";
+  const std::string common =
+      " --set data.dir=" + DataDir() +
+      " --set model.num_layers=11 --set model.hidden_size=32 --set model.num_heads=2"
+      " --set train.seq_length=16 --set train.micro_batch_size=2 --set parallel.num_microbatches=4"
+      " --set train.gradient_accumulation_steps=4 --set parallel.schedule=1f1b";
+  std::string base_sets, cand_sets;
+  for (size_t at = 0; at < common.size();) {
+    const size_t next = common.find(" --set ", at + 1);
+    const std::string set =
+        common.substr(at + 7, (next == std::string::npos ? common.size() : next) - at - 7);
+    base_sets += " --set-baseline " + set;
+    cand_sets += " --set-candidate " + set;
+    at = next == std::string::npos ? common.size() : next;
+  }
+  const testutil::RunResult r = RunCommand(
+      Bigmac() + " compare --baseline " + Runfile("configs/tiny.yaml") + " --candidate " +
+          Runfile("configs/tiny.yaml") + base_sets + cand_sets +
+          " --set-baseline parallel.pp_size=2 --set-candidate parallel.pp_size=4" +
+          " --set-candidate model.partition=last --steps 8 --warmup 2 --out " + out +
+          " --launcher \"" +
+          testutil::Mpirun(0).replace(testutil::Mpirun(0).find("-np 0"), 5, "-np {np}") + "\"",
+      240);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("mean step (ms, after warm-up)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("PASS loss:"), std::string::npos)
+      << "the same global batch on both" << r.output;
+  EXPECT_NE(r.output.find("bottleneck: stage 3 (rank 3)"), std::string::npos)
+      << "last piles the remainder on stage 3" << r.output;
+  std::ifstream report(out + "/report.md");
+  const std::string markdown((std::istreambuf_iterator<char>(report)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_NE(markdown.find("| metric | baseline | candidate |"), std::string::npos);
+  std::ifstream chart(out + "/report.svg");
+  const std::string svg((std::istreambuf_iterator<char>(chart)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(std::count(svg.begin(), svg.end(), '<') - std::count(svg.begin(), svg.end(), '>'), 0);
+  EXPECT_EQ(svg.find("<polyline") != std::string::npos, true);
 }
 
 // A peer that stops responding makes the deadline fire with a diagnostic: no hang.

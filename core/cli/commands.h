@@ -71,6 +71,24 @@ struct TuneMbsOptions {
 // `bigmac tune-mbs`: the largest micro-batch that fits, by bisection over real training runs.
 int RunTuneMbs(const TuneMbsOptions& options);
 
+struct CompareOptions {
+  std::string baseline;
+  std::string candidate;
+  std::vector<std::string> baseline_overrides;
+  std::vector<std::string> candidate_overrides;
+  int steps = 40;
+  int warmup = 5;
+  int np_baseline = 0;   // 0: pp_size * tp_size of its config
+  int np_candidate = 0;
+  std::string out = "compare_report";
+  std::string launcher = "mpirun --oversubscribe -np {np}";
+};
+
+// `bigmac compare`: both configs for a few steps on the same data, a table, the seed's verdict
+// (memory, stable step time, loss following the baseline), the bottleneck stage, a Markdown
+// report and an SVG chart.
+int RunCompare(const CompareOptions& options);
+
 // Help text listing every config key with its layer, default and meaning.
 std::string ConfigKeysHelp();
 

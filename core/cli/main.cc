@@ -137,6 +137,30 @@ int main(int argc, char** argv) {
       "--child-command", tune_options.child_command,
       "run this instead of the trainer ({mbs} is substituted); for testing the search");
 
+  bigmac::cli::CompareOptions compare_options;
+  CLI::App* compare = app.add_subcommand(
+      "compare",
+      "Run two configs for a few steps on the same data, seed and sequence length; print a table, "
+      "the verdict (memory below 90%, stable step time, loss following the baseline), the "
+      "bottleneck "
+      "stage with a fix, and write a Markdown report with an SVG chart.");
+  compare->add_option("--baseline", compare_options.baseline, "the reference config")->required();
+  compare->add_option("--candidate", compare_options.candidate, "the layout to judge")->required();
+  compare->add_option("--set-baseline", compare_options.baseline_overrides,
+                      "override a baseline key");
+  compare->add_option("--set-candidate", compare_options.candidate_overrides,
+                      "override a candidate key");
+  compare->add_option("--steps", compare_options.steps, "steps per run (default 40)");
+  compare->add_option("--warmup", compare_options.warmup,
+                      "first steps left out of the timings (default 5)");
+  compare->add_option("--np-baseline", compare_options.np_baseline,
+                      "ranks for the baseline (default pp*tp)");
+  compare->add_option("--np-candidate", compare_options.np_candidate,
+                      "ranks for the candidate (default pp*tp)");
+  compare->add_option("--out", compare_options.out, "report directory (default compare_report)");
+  compare->add_option("--launcher", compare_options.launcher,
+                      "how ranks start ({np} is the count)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -147,6 +171,7 @@ int main(int argc, char** argv) {
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
   if (tune->parsed()) return bigmac::cli::RunTuneMbs(tune_options);
+  if (compare->parsed()) return bigmac::cli::RunCompare(compare_options);
   if (inspect->parsed()) return bigmac::cli::RunCkptInspect(ckpt_dir);
   if (export_cmd->parsed()) return bigmac::cli::RunCkptExport(ckpt_dir, safetensors);
   if (import_cmd->parsed()) {

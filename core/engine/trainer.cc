@@ -324,11 +324,11 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   for (const partition::StageRange& range : stage.ranges())
     stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
   const std::vector<std::string> memory_lines = comm.GatherToRoot(Format(
-      "[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB, activations peak "
+      "[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, activations peak "
       "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
       "optimizer state for %lld",
-      comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(),
-      double(result.peak_bytes) / (1 << 20), double(stage.max_activation_bytes()) / (1 << 20),
+      comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), double(result.peak_bytes) / (1 << 20),
+      double(allocator.capacity_bytes()) / (1 << 20), double(stage.max_activation_bytes()) / (1 << 20),
       result.max_in_flight, static_cast<long long>(result.parameter_count),
       static_cast<long long>(OptimizerStateCount(stage, adamw))));
   for (const std::string& line : memory_lines) log(line);
