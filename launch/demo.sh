@@ -48,8 +48,17 @@ echo "steps 11-20, uninterrupted on 4 ranks vs resumed on 2 ranks:"
 paste <(tail -n 10 data/demo_pp4/losses.txt) data/demo_resumed/losses.txt |
   awk '{printf "  step %2d  %.10f  %.10f  %s\n", NR + 10, $1, $2, ($1 == $2 ? "identical" : "DIFFERENT")}'
 
+step "planning: the stage table of every policy, the largest micro-batch, a fair comparison" \
+  "bazel-bin/bigmac plan | tune-mbs | compare"
+bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\]' | head -8
+bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\] recommend'
+bazel-bin/bigmac tune-mbs --config configs/tiny.yaml --set device.memory_limit=64MiB --hi 64 --steps 2
+bazel-bin/bigmac compare --baseline configs/tiny_pp4.yaml --candidate configs/tiny_pp4.yaml \
+  --set-candidate model.partition=last --steps 12 --warmup 2 --out data/compare \
+  --launcher "${mpirun[*]} -np {np}" | sed -n '/^metric/,$p'
+
 step "plan: the stage table for 8 ranks, no MPI needed" bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 8
-bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 8 | grep -v '^\[cfg\]   [a-z]*\.'
+bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 8 | grep -v '^\[cfg\]   [a-z]*\.' | grep -v '^\[plan\]'
 
 step "dry-run under mpirun: rank 0 prints the effective config, every rank its coordinates" \
   mpirun -np 8 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --dry-run

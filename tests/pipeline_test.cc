@@ -305,7 +305,7 @@ TEST(Timeline, MetricsAndTraceFromAllRanks) {
       EXPECT_TRUE(categories[rank].count(category)) << "rank " << rank << " " << category;
     }
   }
-  EXPECT_NE(run.output.find("[stage] rank 3 (pp 1, dp 1, stage 1): forward"), std::string::npos)
+  EXPECT_NE(run.output.find("[stage] rank 3 (pp 1, dp 1, stage 1, layers 6-10 (5) + head): forward"), std::string::npos)
       << run.output;
 }
 

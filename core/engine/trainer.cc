@@ -122,8 +122,14 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   const std::string& output_dir = train.output_dir();
   std::ofstream metrics_file;
   if (root && !output_dir.empty()) {
-    std::filesystem::create_directories(output_dir);
+    // Metrics are a convenience: a directory that cannot be written costs a warning, not the run.
+    std::error_code error;
+    std::filesystem::create_directories(output_dir, error);
     metrics_file.open(output_dir + "/metrics.jsonl", std::ios::trunc);
+    if (!metrics_file.is_open()) {
+      log("[train] warning: cannot write " + output_dir +
+          "/metrics.jsonl; no metrics or trace this run");
+    }
   }
 
   std::vector<layer::Param*> params;
@@ -323,30 +329,37 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   std::string stages;
   for (const partition::StageRange& range : stage.ranges())
     stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
-  const std::vector<std::string> memory_lines = comm.GatherToRoot(Format(
-      "[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, activations peak "
-      "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
-      "optimizer state for %lld",
-      comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), double(result.peak_bytes) / (1 << 20),
-      double(allocator.capacity_bytes()) / (1 << 20), double(stage.max_activation_bytes()) / (1 << 20),
-      result.max_in_flight, static_cast<long long>(result.parameter_count),
-      static_cast<long long>(OptimizerStateCount(stage, adamw))));
+  const std::vector<std::string> memory_lines = comm.GatherToRoot(
+      Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
+             "activations peak "
+             "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
+             "optimizer state for %lld",
+             comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(),
+             double(result.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
+             double(stage.max_activation_bytes()) / (1 << 20), result.max_in_flight,
+             static_cast<long long>(result.parameter_count),
+             static_cast<long long>(OptimizerStateCount(stage, adamw))));
   for (const std::string& line : memory_lines) log(line);
+  std::string layer_ranges;
+  for (const partition::StageRange& range : stage.ranges()) {
+    layer_ranges += (layer_ranges.empty() ? "" : ", ") +
+                    partition::FormatRange(range, resolved.partition.origin);
+  }
   const auto& totals = timeline.total_ms();
   auto total = [&totals](const char* key) { return totals.count(key) ? totals.at(key) : 0.0; };
-  const std::vector<std::string> stage_lines = comm.GatherToRoot(
-      Format("[stage] rank %d (pp %d, dp %d, stage %s): forward %.1f ms, backward %.1f ms, waiting "
-             "%.1f ms, "
-             "all-reduce %.1f ms, optimizer %.1f ms over %d step(s)",
-             comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), total("forward"),
-             total("backward") + total("backward_input") + total("backward_weight"), total("wait"),
-             total("allreduce"), total("optimizer"), train.max_steps() - start_step));
+  const std::vector<std::string> stage_lines = comm.GatherToRoot(Format(
+      "[stage] rank %d (pp %d, dp %d, stage %s, %s): forward %.1f ms, backward %.1f ms, waiting "
+      "%.1f ms, "
+      "all-reduce %.1f ms, optimizer %.1f ms over %d step(s)",
+      comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), layer_ranges.c_str(),
+      total("forward"), total("backward") + total("backward_input") + total("backward_weight"),
+      total("wait"), total("allreduce"), total("optimizer"), train.max_steps() - start_step));
   for (const std::string& line : stage_lines) log(line);
   if (!output_dir.empty()) {
     const std::vector<std::string> events = comm.GatherToRoot(timeline.TraceEvents(
         comm.world_rank(),
         Format("rank %d (pp %d, dp %d)", comm.world_rank(), comm.pp_rank(), comm.dp_rank())));
-    if (root) {
+    if (root && metrics_file.is_open()) {
       std::ofstream(output_dir + "/trace.json", std::ios::trunc) << metrics::MergeTraces(events);
       log("[train] wrote " + output_dir + "/metrics.jsonl and " + output_dir +
           "/trace.json (open it at https://ui.perfetto.dev)");
