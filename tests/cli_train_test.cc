@@ -160,14 +160,18 @@ TEST(TuneMbs, StopConditions) {
       << converged.output;
   EXPECT_NE(converged.output.find("stopped: converged"), std::string::npos);
 
+  // --hi is included: when everything fits, the maximum is --hi.
+  EXPECT_NE(tune("true", "").output.find("max micro_batch_size = 64;"), std::string::npos);
+
   const testutil::RunResult timeout = tune("if [ {mbs} -gt 20 ]; then sleep 30; fi", "--timeout 1");
   EXPECT_NE(timeout.output.find("stopped: a try timed out"), std::string::npos) << timeout.output;
   EXPECT_NE(timeout.output.find("max micro_batch_size = 1;"), std::string::npos) << timeout.output;
 
-  // Above 20: even sizes run out of memory, odd ones fail otherwise (exit 1).
+  // Above 30 out of memory; from 17 to 30 another failure (exit 1): the first tries are 1 (fits),
+  // 33 (out of memory), 17 (another failure): two in a row that mix.
   const testutil::RunResult mixed = tune(
-      "if [ {mbs} -gt 20 ]; then if [ $(({mbs} % 2)) -eq 0 ]; then echo out of memory; exit 3; fi; "
-      "exit 1; fi",
+      "if [ {mbs} -gt 30 ]; then echo out of memory; exit 3; fi; if [ {mbs} -ge 17 ]; then exit 1; "
+      "fi",
       "");
   EXPECT_NE(mixed.output.find("stopped: two tries in a row mixed out-of-memory and other failures"),
             std::string::npos)

@@ -82,7 +82,7 @@ TEST(Judge, LossMustFollowTheBaseline) {
 TEST(Judge, NamesTheBottleneckAndTheFix) {
   const Verdict v =
       Judge(Record(Flat(20, 100), Flat(12, 5)), Record(Flat(20, 100), Flat(12, 5)), "last");
-  EXPECT_NE(v.bottleneck.find("stage 3 (rank 3) computes 90.0 ms per step, 2.00x the mean"),
+  EXPECT_NE(v.bottleneck.find("pp rank 3 (world rank 3) computes 90.0 ms per step, 2.00x the mean"),
             std::string::npos)
       << v.bottleneck;
   EXPECT_NE(v.bottleneck.find("bound by parameters"), std::string::npos);

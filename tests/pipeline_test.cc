@@ -305,7 +305,9 @@ TEST(Timeline, MetricsAndTraceFromAllRanks) {
       EXPECT_TRUE(categories[rank].count(category)) << "rank " << rank << " " << category;
     }
   }
-  EXPECT_NE(run.output.find("[stage] rank 3 (pp 1, dp 1, stage 1, layers 6-10 (5) + head): forward"), std::string::npos)
+  EXPECT_NE(
+      run.output.find("[stage] rank 3 (pp 1, dp 1, stage 1, layers 6-10 (5) + head): forward"),
+      std::string::npos)
       << run.output;
 }
 
@@ -338,7 +340,7 @@ TEST(Compare, TwoLayoutsGiveATableAVerdictAndAReport) {
   EXPECT_NE(r.output.find("mean step (ms, after warm-up)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("PASS loss:"), std::string::npos)
       << "the same global batch on both" << r.output;
-  EXPECT_NE(r.output.find("bottleneck: stage 3 (rank 3)"), std::string::npos)
+  EXPECT_NE(r.output.find("bottleneck: pp rank 3 (world rank 3)"), std::string::npos)
       << "last piles the remainder on stage 3" << r.output;
   std::ifstream report(out + "/report.md");
   const std::string markdown((std::istreambuf_iterator<char>(report)),

@@ -69,8 +69,8 @@ plan::RunRecord Read(const std::string& name, const std::string& dir, const std:
     const nlohmann::json m = nlohmann::json::parse(line);
     const double loss = m["loss"].get<double>();
     record.loss.push_back(loss);
-    if (!std::isfinite(loss)) ++record.nan_steps;
-    if (m["clipped"].get<bool>()) ++record.clipped_steps;
+    if (step >= warmup && !std::isfinite(loss)) ++record.nan_steps;
+    if (step >= warmup && m["clipped"].get<bool>()) ++record.clipped_steps;
     record.micro_batch_size = m["micro_batch_size"].get<int>();
     record.num_microbatches = m["num_microbatches"].get<int>();
     if (step < warmup) continue;
@@ -234,6 +234,10 @@ int RunCompare(const CompareOptions& options) {
   });
   both("mean step (ms, after warm-up)",
        [](const plan::RunRecord& r) { return Format("%.1f", plan::Mean(r.step_ms)); });
+  both("rolling mean step, last 5 steps (ms)", [](const plan::RunRecord& r) {
+    const size_t k = std::min<size_t>(5, r.step_ms.size());
+    return Format("%.1f", plan::Mean(std::vector<double>(r.step_ms.end() - k, r.step_ms.end())));
+  });
   both("step-time drift over the run (ms)", [](const plan::RunRecord& r) {
     return Format("%+.1f", plan::Slope(r.step_ms) * r.step_ms.size());
   });
@@ -246,7 +250,7 @@ int RunCompare(const CompareOptions& options) {
   both("final loss", [](const plan::RunRecord& r) {
     return r.loss.empty() ? std::string("-") : Format("%.4f", r.loss.back());
   });
-  both("NaN steps / clipped steps", [](const plan::RunRecord& r) {
+  both("NaN steps / clipped steps (after warm-up)", [](const plan::RunRecord& r) {
     return std::to_string(r.nan_steps) + " / " + std::to_string(r.clipped_steps);
   });
   for (int stage = 0; stage < 16; ++stage) {
@@ -262,8 +266,8 @@ int RunCompare(const CompareOptions& options) {
       }
     }
     if (any)
-      add("stage " + std::to_string(stage), cells[0].empty() ? "-" : cells[0],
-          cells[1].empty() ? "-" : cells[1]);
+      add("pp rank " + std::to_string(stage) + " (first replica)",
+          cells[0].empty() ? "-" : cells[0], cells[1].empty() ? "-" : cells[1]);
   }
   std::string markdown =
       "# bigmac compare\n\nBaseline `" + options.baseline + "`, candidate `" + options.candidate +

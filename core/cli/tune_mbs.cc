@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -55,6 +56,7 @@ std::string Replace(std::string text, const std::string& from, const std::string
 // Runs `command` with a deadline; classifies its end like seed 2: only an out-of-memory error (the
 // allocator's, exit code 3, or CUDA's own words) means "does not fit".
 Try RunTry(const std::string& command, int timeout_seconds) {
+  const auto start = std::chrono::steady_clock::now();
   const std::string wrapped = "timeout -k 5 " + std::to_string(timeout_seconds) + " /bin/sh -c " +
                               ShellQuote(command) + " 2>&1";
   FILE* pipe = popen(wrapped.c_str(), "r");
@@ -76,8 +78,15 @@ Try RunTry(const std::string& command, int timeout_seconds) {
       "out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
       std::regex::icase);
   static const std::regex kNan("non-finite|the loss is nan|the loss is inf", std::regex::icase);
-  if (code == 124 || code == 137)
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (code == 124 || (code == 137 && elapsed >= timeout_seconds)) {
     return {Outcome::kTimeout, "no result within " + std::to_string(timeout_seconds) + " s"};
+  }
+  // Killed (SIGKILL) before the deadline: on Linux that is the kernel's out-of-memory killer.
+  if (code == 137)
+    return {Outcome::kOutOfMemory,
+            "killed by SIGKILL before the deadline (the kernel's OOM killer)"};
   if (code == 0) return {Outcome::kFits, ""};
   if (std::string line = line_with(kOom); code == kExitOutOfMemory || !line.empty()) {
     return {Outcome::kOutOfMemory, line};
@@ -101,10 +110,20 @@ bool WriteMicroBatch(const std::string& file, const config::LoadedConfig& loaded
   const config::Source& source = loaded.sources.Get("train.micro_batch_size");
   const std::regex key(R"(^(\s*micro_batch_size\s*:\s*)([^#\s]+)(.*)$)");
   std::smatch match;
+  // The line the file sets it on, or else any micro_batch_size line in the file (it may have been
+  // overridden by --set), or else a new line under train:.
+  int target = -1;
   if (source.kind == config::Source::Kind::kFile && source.file == file && source.line >= 1 &&
       source.line <= static_cast<int>(lines.size()) &&
       std::regex_match(lines[source.line - 1], match, key)) {
-    lines[source.line - 1] = match[1].str() + std::to_string(value) + match[3].str();
+    target = source.line - 1;
+  }
+  for (size_t i = 0; target < 0 && i < lines.size(); ++i) {
+    if (std::regex_match(lines[i], match, key)) target = static_cast<int>(i);
+  }
+  if (target >= 0) {
+    std::regex_match(lines[target], match, key);
+    lines[target] = match[1].str() + std::to_string(value) + match[3].str();
   } else {
     size_t train = lines.size();
     for (size_t i = 0; i < lines.size(); ++i) {
@@ -140,8 +159,9 @@ int RunTuneMbs(const TuneMbsOptions& options) {
     if (!options.pipeline) {
       for (const char* set :
            {"parallel.pp_size=1", "parallel.tp_size=1", "parallel.virtual_stages=1",
-            "parallel.schedule=gpipe", "model.partition=spread_first", "model.layers_per_stage=[]",
-            "model.split_points=[]"}) {
+            "parallel.schedule=gpipe", "parallel.num_microbatches=1",
+            "train.gradient_accumulation_steps=1", "model.partition=spread_first",
+            "model.layers_per_stage=[]", "model.split_points=[]"}) {
         single.push_back(set);
       }
     }
@@ -166,7 +186,8 @@ int RunTuneMbs(const TuneMbsOptions& options) {
     if (!options.pipeline) {
       command +=
           " --set parallel.pp_size=1 --set parallel.tp_size=1 --set parallel.virtual_stages=1"
-          " --set parallel.schedule=gpipe --set model.partition=spread_first"
+          " --set parallel.schedule=gpipe --set parallel.num_microbatches=1"
+          " --set train.gradient_accumulation_steps=1 --set model.partition=spread_first"
           " --set 'model.layers_per_stage=[]' --set 'model.split_points=[]'";
     }
     // The model, precision, sequence length and recomputation stay as configured; only the
@@ -193,7 +214,7 @@ int RunTuneMbs(const TuneMbsOptions& options) {
     return t;
   };
   int lo = options.lo;
-  int hi = options.hi;
+  int hi = options.hi + 1;  // --hi is the largest size tried; the search keeps hi as "does not fit"
   const Try first = run(lo);
   if (first.outcome != Outcome::kFits) {
     std::printf(

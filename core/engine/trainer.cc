@@ -285,12 +285,12 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     // Per-rank milliseconds in compute and waiting this step, for metrics.jsonl.
     const auto& w = timeline.window_ms();
     auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
-    const std::vector<std::string> per_rank =
-        comm.GatherToRoot(Format("{\"rank\":%d,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"wait_"
-                                 "ms\":%.3f,\"allreduce_ms\":%.3f}",
-                                 comm.world_rank(), get("forward"),
-                                 get("backward") + get("backward_input") + get("backward_weight"),
-                                 get("wait"), get("allreduce")));
+    const std::vector<std::string> per_rank = comm.GatherToRoot(
+        Format("{\"rank\":%d,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"wait_"
+               "ms\":%.3f,\"allreduce_ms\":%.3f,\"peak_bytes\":%lld}",
+               comm.world_rank(), get("forward"),
+               get("backward") + get("backward_input") + get("backward_weight"), get("wait"),
+               get("allreduce"), static_cast<long long>(allocator.peak_bytes())));
     if (metrics_file.is_open()) {
       std::string ranks;
       for (const std::string& r : per_rank) ranks += (ranks.empty() ? "" : ",") + r;

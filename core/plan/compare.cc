@@ -104,7 +104,20 @@ Verdict Judge(const RunRecord& baseline, const RunRecord& candidate,
     const double mean_compute = total_compute / stages;
     const double ratio =
         (slowest->forward_ms + slowest->backward_ms) / std::max(mean_compute, 1e-9);
-    const bool activation_bound = slowest->activation_mib > slowest->parameter_mib;
+    // Seed 2: parameter shares that differ a lot across stages while the peaks stay close mean the
+    // activations are the limit; so does a bottleneck whose activations outweigh its parameters.
+    double param_lo = 1e300, param_hi = 0, peak_lo = 1e300, peak_hi = 0;
+    for (const RankRecord& r : candidate.ranks) {
+      if (r.dp != 0) continue;
+      param_lo = std::min(param_lo, r.parameter_mib);
+      param_hi = std::max(param_hi, r.parameter_mib);
+      peak_lo = std::min(peak_lo, r.peak_mib);
+      peak_hi = std::max(peak_hi, r.peak_mib);
+    }
+    const bool shares_differ_peaks_do_not =
+        param_lo > 0 && peak_lo > 0 && param_hi / param_lo > 1.3 && peak_hi / peak_lo < 1.15;
+    const bool activation_bound =
+        shares_differ_peaks_do_not || slowest->activation_mib > slowest->parameter_mib;
     std::string fix;
     if (activation_bound) {
       fix =
@@ -125,7 +138,7 @@ Verdict Judge(const RunRecord& baseline, const RunRecord& candidate,
     if (candidate_policy == "balanced" && !activation_bound)
       fix = "more stages, or a smaller micro-batch";
     verdict.bottleneck = Format(
-        "stage %d (rank %d) computes %.1f ms per step, %.2fx the mean; it is bound by %s "
+        "pp rank %d (world rank %d) computes %.1f ms per step, %.2fx the mean; it is bound by %s "
         "(activations %.1f MiB vs parameters %.1f MiB); suggestion: %s",
         slowest->pp, slowest->rank, slowest->forward_ms + slowest->backward_ms, ratio,
         activation_bound ? "activations" : "parameters", slowest->activation_mib,

@@ -187,11 +187,12 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
     for (StagePlan& stage : plan.stages) {
       const int rank = stage.range.pp_rank;
       // The rank's in-flight count covers all its chunks; spread it evenly over them.
-      stage.in_flight = sim.max_in_flight[rank] / v;
+      stage.in_flight = (sim.max_in_flight[rank] + v - 1) / v;
       // The head's copy of wte is memory, not a parameter it owns.
-      const double copy_bytes = stage.range.has_head && !stage.range.has_embedding
-                                    ? double(dims.vocab_size) * dims.hidden_size * 4
-                                    : 0.0;
+      const double copy_bytes =
+          stage.range.has_head && !stage.range.has_embedding
+              ? double(dims.vocab_size) * dims.hidden_size * 8  // value + gradient
+              : 0.0;
       stage.total_mib = (double(stage.parameters) * 16 + copy_bytes) / kMiB +
                         stage.activation_mib * stage.in_flight;
     }
@@ -254,9 +255,13 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
       versus = Format(", %.1f%% faster than the configured %s",
                       100.0 * (1 - best->step_ms / current->step_ms), configured.c_str());
     }
-    lines.push_back(
-        Format("[plan] recommend: model.partition=%s (predicted step %.1f ms, bubble %.3f%s)",
-               best->policy.c_str(), best->step_ms, best->bubble, versus.c_str()));
+    std::string counts;
+    for (const StagePlan& s : best->stages)
+      counts += (counts.empty() ? "" : ", ") + std::to_string(s.range.num_layers);
+    lines.push_back(Format(
+        "[plan] recommend: model.partition=%s, i.e. model.layers_per_stage=[%s] (predicted step "
+        "%.1f ms, bubble %.3f%s)",
+        best->policy.c_str(), counts.c_str(), best->step_ms, best->bubble, versus.c_str()));
   }
   return lines;
 }
