@@ -15,46 +15,14 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/plan/compare.h"
+#include "core/util/format.h"
+#include "core/util/process.h"
 #include "nlohmann/json.hpp"
 
 namespace bigmac::cli {
+using util::Format;
+
 namespace {
-
-std::string Format(const char* format, auto... args) {
-  char text[1024];
-  std::snprintf(text, sizeof(text), format, args...);
-  return text;
-}
-
-std::string Quote(const std::string& text) {
-  std::string quoted = "'";
-  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string Self() {
-  char self[4096];
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[length > 0 ? length : 0] = '\0';
-  return self;
-}
-
-struct Launched {
-  int exit_code = 0;
-  std::string output;
-};
-
-Launched RunShell(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  Launched launched;
-  char buffer[4096];
-  size_t n;
-  while (pipe && (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
-    launched.output.append(buffer, n);
-  const int status = pipe ? pclose(pipe) : -1;
-  launched.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-  return launched;
-}
 
 // The run's metrics.jsonl and [memory] lines, warm-up steps removed from the timings.
 plan::RunRecord Read(const std::string& name, const std::string& dir, const std::string& output,
@@ -201,17 +169,18 @@ int RunCompare(const CompareOptions& options) {
     for (size_t at = command.find("{np}"); at != std::string::npos; at = command.find("{np}")) {
       command.replace(at, 4, std::to_string(side.np));
     }
-    command += " " + Quote(Self()) + " train --config " + Quote(side.config);
-    for (const std::string& set : side.sets) command += " --set " + Quote(set);
+    command += " " + util::ShellQuote(util::SelfPath()) + " train --config " +
+               util::ShellQuote(side.config);
+    for (const std::string& set : side.sets) command += " --set " + util::ShellQuote(set);
     command +=
         " --set train.max_steps=" + std::to_string(options.steps) +
-        " --set train.output_dir=" + Quote(dir) +
+        " --set train.output_dir=" + util::ShellQuote(dir) +
         " --set train.log_interval=1000000 --set train.eval_interval=0 --set train.eval_batches=1"
         " --set 'checkpoint.dir=\"\"'";
     std::printf("compare: running %s (%d ranks, %d steps, %d warm-up)\n", side.name.c_str(),
                 side.np, options.steps, options.warmup);
     std::fflush(stdout);
-    const Launched run = RunShell(command);
+    const util::ChildResult run = util::RunChild(command);
     if (run.exit_code != 0) {
       std::fprintf(stderr, "bigmac: the %s run failed with exit code %d:\n%s\n", side.name.c_str(),
                    run.exit_code, run.output.c_str());

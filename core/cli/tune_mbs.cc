@@ -13,6 +13,7 @@
 #include "core/cli/exit_codes.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
+#include "core/util/process.h"
 
 namespace bigmac::cli {
 namespace {
@@ -40,12 +41,6 @@ struct Try {
   std::string detail;  // the line that decided it
 };
 
-std::string ShellQuote(const std::string& text) {
-  std::string quoted = "'";
-  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 std::string Replace(std::string text, const std::string& from, const std::string& to) {
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
     text.replace(at, from.size(), to);
@@ -56,16 +51,10 @@ std::string Replace(std::string text, const std::string& from, const std::string
 // Runs `command` with a deadline; classifies its end like seed 2: only an out-of-memory error (the
 // allocator's, exit code 3, or CUDA's own words) means "does not fit".
 Try RunTry(const std::string& command, int timeout_seconds) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string wrapped = "timeout -k 5 " + std::to_string(timeout_seconds) + " /bin/sh -c " +
-                              ShellQuote(command) + " 2>&1";
-  FILE* pipe = popen(wrapped.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while (pipe && (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = pipe ? pclose(pipe) : -1;
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const util::ChildResult child = util::RunChild(command, timeout_seconds);
+  const std::string& output = child.output;
+  const int code = child.exit_code;
+  const double elapsed = child.seconds;
   auto line_with = [&output](const std::regex& pattern) {
     std::smatch match;
     std::istringstream lines(output);
@@ -78,8 +67,6 @@ Try RunTry(const std::string& command, int timeout_seconds) {
       "out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
       std::regex::icase);
   static const std::regex kNan("non-finite|the loss is nan|the loss is inf", std::regex::icase);
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (code == 124 || (code == 137 && elapsed >= timeout_seconds)) {
     return {Outcome::kTimeout, "no result within " + std::to_string(timeout_seconds) + " s"};
   }
@@ -178,11 +165,9 @@ int RunTuneMbs(const TuneMbsOptions& options) {
   const int world = resolved.world_size;
   std::string base = options.child_command;
   if (base.empty()) {
-    char self[4096];
-    const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    self[length > 0 ? length : 0] = '\0';
-    std::string command = ShellQuote(self) + " train --config " + ShellQuote(options.config);
-    for (const std::string& set : options.overrides) command += " --set " + ShellQuote(set);
+    std::string command =
+        util::ShellQuote(util::SelfPath()) + " train --config " + util::ShellQuote(options.config);
+    for (const std::string& set : options.overrides) command += " --set " + util::ShellQuote(set);
     if (!options.pipeline) {
       command +=
           " --set parallel.pp_size=1 --set parallel.tp_size=1 --set parallel.virtual_stages=1"

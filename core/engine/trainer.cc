@@ -19,15 +19,12 @@
 #include "core/metrics/timeline.h"
 #include "core/optim/adamw.h"
 #include "core/schedule/schedule.h"
+#include "core/util/format.h"
 
 namespace bigmac::engine {
-namespace {
+using util::Format;
 
-std::string Format(const char* format, auto... args) {
-  char text[1024];
-  std::snprintf(text, sizeof(text), format, args...);
-  return text;
-}
+namespace {
 
 // One micro-batch's tokens and the MicroBatch view of them.
 struct BatchSlot {

@@ -4,16 +4,12 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/util/format.h"
+
 namespace bigmac::plan {
-namespace {
+using util::Format;
 
-std::string Format(const char* format, auto... args) {
-  char text[512];
-  std::snprintf(text, sizeof(text), format, args...);
-  return text;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 double Mean(const std::vector<double>& values) {
   if (values.empty()) return 0;

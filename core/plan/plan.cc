@@ -8,15 +8,12 @@
 #include "core/layer/gpt_cost.h"
 #include "core/memory/allocator.h"
 #include "core/schedule/simulator.h"
+#include "core/util/format.h"
 
 namespace bigmac::plan {
-namespace {
+using util::Format;
 
-std::string Format(const char* format, auto... args) {
-  char text[512];
-  std::snprintf(text, sizeof(text), format, args...);
-  return text;
-}
+namespace {
 
 layer::ModelDims DimsOf(const config::Config& cfg) {
   return {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),

@@ -8,24 +8,13 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "core/util/process.h"
+
 namespace bigmac::testutil {
 
 RunResult RunCommand(const std::string& command, int deadline_seconds) {
-  RunResult result;
-  std::string quoted;
-  for (char c : command) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  const std::string wrapped =
-      "timeout -k 5 " + std::to_string(deadline_seconds) + " /bin/sh -c '" + quoted + "' 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(wrapped.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed: " + command);
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  const util::ChildResult child = util::RunChild(command, deadline_seconds);
+  return RunResult{child.exit_code, child.output, child.seconds};
 }
 
 std::string Runfile(const std::string& path) {
