@@ -45,11 +45,13 @@ struct Result {
 };
 
 // 11 layers (uneven on 2, 3 and 4 stages), 6 steps, a checkpoint every 3.
-Result Train(int pp, int dp, const std::string& name, const std::string& extra) {
+// `env` prefixes the command (the checkpoint fault hooks).
+Result Train(int pp, int dp, const std::string& name, const std::string& extra,
+             const std::string& env = "") {
   const std::string dump = Tmp() + "/dump_" + name;
   fs::remove_all(dump);
   const std::string command =
-      testutil::Mpirun(pp * dp) + " " + Bigmac() + " train --config " +
+      env + testutil::Mpirun(pp * dp) + " " + Bigmac() + " train --config " +
       Runfile("configs/tiny.yaml") + " --dump " + dump + " --set data.dir=" + DataDir() +
       " --set model.num_layers=11 --set model.hidden_size=" + std::to_string(kHidden) +
       " --set model.num_heads=2 --set train.seq_length=16 --set train.micro_batch_size=2" +
@@ -259,17 +261,9 @@ TEST(Crash, FirstSaveKilledLeavesTheOlderOne) {
     std::ofstream latest(dir + "/latest", std::ios::trunc);
     latest << "step_000003\n";
   }
-  const testutil::RunResult crash = RunCommand(
-      "BIGMAC_TEST_CRASH_IN_CHECKPOINT=6 " + testutil::Mpirun(2) + " " + Bigmac() +
-          " train --config " + Runfile("configs/tiny.yaml") +
-          " --resume auto --set checkpoint.dir=" + dir + " --set data.dir=" + DataDir() +
-          " --set model.num_layers=11 --set model.hidden_size=32 --set model.num_heads=2"
-          " --set train.seq_length=16 --set train.micro_batch_size=2 --set parallel.schedule=1f1b"
-          " --set parallel.num_microbatches=4 --set train.max_steps=6 --set train.eval_batches=2"
-          " --set train.eval_interval=0 --set optim.warmup_steps=2 --set optim.lr=3e-3"
-          " --set checkpoint.interval=3 --set parallel.pp_size=2" +
-          Accum(4),
-      120);
+  const Result crash =
+      Train(2, 1, "crash2_killed", "--resume auto --set checkpoint.dir=" + dir + Accum(4),
+            "BIGMAC_TEST_CRASH_IN_CHECKPOINT=6 ");
   EXPECT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_TRUE(fs::exists(dir + "/.tmp_step_000006")) << crash.output;
   EXPECT_FALSE(fs::exists(dir + "/step_000006"));
@@ -292,19 +286,8 @@ TEST(Crash, FirstSaveKilledLeavesTheOlderOne) {
 TEST(Crash, FailedWriteKeepsThePreviousCheckpoint) {
   const std::string dir = Tmp() + "/ckpt_full_disk";
   fs::remove_all(dir);
-  const testutil::RunResult r =
-      RunCommand("BIGMAC_TEST_FAIL_CHECKPOINT=6 " + testutil::Mpirun(2) + " " + Bigmac() +
-                     " train --config " + Runfile("configs/tiny.yaml") +
-                     " --set checkpoint.dir=" + dir + " --set data.dir=" + DataDir() +
-                     " --set model.num_layers=11 --set model.hidden_size=32 --set "
-                     "model.num_heads=2 --set train.seq_length=16"
-                     " --set train.micro_batch_size=2 --set parallel.schedule=1f1b --set "
-                     "parallel.num_microbatches=4"
-                     " --set train.max_steps=6 --set train.eval_batches=2 --set "
-                     "train.eval_interval=0 --set checkpoint.interval=3"
-                     " --set parallel.pp_size=2" +
-                     Accum(4),
-                 120);
+  const Result r = Train(2, 1, "full_disk", "--set checkpoint.dir=" + dir + Accum(4),
+                         "BIGMAC_TEST_FAIL_CHECKPOINT=6 ");
   EXPECT_EQ(r.exit_code, 7) << r.output;
   EXPECT_NE(r.output.find("No space left on device (injected); the previous checkpoint is intact"),
             std::string::npos)

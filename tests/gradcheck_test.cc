@@ -82,16 +82,27 @@ double Dot(const Tensor& a, const Tensor& b) {
   return sum;
 }
 
+// A layer of the test's small model (the allocator outlives it).
+layer::LayerSpec Spec(const std::string& type, int layer_id, DType dtype,
+                      memory::DeviceAllocator* allocator, bool checkpointing = false) {
+  layer::LayerSpec spec;
+  spec.type = type;
+  spec.layer_id = layer_id;
+  spec.dims = Dims();
+  spec.dtype = dtype;
+  spec.allocator = allocator;
+  spec.activation_checkpointing = checkpointing;
+  return spec;
+}
+
 // A layer checked through J = sum(y * R) (or J = loss for the head).
 void CheckLayer(const std::string& type, bool checkpointing) {
   memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
-  layer::LayerSpec spec;
-  spec.type = type;
-  spec.layer_id = type == "gpt_embedding" ? layer::kEmbeddingLayerId : type == "gpt_head" ? 3 : 1;
-  spec.dims = Dims();
-  spec.dtype = DType::kF64;
-  spec.allocator = &allocator;
-  spec.activation_checkpointing = checkpointing;
+  const layer::LayerSpec spec = Spec(type,
+                                     type == "gpt_embedding" ? layer::kEmbeddingLayerId
+                                     : type == "gpt_head"    ? 3
+                                                             : 1,
+                                     DType::kF64, &allocator, checkpointing);
   auto layer = layer::CreateLayer(spec);
   layer->InitParams(42);
   // Perturb every parameter off its initial value (LayerNorm weights start at exactly 1, ...).
@@ -183,13 +194,7 @@ namespace {
 TEST(LayerReports, ActivationBytesMatchWhatForwardKeeps) {
   for (bool checkpointing : {false, true}) {
     memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
-    layer::LayerSpec spec;
-    spec.type = "gpt_block";
-    spec.layer_id = 0;
-    spec.dims = Dims();
-    spec.dtype = DType::kF32;
-    spec.allocator = &allocator;
-    spec.activation_checkpointing = checkpointing;
+    const layer::LayerSpec spec = Spec("gpt_block", 0, DType::kF32, &allocator, checkpointing);
     auto block = layer::CreateLayer(spec);
     block->InitParams(1);
     Batch batch = MakeBatch(2, 6, spec.dims.vocab_size);
@@ -207,12 +212,7 @@ TEST(LayerReports, ActivationBytesMatchWhatForwardKeeps) {
 // Softmax and log-sum-exp subtract the maximum: huge logits give a finite, exact loss.
 TEST(Numerics, CrossEntropyIsStableForHugeLogits) {
   memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
-  layer::LayerSpec spec;
-  spec.type = "gpt_head";
-  spec.layer_id = 3;
-  spec.dims = Dims();
-  spec.dtype = DType::kF32;
-  spec.allocator = &allocator;
+  const layer::LayerSpec spec = Spec("gpt_head", 3, DType::kF32, &allocator);
   auto head = layer::CreateLayer(spec);
   head->InitParams(1);
   // Scale the output projection so that logits reach the thousands.

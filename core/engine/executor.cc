@@ -84,69 +84,66 @@ void Executor::RunAction(const Action& a, const std::function<const layer::Micro
                          bool last_flush, const std::function<void()>& optimizer_step,
                          double* loss_sum) {
   double& loss = *loss_sum;
-  {
-    switch (a.op) {
-      case Op::kRecvAct: {
-        const layer::MicroBatch& mb = batch(a.microbatch);
-        inbox_[{a.microbatch, a.stage}] =
-            comm_->Receive(a.peer, comm::ActivationTag(a.stage, a.microbatch), ActivationShape(mb),
-                           memory::DType::kF32, stage_->allocator(), Describe(a) + " activation");
-        break;
-      }
-      case Op::kForward: {
-        const layer::MicroBatch& mb = batch(a.microbatch);
-        Tensor input =
-            a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
-        Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input));
-        if (stage_->is_last_stage(a.stage)) {
-          loss += output.Scalar();
-        } else {
-          outbox_[{a.microbatch, a.stage}] = std::move(output);
-        }
-        break;
-      }
-      case Op::kSendAct: {
-        Tensor output = Take(outbox_, a.microbatch, a.stage, "activation to send");
-        comm_->Send(output, a.peer, comm::ActivationTag(a.stage + 1, a.microbatch), Describe(a));
-        break;
-      }
-      case Op::kRecvGrad: {
-        const layer::MicroBatch& mb = batch(a.microbatch);
-        inbox_[{a.microbatch, a.stage}] =
-            comm_->Receive(a.peer, comm::GradientTag(a.stage, a.microbatch), ActivationShape(mb),
-                           memory::DType::kF32, stage_->allocator(), Describe(a) + " gradient");
-        break;
-      }
-      case Op::kBackward:
-      case Op::kBackwardInput: {
-        const layer::MicroBatch& mb = batch(a.microbatch);
-        Tensor grad = stage_->is_last_stage(a.stage)
-                          ? Tensor()
-                          : Take(inbox_, a.microbatch, a.stage, "received gradient");
-        Tensor dx = a.op == Op::kBackward
-                        ? stage_->BackwardStage(a.stage, mb, std::move(grad))
-                        : stage_->BackwardInputStage(a.stage, mb, std::move(grad));
-        if (a.stage > 0) outbox_[{a.microbatch, a.stage}] = std::move(dx);
-        break;
-      }
-      case Op::kBackwardWeight:
-        stage_->BackwardWeightStage(a.stage, batch(a.microbatch));
-        break;
-      case Op::kSendGrad: {
-        Tensor dx = Take(outbox_, a.microbatch, a.stage, "gradient to send");
-        comm_->Send(dx, a.peer, comm::GradientTag(a.stage - 1, a.microbatch), Describe(a));
-        break;
-      }
-      case Op::kReduceTied:
-        if (last_flush) ReduceTied();
-        break;
-      case Op::kReduceDp:
-        if (last_flush) ReduceDp();
-        break;
-      case Op::kOptimizerStep:
-        if (last_flush) optimizer_step();
-        break;
+  switch (a.op) {
+    case Op::kRecvAct: {
+      const layer::MicroBatch& mb = batch(a.microbatch);
+      inbox_[{a.microbatch, a.stage}] =
+          comm_->Receive(a.peer, comm::ActivationTag(a.stage, a.microbatch), ActivationShape(mb),
+                         memory::DType::kF32, stage_->allocator(), Describe(a) + " activation");
+      break;
     }
+    case Op::kForward: {
+      const layer::MicroBatch& mb = batch(a.microbatch);
+      Tensor input =
+          a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
+      Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input));
+      if (stage_->is_last_stage(a.stage)) {
+        loss += output.Scalar();
+      } else {
+        outbox_[{a.microbatch, a.stage}] = std::move(output);
+      }
+      break;
+    }
+    case Op::kSendAct: {
+      Tensor output = Take(outbox_, a.microbatch, a.stage, "activation to send");
+      comm_->Send(output, a.peer, comm::ActivationTag(a.stage + 1, a.microbatch), Describe(a));
+      break;
+    }
+    case Op::kRecvGrad: {
+      const layer::MicroBatch& mb = batch(a.microbatch);
+      inbox_[{a.microbatch, a.stage}] =
+          comm_->Receive(a.peer, comm::GradientTag(a.stage, a.microbatch), ActivationShape(mb),
+                         memory::DType::kF32, stage_->allocator(), Describe(a) + " gradient");
+      break;
+    }
+    case Op::kBackward:
+    case Op::kBackwardInput: {
+      const layer::MicroBatch& mb = batch(a.microbatch);
+      Tensor grad = stage_->is_last_stage(a.stage)
+                        ? Tensor()
+                        : Take(inbox_, a.microbatch, a.stage, "received gradient");
+      Tensor dx = a.op == Op::kBackward ? stage_->BackwardStage(a.stage, mb, std::move(grad))
+                                        : stage_->BackwardInputStage(a.stage, mb, std::move(grad));
+      if (a.stage > 0) outbox_[{a.microbatch, a.stage}] = std::move(dx);
+      break;
+    }
+    case Op::kBackwardWeight:
+      stage_->BackwardWeightStage(a.stage, batch(a.microbatch));
+      break;
+    case Op::kSendGrad: {
+      Tensor dx = Take(outbox_, a.microbatch, a.stage, "gradient to send");
+      comm_->Send(dx, a.peer, comm::GradientTag(a.stage - 1, a.microbatch), Describe(a));
+      break;
+    }
+    case Op::kReduceTied:
+      if (last_flush) ReduceTied();
+      break;
+    case Op::kReduceDp:
+      if (last_flush) ReduceDp();
+      break;
+    case Op::kOptimizerStep:
+      if (last_flush) optimizer_step();
+      break;
   }
 }
 
