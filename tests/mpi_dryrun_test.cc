@@ -51,7 +51,7 @@ TEST_P(DryRunLayoutTest, EveryRankPrintsItsCoordinates) {
       std::string::npos);
   const comm::Topology topology(l.ranks, l.pp, dp, l.tp);
   const std::regex line(
-      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+) device=cpu:(\d+) capacity=[0-9.]+ MiB \| stage (\d+): )");
+      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+)/\d+(?: \(= mpirun's\))? device=cpu:(\d+) capacity=[0-9.]+ MiB \| stage (\d+): )");
   int seen = 0;
   for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
        it != std::sregex_iterator(); ++it) {
@@ -227,6 +227,35 @@ TEST(Help, UsageErrorsExitTwo) {
   EXPECT_EQ(RunCommand(Bigmac() + " train", 30).exit_code, 2);
   EXPECT_EQ(RunCommand(Bigmac() + " plan --config x.yaml --world-size many", 30).exit_code, 2);
   EXPECT_EQ(RunCommand(Bigmac() + " launch-rockets", 30).exit_code, 2);
+}
+
+// The local rank comes from MPI_Comm_split_type; a launcher that says otherwise is a clear error
+// (here a singleton run, local rank 0, with the launchers' variables forged).
+TEST(DeviceMapping, LauncherThatDisagreesWithMpiIsRefused) {
+  const testutil::RunResult mpirun =
+      RunCommand("OMPI_COMM_WORLD_LOCAL_RANK=3 " + Bigmac() + " train --dry-run --config " +
+                     TinyPp4() + " --set parallel.pp_size=1",
+                 30);
+  EXPECT_EQ(mpirun.exit_code, 2) << mpirun.output;
+  EXPECT_NE(mpirun.output.find("gives local rank 0, but the launcher (mpirun) set "
+                               "OMPI_COMM_WORLD_LOCAL_RANK=3"),
+            std::string::npos)
+      << mpirun.output;
+  const testutil::RunResult srun =
+      RunCommand("SLURM_LOCALID=2 SLURM_PROCID=0 SLURM_NTASKS=1 " + Bigmac() +
+                     " train --dry-run --config " + TinyPp4() + " --set parallel.pp_size=1",
+                 30);
+  EXPECT_EQ(srun.exit_code, 2) << srun.output;
+  EXPECT_NE(srun.output.find("but the launcher (srun) set SLURM_LOCALID=2"), std::string::npos)
+      << srun.output;
+  // A batch script's own SLURM_LOCALID (SLURM_NTASKS differs from the world) is not a launcher's.
+  const testutil::RunResult batch =
+      RunCommand("SLURM_LOCALID=0 SLURM_PROCID=0 SLURM_NTASKS=1 " + Mpirun(2) + " " + Bigmac() +
+                     " train --dry-run --config " + TinyPp4() + " --set parallel.pp_size=1",
+                 60);
+  EXPECT_EQ(batch.exit_code, 0) << batch.output;
+  EXPECT_NE(batch.output.find("local_rank=1/2 (= mpirun's) device=cpu:1"), std::string::npos)
+      << batch.output;
 }
 
 }  // namespace

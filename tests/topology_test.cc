@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -71,17 +72,84 @@ TEST(Topology, RankLineNamesCoordsAndStages) {
 TEST(Device, CpuUsesTheLocalRank) {
   DevicePlacement placement;
   std::string error;
-  ASSERT_TRUE(ChooseDevice("cpu", 3, 8, 0, &placement, &error));
+  ASSERT_TRUE(ChooseDevice("cpu", 3, 8, 0, false, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cpu:3");
 }
 
 TEST(Device, CudaNeedsOneDevicePerLocalRank) {
   DevicePlacement placement;
   std::string error;
-  ASSERT_TRUE(ChooseDevice("cuda", 1, 2, 8, &placement, &error));
+  ASSERT_TRUE(ChooseDevice("cuda", 1, 2, 8, false, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cuda:1");
-  EXPECT_FALSE(ChooseDevice("cuda", 0, 4, 0, &placement, &error));
-  EXPECT_NE(error.find("4 local ranks but 0 visible CUDA devices"), std::string::npos) << error;
+  ASSERT_TRUE(ChooseDevice("cuda", 7, 8, 8, false, &placement, &error));
+  EXPECT_EQ(placement.ToString(), "cuda:7");
+  EXPECT_FALSE(ChooseDevice("cuda", 0, 4, 0, false, &placement, &error));
+  EXPECT_NE(error.find("no CUDA device is visible"), std::string::npos) << error;
+  EXPECT_FALSE(ChooseDevice("cuda", 5, 8, 4, false, &placement, &error));
+  EXPECT_NE(error.find("8 local ranks but 4 visible CUDA devices"), std::string::npos) << error;
+  EXPECT_NE(error.find("BIGMAC_SHARE_DEVICES=1"), std::string::npos) << error;
+}
+
+TEST(Device, SharingIsExplicitAndRoundRobin) {
+  DevicePlacement placement;
+  std::string error;
+  ASSERT_TRUE(ChooseDevice("cuda", 5, 8, 4, true, &placement, &error));
+  EXPECT_EQ(placement.ToString(), "cuda:1 (shared)");
+  ASSERT_TRUE(ChooseDevice("cuda", 2, 4, 4, true, &placement, &error));
+  EXPECT_EQ(placement.ToString(), "cuda:2") << "enough devices: not shared";
+}
+
+EnvLookup Env(std::map<std::string, std::string> values) {
+  return [values = std::move(values)](const char* name) -> const char* {
+    auto it = values.find(name);
+    return it == values.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(LocalRank, AgreesWithMpirunAndSrun) {
+  std::string launcher;
+  EXPECT_EQ(CheckLocalRank(3, 8, 1, Env({{"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}), &launcher), "");
+  EXPECT_EQ(launcher, "mpirun");
+  EXPECT_EQ(
+      CheckLocalRank(3, 8, 3,
+                     Env({{"SLURM_LOCALID", "3"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}}),
+                     &launcher),
+      "");
+  EXPECT_EQ(launcher, "srun");
+  EXPECT_EQ(CheckLocalRank(0, 1, 0, Env({}), &launcher), "");
+  EXPECT_EQ(launcher, "");
+}
+
+TEST(LocalRank, DisagreementNamesBothValues) {
+  std::string launcher;
+  const std::string problem =
+      CheckLocalRank(5, 8, 1, Env({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}), &launcher);
+  EXPECT_NE(problem.find("rank 5: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) gives local rank 1, "
+                         "but the launcher (mpirun) set OMPI_COMM_WORLD_LOCAL_RANK=2"),
+            std::string::npos)
+      << problem;
+  EXPECT_NE(
+      CheckLocalRank(5, 8, 1,
+                     Env({{"SLURM_LOCALID", "0"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}}),
+                     &launcher)
+          .find("set SLURM_LOCALID=0"),
+      std::string::npos);
+}
+
+TEST(LocalRank, BatchScriptSlurmLocalIdInheritedByMpirunRanksIsIgnored) {
+  // mpirun inside sbatch: the batch step's SLURM_LOCALID=0 / SLURM_PROCID=0 reach every rank.
+  std::string launcher;
+  EXPECT_EQ(
+      CheckLocalRank(2, 4, 2,
+                     Env({{"SLURM_LOCALID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}),
+                     &launcher),
+      "");
+  // ... and mpirun's own variable wins when both are present.
+  EXPECT_EQ(
+      CheckLocalRank(2, 4, 2, Env({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"SLURM_LOCALID", "0"}}),
+                     &launcher),
+      "");
+  EXPECT_EQ(launcher, "mpirun");
 }
 
 }  // namespace

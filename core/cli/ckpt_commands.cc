@@ -41,6 +41,7 @@ Model BuildModel(const config::ResolvedConfig& resolved) {
                   cfg.model().num_layers(), cfg.train().seq_length()};
   options.allocator = model.allocator.get();
   options.seed = static_cast<uint64_t>(cfg.train().seed());
+  options.block_types = resolved.block_types;
   model.stage = std::make_unique<engine::Stage>(options, resolved.partition, 0);
   return model;
 }

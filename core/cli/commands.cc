@@ -13,6 +13,7 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/model_config.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
 #include "core/comm/mpi_pipeline_comm.h"
@@ -273,7 +274,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   std::optional<config::ResolvedConfig> resolved;
   std::vector<std::string> problems;
   try {
-    resolved = config::Resolve(config::LoadConfig(options.config, options.overrides), world.size(),
+    resolved = LoadModelConfig(options.config, options.overrides, options.plugins, world.size(),
                                "mpirun ranks (MPI_COMM_WORLD)");
   } catch (const config::ConfigError& error) {
     problems = error.problems();
@@ -297,8 +298,16 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   comm::DevicePlacement device;
   std::string device_error;
   const int cuda_devices = backend == "cuda" ? comm::cuda::DeviceCount() : 0;
-  if (!comm::ChooseDevice(backend, world.local_rank(), world.local_size(), cuda_devices, &device,
-                          &device_error)) {
+  const char* share = std::getenv(comm::kShareDevicesEnv);
+  std::string launcher;
+  if (std::string problem = comm::CheckLocalRank(
+          world.rank(), world.size(), world.local_rank(),
+          [](const char* name) { return std::getenv(name); }, &launcher);
+      !problem.empty()) {
+    problems = {"host " + world.host() + ": " + problem};
+  } else if (!comm::ChooseDevice(backend, world.local_rank(), world.local_size(), cuda_devices,
+                                 share != nullptr && std::string(share) == "1", &device,
+                                 &device_error)) {
     problems = {"host " + world.host() + ": " + device_error};
   }
   if (!AllRanksAgree(world, "device placement", problems, resolved->hash)) return kExitConfig;
@@ -306,9 +315,14 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   const comm::Topology topology(world.size(), resolved->pp, resolved->dp, resolved->tp);
   comm::GroupComms comms = comm::GroupComms::Create(topology, world.rank());
   if (world.rank() == 0) PrintLines(config::EffectiveConfigLines(*resolved));
-  std::string placement = "host=" + world.host() +
-                          " local_rank=" + std::to_string(world.local_rank()) +
-                          " device=" + device.ToString();
+  std::string placement =
+      "host=" + world.host() + " local_rank=" + std::to_string(world.local_rank()) + "/" +
+      std::to_string(world.local_size()) + (launcher.empty() ? "" : " (= " + launcher + "'s)") +
+      " device=" + device.ToString();
+  if (device.backend == "cuda") {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    placement += std::string(" CUDA_VISIBLE_DEVICES=") + (visible ? visible : "(unset)");
+  }
   if (device.backend == "cpu") {
     placement +=
         " capacity=" + memory::FormatMiB(memory::CpuCapacity(
@@ -350,8 +364,8 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
 
 int RunPlan(const PlanOptions& options) {
   try {
-    const config::ResolvedConfig resolved = config::Resolve(
-        config::LoadConfig(options.config, options.overrides), options.world_size, "--world-size");
+    const config::ResolvedConfig resolved = LoadModelConfig(
+        options.config, options.overrides, options.plugins, options.world_size, "--world-size");
     PrintLines(config::EffectiveConfigLines(resolved));
     const comm::Topology topology(resolved.world_size, resolved.pp, resolved.dp, resolved.tp);
     std::vector<std::string> lines;

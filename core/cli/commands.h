@@ -12,6 +12,7 @@ struct TrainOptions {
   bool dry_run = false;
   std::string dump_dir;  // final weights per layer_id and per-step losses, to compare runs
   std::string resume;    // "auto", a checkpoint step directory or root, or ""
+  std::vector<std::string> plugins;  // --plugin: layer plugin libraries, after the config's
 };
 
 struct PlanOptions {
@@ -20,6 +21,7 @@ struct PlanOptions {
   int world_size = 1;
   double gflops = 20;    // assumed per-rank throughput for the estimated times
   bool profile = false;  // measure each kind of layer on this machine instead
+  std::vector<std::string> plugins;
 };
 
 // `bigmac train`: one rank per process under mpirun. Returns the exit code (exit_codes.h).
@@ -78,7 +80,7 @@ struct CompareOptions {
   std::vector<std::string> candidate_overrides;
   int steps = 40;
   int warmup = 5;
-  int np_baseline = 0;   // 0: pp_size * tp_size of its config
+  int np_baseline = 0;  // 0: pp_size * tp_size of its config
   int np_candidate = 0;
   std::string out = "compare_report";
   std::string launcher = "mpirun --oversubscribe -np {np}";

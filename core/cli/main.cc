@@ -4,6 +4,7 @@
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/model_config.h"
 
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
@@ -36,6 +37,9 @@ int main(int argc, char** argv) {
       "--resume", train_options.resume,
       "continue from a checkpoint: auto (checkpoint.dir/latest, if any), a step directory, "
       "or a checkpoint directory; any pp/dp layout");
+  train->add_option("--plugin", train_options.plugins,
+                    "load a layer plugin library (.so) before building the model; repeatable; "
+                    "after the config's plugins: (docs/plugins.md)");
   train->footer(bigmac::cli::ConfigKeysHelp());
 
   bigmac::cli::PlanOptions plan_options;
@@ -55,7 +59,15 @@ int main(int argc, char** argv) {
   plan->add_flag(
       "--profile", plan_options.profile,
       "time each kind of layer on this machine (CPU backend) instead of estimating from FLOPs");
+  plan->add_option("--plugin", plan_options.plugins, "load a layer plugin library (as for train)");
   plan->footer(bigmac::cli::ConfigKeysHelp());
+
+  std::vector<std::string> layer_plugins;
+  CLI::App* layers = app.add_subcommand(
+      "layers",
+      "List the registered layer types and the library each came from (built-in or a "
+      "plugin's path).");
+  layers->add_option("--plugin", layer_plugins, "load a layer plugin library first; repeatable");
 
   bigmac::cli::DataPrepOptions prep_options;
   CLI::App* data = app.add_subcommand("data", "Prepare training data.");
@@ -168,6 +180,7 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitConfig;
   }
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
+  if (layers->parsed()) return bigmac::cli::RunLayers(layer_plugins);
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
   if (tune->parsed()) return bigmac::cli::RunTuneMbs(tune_options);

@@ -52,6 +52,23 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
         (values.parallel().virtual_stages() > 1 ? " chunk " + std::to_string(range.chunk) : "") +
         ": " + partition::FormatRange(range, partition.origin));
   }
+  // Runs of blocks with one layer type: "0-1 gpt_block, 2-3 rms_swiglu_block".
+  std::string types;
+  for (size_t first = 0; first < r.block_types.size();) {
+    size_t last = first;
+    while (last + 1 < r.block_types.size() && r.block_types[last + 1] == r.block_types[first])
+      ++last;
+    types += (types.empty() ? "" : ", ") + std::to_string(first + partition.origin) +
+             (last > first ? "-" + std::to_string(last + partition.origin) : "") + " " +
+             r.block_types[first];
+    first = last + 1;
+  }
+  add("layer_types: " + types + " (" + from("model.layer_types") + ")");
+  if (values.plugins_size() > 0) {
+    std::string plugins;
+    for (const std::string& path : values.plugins()) plugins += (plugins.empty() ? "" : " ") + path;
+    add("plugins: " + plugins + " (" + from("plugins") + ")");
+  }
   add("config_hash=" + Hex(r.hash));
   add("every key (value <- source, [layer]):");
   for (const KeyInfo& key : AllKeys()) {

@@ -9,7 +9,7 @@ std::string Source::ToString() const {
     case Kind::kFile:
       return file + ":" + std::to_string(line);
     case Kind::kOverride:
-      return "--set";
+      return detail.empty() ? "--set" : detail;
     case Kind::kDerived:
       return detail.empty() ? "derived" : "derived: " + detail;
     case Kind::kLaunch:

@@ -12,13 +12,16 @@ struct Source {
   Kind kind = Kind::kDefault;
   std::string file;    // kFile: the config file
   int line = 0;        // kFile: 1-based line
-  std::string detail;  // kDerived: the formula; kLaunch: where the launcher told us
+  std::string detail;  // kDerived: the formula; kLaunch: where the launcher told us; kOverride:
+                       // the flag, if not --set
 
   static Source Default() { return {}; }
   static Source File(std::string file, int line) {
     return {Kind::kFile, std::move(file), line, ""};
   }
   static Source Override() { return {Kind::kOverride, "", 0, ""}; }
+  // A command-line flag other than --set (`flag` is how it is printed, e.g. "--plugin").
+  static Source Flag(std::string flag) { return {Kind::kOverride, "", 0, std::move(flag)}; }
   static Source Derived(std::string formula) { return {Kind::kDerived, "", 0, std::move(formula)}; }
   static Source Launch(std::string what) { return {Kind::kLaunch, "", 0, std::move(what)}; }
 

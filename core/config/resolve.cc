@@ -1,6 +1,7 @@
 #include "core/config/resolve.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 #include "core/config/errors.h"
@@ -111,6 +112,60 @@ partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance&
   return spec;
 }
 
+std::vector<std::string> BlockTypes(const Config& values, std::vector<std::string>* problems) {
+  const Model& model = values.model();
+  const int num_layers = model.num_layers();
+  const int origin = model.layers_per_stage_origin();
+  std::vector<std::string> types(std::max(num_layers, 0), kDefaultBlockType);
+  std::vector<int> set_by(types.size(), -1);  // which entry set each block
+  for (int entry = 0; entry < model.layer_types_size(); ++entry) {
+    const std::string& text = model.layer_types(entry);
+    const std::string where = "model.layer_types[" + std::to_string(entry) + "]='" + text + "'";
+    const size_t colon = text.rfind(':');
+    int first = 0;
+    int last = 0;
+    bool ok = colon != std::string::npos && colon > 0;
+    if (ok) {
+      const std::string range = text.substr(colon + 1);
+      const size_t dash = range.find('-');
+      const char* begin = range.data();
+      const char* end = begin + range.size();
+      if (dash == std::string::npos) {
+        auto [ptr, ec] = std::from_chars(begin, end, first);
+        ok = ec == std::errc() && ptr == end && !range.empty();
+        last = first;
+      } else {
+        auto [p1, e1] = std::from_chars(begin, begin + dash, first);
+        auto [p2, e2] = std::from_chars(begin + dash + 1, end, last);
+        ok = e1 == std::errc() && p1 == begin + dash && e2 == std::errc() && p2 == end;
+      }
+    }
+    if (!ok) {
+      problems->push_back(where +
+                          " must be TYPE:FIRST-LAST or TYPE:LAYER, e.g. rms_swiglu_block:2-3");
+      continue;
+    }
+    if (first > last || first < origin || last >= num_layers + origin) {
+      problems->push_back(where + ": the range must satisfy " + std::to_string(origin) +
+                          " <= FIRST <= LAST <= " + std::to_string(num_layers - 1 + origin) +
+                          " (model.num_layers=" + std::to_string(num_layers) +
+                          ", model.layers_per_stage_origin=" + std::to_string(origin) + ")");
+      continue;
+    }
+    for (int layer = first - origin; layer <= last - origin; ++layer) {
+      if (set_by[layer] >= 0) {
+        problems->push_back(where + " overlaps model.layer_types[" + std::to_string(set_by[layer]) +
+                            "]='" + model.layer_types(set_by[layer]) + "' at layer " +
+                            std::to_string(layer + origin) + " (each block has one type)");
+        break;
+      }
+      set_by[layer] = entry;
+      types[layer] = text.substr(0, colon);
+    }
+  }
+  return types;
+}
+
 std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_size) {
   std::vector<std::string> problems;
   const Describer describe(loaded);
@@ -169,6 +224,7 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                                   "model.split_points", "model.layers_per_stage_origin",
                                   "parallel.pp_size", "parallel.virtual_stages"}));
   }
+  BlockTypes(values, &problems);
   if (int64_t bytes = 0; !values.device().memory_limit().empty()) {
     std::string error;
     if (!memory::ParseByteSize(values.device().memory_limit(), &bytes, &error)) {
@@ -220,6 +276,8 @@ ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& w
   const partition::PartitionSpec spec = PartitionSpecOf(values, loaded.sources);
   resolved.partition = partition::MakePartition(spec);
   resolved.policy = spec.policy;
+  std::vector<std::string> unused;
+  resolved.block_types = BlockTypes(values, &unused);
   // Materialise derived values, so the log and every consumer see the effective ones.
   if (values.parallel().num_microbatches() == 0) {
     loaded.values.mutable_parallel()->set_num_microbatches(resolved.batch.num_microbatches);

@@ -23,7 +23,8 @@ struct ResolvedConfig {
   BatchPlan batch;
   partition::Partition partition;
   partition::Policy policy = partition::Policy::kSpreadFirst;
-  uint64_t hash = 0;  // of the effective values; ranks compare it
+  std::vector<std::string> block_types;  // per block (layer_id 0..num_layers-1)
+  uint64_t hash = 0;                     // of the effective values; ranks compare it
 
   const Config& values() const { return loaded.values; }
   const Provenance& sources() const { return loaded.sources; }
@@ -36,6 +37,13 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
 // Checks, derives dp, the batch plan and the partition, and fills in derived sources.
 // `world_source` says how the launcher told us the world size. Throws ConfigError.
 ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& world_source);
+
+// The layer type of each block (layer_id 0..num_layers-1): gpt_block unless model.layer_types
+// names another for its range. Appends a problem for each malformed, out-of-range or overlapping
+// entry (the registry check comes later, once the plugins are loaded).
+std::vector<std::string> BlockTypes(const Config& values, std::vector<std::string>* problems);
+
+inline constexpr char kDefaultBlockType[] = "gpt_block";
 
 // FNV-1a of the deterministic serialization of the effective values.
 uint64_t ConfigHash(const Config& values);

@@ -10,8 +10,6 @@ using layer::Layer;
 using layer::LayerSpec;
 using memory::Tensor;
 
-namespace {}  // namespace
-
 Stage::Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank)
     : options_(options) {
   auto add = [&](const std::string& type, int layer_id, int stage) {
@@ -22,7 +20,12 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
     spec.dtype = options.dtype;
     spec.allocator = options.allocator;
     spec.activation_checkpointing = options.activation_checkpointing && type == "gpt_block";
-    layers_.push_back(layer::CreateLayer(spec));
+    try {
+      layers_.push_back(layer::CreateLayer(spec));
+    } catch (const std::exception& error) {
+      throw std::invalid_argument(layer::LayerIdName(layer_id, options.dims.num_layers) +
+                                  " (layer type " + type + "): " + error.what());
+    }
     layers_.back()->InitParams(options.seed);
     layers_of_stage_[stage].push_back(static_cast<int>(layers_.size()) - 1);
   };
@@ -31,7 +34,7 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
   for (const partition::StageRange& range : ranges_) {
     if (range.has_embedding) add("gpt_embedding", layer::kEmbeddingLayerId, range.stage);
     for (int id = range.first_layer; id < range.end_layer(); ++id)
-      add("gpt_block", id, range.stage);
+      add(options.block_types.empty() ? "gpt_block" : options.block_types.at(id), id, range.stage);
     if (range.has_head) add("gpt_head", layer::HeadLayerId(options.dims.num_layers), range.stage);
   }
   SyncTiedCopies();

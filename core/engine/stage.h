@@ -16,8 +16,10 @@ struct StageOptions {
   layer::ModelDims dims;
   memory::DType dtype = memory::DType::kF32;
   memory::DeviceAllocator* allocator = nullptr;
-  bool activation_checkpointing = false;
+  bool activation_checkpointing = false;  // gpt_block only
   uint64_t seed = 1337;
+  // Layer type of each block (config::ResolvedConfig::block_types); empty: all gpt_block.
+  std::vector<std::string> block_types;
 };
 
 // The layers of one pipeline rank, built from the registry in layer_id order: for each pipeline

@@ -88,6 +88,7 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   stage_options.allocator = &allocator;
   stage_options.activation_checkpointing = train.activation_checkpointing();
   stage_options.seed = static_cast<uint64_t>(train.seed());
+  stage_options.block_types = resolved.block_types;
   Stage stage(stage_options, resolved.partition, comm.pp_rank());
 
   // The ranks' layers together must cover every layer_id once.

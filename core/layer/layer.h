@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,16 @@ class Layer {
 };
 
 using LayerRegistry = registry::Registry<Layer, const LayerSpec&>;
+
+// Builds LayerClass<float> or LayerClass<double> for the spec's dtype (the CPU kernels' types);
+// the factory of the built-in GPT layers and of the example plugin.
+template <template <typename> class LayerClass>
+std::unique_ptr<Layer> MakeForDType(const LayerSpec& spec) {
+  if (spec.dtype == memory::DType::kF64) return std::make_unique<LayerClass<double>>(spec);
+  if (spec.dtype == memory::DType::kF32) return std::make_unique<LayerClass<float>>(spec);
+  throw std::invalid_argument("layer " + spec.type + ": CPU kernels support f32 and f64, not " +
+                              memory::DTypeName(spec.dtype));
+}
 
 // Builds a layer by type name; an unknown name lists the known types.
 std::unique_ptr<Layer> CreateLayer(const LayerSpec& spec);

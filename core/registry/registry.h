@@ -12,8 +12,11 @@ namespace bigmac::registry {
 
 // Name -> factory for one kind of object (layers, ...). Filled at static-initialisation time by
 // Registrar objects; the targets that hold them must be `alwayslink = True`, or the linker drops
-// them from static archives and the names silently vanish (Caffe's lesson).
+// them from static archives and the names silently vanish (Caffe's lesson). Plugin libraries
+// loaded at run time add to it through core/layer/plugin_loader.
 // This is the project's only global state.
+inline constexpr char kBuiltIn[] = "built-in";
+
 template <typename Base, typename... Args>
 class Registry {
  public:
@@ -24,12 +27,21 @@ class Registry {
     return *registry;
   }
 
-  // Throws std::logic_error on a duplicate name.
-  void Register(const std::string& name, Factory factory) {
+  // `origin` says where the factory came from ("built-in", or a plugin library's path), for
+  // listings and for the duplicate error. Throws std::logic_error on a duplicate name.
+  void Register(const std::string& name, Factory factory, const std::string& origin = kBuiltIn) {
     if (factories_.count(name)) {
-      throw std::logic_error("duplicate registration of '" + name + "'");
+      throw std::logic_error("duplicate registration of '" + name + "' by " + origin +
+                             ": already registered by " + origins_[name]);
     }
     factories_[name] = std::move(factory);
+    origins_[name] = origin;
+  }
+
+  // Where `name` came from, or "" if it is not registered.
+  std::string Origin(const std::string& name) const {
+    auto it = origins_.find(name);
+    return it == origins_.end() ? "" : it->second;
   }
 
   bool Has(const std::string& name) const { return factories_.count(name) > 0; }
@@ -57,6 +69,7 @@ class Registry {
 
  private:
   std::map<std::string, Factory> factories_;
+  std::map<std::string, std::string> origins_;
 };
 
 // A static instance registers a factory: `static Registrar<Layer, ...> r("name", factory);`.

@@ -208,7 +208,8 @@ class Block : public GptLayer<T> {
       fcproj_b_;
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block", MakeTyped<Block>);
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block",
+                                                                    layer::MakeForDType<Block>);
 
 }  // namespace
 }  // namespace bigmac::stages::gpt

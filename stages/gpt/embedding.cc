@@ -61,7 +61,7 @@ class Embedding : public GptLayer<T> {
 };
 
 const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding",
-                                                                    MakeTyped<Embedding>);
+                                                                    layer::MakeForDType<Embedding>);
 
 }  // namespace
 }  // namespace bigmac::stages::gpt

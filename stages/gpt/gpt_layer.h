@@ -51,15 +51,6 @@ class GptLayer : public layer::Layer {
   std::vector<Param> params_;
 };
 
-// Registers a GPT layer class template under `name` for float and double.
-template <template <typename> class LayerClass>
-std::unique_ptr<layer::Layer> MakeTyped(const LayerSpec& spec) {
-  if (spec.dtype == memory::DType::kF64) return std::make_unique<LayerClass<double>>(spec);
-  if (spec.dtype == memory::DType::kF32) return std::make_unique<LayerClass<float>>(spec);
-  throw std::invalid_argument("layer " + spec.type + ": CPU kernels support f32 and f64, not " +
-                              memory::DTypeName(spec.dtype));
-}
-
 }  // namespace bigmac::stages::gpt
 
 #endif  // BIGMAC_STAGES_GPT_GPT_LAYER_H_

@@ -92,7 +92,8 @@ class Head : public GptLayer<T> {
   int wte_ = 0;
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_head", MakeTyped<Head>);
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_head",
+                                                                    layer::MakeForDType<Head>);
 
 }  // namespace
 }  // namespace bigmac::stages::gpt

@@ -1,0 +1,97 @@
+# shellcheck shell=bash
+# Shared launch logic of the BigMac sbatch scripts (train.sbatch, train_multinode.sbatch).
+# Sourced, not run: `source common.sh && bigmac_slurm_train "$@"`.
+#
+# This file only touches the launch layer (docs/config.md): how many ranks, on which nodes, with
+# which devices. Everything about the model and the schedule is in the config file and the --set
+# arguments, which pass through to `bigmac train` untouched.
+#
+# Environment it reads (all optional):
+#   BIGMAC_BIN          the bigmac binary (default: $SLURM_SUBMIT_DIR/bazel-bin/bigmac)
+#   BIGMAC_SRUN_FLAGS   extra srun flags, split on spaces (e.g. "--overcommit" for CPU-only tests)
+#   OMP_NUM_THREADS     threads per rank; default: --cpus-per-task if given, else bigmac divides
+#                       the node's cores by the ranks on the node
+#   OMP_WAIT_POLICY     default passive: ranks that share cores must not spin-wait
+
+bigmac_slurm_die() {
+  echo "bigmac-slurm: error: $*" >&2
+  exit 1
+}
+
+# Runs `srun --mpi=pmix [BIGMAC_SRUN_FLAGS] BIGMAC_BIN train "$@"` in the current job allocation
+# and exits with its status.
+bigmac_slurm_train() {
+  [[ -n "${SLURM_JOB_ID:-}" ]] ||
+    bigmac_slurm_die "not inside a Slurm job; submit with: sbatch ${0##*/} --config CONFIG [--set k=v ...]"
+  (($# > 0)) ||
+    bigmac_slurm_die "no arguments for 'bigmac train'; usage: sbatch ${0##*/} --config CONFIG [--set k=v ...]"
+
+  local bin=${BIGMAC_BIN:-${SLURM_SUBMIT_DIR:-$PWD}/bazel-bin/bigmac}
+  if [[ ! -f "$bin" || ! -x "$bin" ]]; then
+    bigmac_slurm_die "bigmac binary '$bin' is missing or not executable; build it with" \
+      "'bazel build //:bigmac' in the repository root and submit from there, or set BIGMAC_BIN"
+  fi
+
+  # --- layout, from Slurm's variables -------------------------------------------------------
+  # SLURM_NTASKS is set when -n or --ntasks-per-node was given; SLURM_NTASKS_PER_NODE only with
+  # --ntasks-per-node; SLURM_TASKS_PER_NODE always (e.g. "4", "8(x2)" or "3,2" when uneven).
+  local nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+  local per_node=${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}
+  local ranks=${SLURM_NTASKS:-}
+  if [[ -z "$ranks" ]]; then
+    if [[ "$per_node" =~ ^[0-9]+$ ]]; then ranks=$((nodes * per_node)); else ranks=$nodes; fi
+  fi
+  # SLURM_GPUS_ON_NODE is set when GPUs were allocated; SLURM_GPUS_PER_NODE (may read "h100:8")
+  # when --gpus-per-node was given. Neither: CPU backend.
+  local gpus=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}
+  gpus=${gpus##*:}
+
+  # --- threads -------------------------------------------------------------------------------
+  # Ranks on a node share its cores (CPU backend); spinning OpenMP threads of one rank would
+  # starve the others while they wait on the pipeline.
+  export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+  if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
+    # Since Slurm 22.05, srun does not inherit --cpus-per-task from sbatch.
+    export SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-$SLURM_CPUS_PER_TASK}
+  fi
+
+  # --- launch --------------------------------------------------------------------------------
+  # --kill-on-bad-exit: one rank failing ends the step instead of leaving its peers blocked in MPI.
+  # GPUs are not bound per task: every rank sees the node's GPUs and bigmac picks its device by
+  # local rank (core/comm/device.cc).
+  local -a extra=()
+  read -r -a extra <<<"${BIGMAC_SRUN_FLAGS:-}"
+  local -a cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$bin" train "$@")
+
+  echo "bigmac-slurm: job ${SLURM_JOB_ID} (${SLURM_JOB_NAME:-bigmac}): nodes=${nodes}" \
+    "[${SLURM_JOB_NODELIST:-?}] ranks=${ranks} ranks_per_node=${per_node} gpus_per_node=${gpus}" \
+    "omp_threads=${OMP_NUM_THREADS:-auto}"
+  local shown
+  printf -v shown '%q ' "${cmd[@]}"
+  echo "bigmac-slurm: + ${shown% }"
+
+  # srun runs in the background so that the signal traps below run while it is going (bash
+  # defers traps until a foreground command ends).
+  "${cmd[@]}" &
+  BIGMAC_SLURM_SRUN_PID=$!
+  # --signal=B:USR1@N in the sbatch header: the time limit is N seconds away. bigmac has no signal
+  # handler (yet), so training continues; what survives is the last checkpoint
+  # (checkpoint.dir, checkpoint.interval), which a resubmission with --resume auto continues.
+  trap 'echo "bigmac-slurm: time limit is near (SIGUSR1); the job will be stopped; resubmit with" \
+          "--resume auto to continue from the last checkpoint in checkpoint.dir" >&2' USR1
+  # scancel or the time limit: pass SIGTERM to srun, which forwards it to the ranks.
+  trap 'echo "bigmac-slurm: SIGTERM, stopping the training step" >&2
+        kill -TERM "$BIGMAC_SLURM_SRUN_PID" 2>/dev/null || true' TERM
+
+  local rc=0
+  wait "$BIGMAC_SLURM_SRUN_PID" || rc=$?
+  # A trapped signal interrupts `wait` (status > 128) while srun is still running: wait again.
+  while kill -0 "$BIGMAC_SLURM_SRUN_PID" 2>/dev/null; do
+    rc=0
+    wait "$BIGMAC_SLURM_SRUN_PID" || rc=$?
+  done
+  trap - USR1 TERM
+  echo "bigmac-slurm: bigmac train exited with status ${rc}"
+  exit "$rc"
+}

@@ -1,0 +1,11 @@
+// A plugin that claims a built-in layer type's name.
+#include "plugins/bigmac_plugin.h"
+
+namespace {
+void* NoLayer(const void*) { return nullptr; }
+bool Register(bigmac_registry* registry) {
+  return bigmac::plugin::RegisterLayer(registry, "gpt_block", &NoLayer);
+}
+}  // namespace
+
+BIGMAC_PLUGIN(Register)
