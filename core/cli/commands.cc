@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +51,15 @@ std::string FormatRanks(const std::vector<int>& ranks) {
     i = j + 1;
   }
   return text;
+}
+
+// How the launcher told MPI the world size, for the [cfg] log.
+std::string WorldSizeSource() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) return "mpirun ranks (MPI_COMM_WORLD)";
+  if (std::getenv("SLURM_STEP_ID") && std::getenv("SLURM_NTASKS")) {
+    return "srun tasks (MPI_COMM_WORLD)";
+  }
+  return "MPI_COMM_WORLD";
 }
 
 uint64_t Fingerprint(const std::vector<std::string>& problems) {
@@ -275,7 +285,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   std::vector<std::string> problems;
   try {
     resolved = LoadModelConfig(options.config, options.overrides, options.plugins, world.size(),
-                               "mpirun ranks (MPI_COMM_WORLD)");
+                               WorldSizeSource());
   } catch (const config::ConfigError& error) {
     problems = error.problems();
   }
@@ -360,6 +370,16 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   pipeline.reset();
   comms.Free();
   return code;
+}
+
+int RunConfigKey(const std::string& name) {
+  std::string normalized = name;
+  std::replace(normalized.begin(), normalized.end(), '-', '_');
+  const std::vector<config::KeyInfo> keys = config::AllKeys();
+  const config::KeyInfo* key = config::LookupKeyName(keys, normalized);
+  if (key == nullptr) return kExitFailure;
+  std::printf("%s %s\n", key->path.c_str(), config::LayerName(key->layer).c_str());
+  return kExitOk;
 }
 
 int RunPlan(const PlanOptions& options) {

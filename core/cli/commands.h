@@ -27,6 +27,10 @@ struct PlanOptions {
 // `bigmac train`: one rank per process under mpirun. Returns the exit code (exit_codes.h).
 int RunTrain(const TrainOptions& options, int* argc, char*** argv);
 
+// `bigmac config-key NAME`: "path layer" of the config key NAME means ('-' read as '_'), or
+// exit 1.
+int RunConfigKey(const std::string& name);
+
 // `bigmac plan`: the dry-run's printout for a given world size, without MPI.
 int RunPlan(const PlanOptions& options);
 

@@ -69,6 +69,14 @@ int main(int argc, char** argv) {
       "plugin's path).");
   layers->add_option("--plugin", layer_plugins, "load a layer plugin library first; repeatable");
 
+  std::string key_name;
+  CLI::App* config_key =
+      app.add_subcommand("config-key",
+                         "For launch scripts: print the config key a name refers to and its layer "
+                         "(`parallel.pp_size schedule`), exit 1 if it is not a config key.");
+  config_key->add_option("name", key_name, "pp_size, pp-size, parallel.pp_size, micro_batch, ...")
+      ->required();
+
   bigmac::cli::DataPrepOptions prep_options;
   CLI::App* data = app.add_subcommand("data", "Prepare training data.");
   data->require_subcommand(1);
@@ -180,6 +188,7 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitConfig;
   }
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
+  if (config_key->parsed()) return bigmac::cli::RunConfigKey(key_name);
   if (layers->parsed()) return bigmac::cli::RunLayers(layer_plugins);
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);

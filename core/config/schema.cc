@@ -205,6 +205,15 @@ std::vector<std::string> Suggest(std::string_view word,
   return best;
 }
 
+const KeyInfo* LookupKeyName(const std::vector<KeyInfo>& keys, std::string_view name) {
+  if (const KeyInfo* key = FindKey(keys, name)) return key;
+  const std::string alias = ForeignAlias(std::string(name));
+  for (const KeyInfo& key : keys) {
+    if (LastComponent(key.path) == name || key.path == alias) return &key;
+  }
+  return nullptr;
+}
+
 std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view path) {
   const std::string name = LastComponent(path);
   const std::string quoted = "'" + std::string(path) + "'";

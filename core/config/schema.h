@@ -31,6 +31,11 @@ std::vector<KeyInfo> AllKeys();
 // The key at `path`, or nullptr.
 const KeyInfo* FindKey(const std::vector<KeyInfo>& keys, std::string_view path);
 
+// The key a name refers to: a full path ("parallel.pp_size"), a leaf name ("pp_size") or another
+// framework's name for it ("pipeline_model_parallel_size", "micro_batch"); nullptr if none.
+// Launch scripts use it (`bigmac config-key`) to refuse config keys on their command lines.
+const KeyInfo* LookupKeyName(const std::vector<KeyInfo>& keys, std::string_view name);
+
 // Why `path` is not a key, as one sentence: a launch-layer key, a derived value, a key written in
 // the wrong section or layer, a name from another framework, or a typo with the nearest keys.
 std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view path);

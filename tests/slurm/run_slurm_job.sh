@@ -7,11 +7,14 @@
 # slurm-client, slurm-wlm-basic-plugins), all state in temporary directories, on ports of their
 # own; it never reads or writes /etc/slurm or /etc/munge, and never touches a system daemon. It
 # submits
-#   sbatch --wait -N1 -n4 --overcommit launch/slurm/train.sbatch \
+#   sbatch -N1 -n4 --overcommit launch/slurm/train.sbatch \
 #     --config CONFIG_FILE --set data.dir=DATA_DIR [extra args...]
-# prints the job's output, then `slurm job exit: N`, and exits with N (124 if the job ran past
-# BIGMAC_SLURM_TIMEOUT seconds, 1 if the cluster did not come up). On any exit the job is
-# cancelled, the daemons are stopped and the temporary directories removed.
+# with BIGMAC_BIN and BIGMAC_SRUN_FLAGS=--overcommit, waits for it (bounded), prints the job's
+# output, then `slurm job exit: N`, and exits with N: the job's exit status (128+signal if it was
+# killed), 124 if it ran past BIGMAC_SLURM_TIMEOUT seconds, 1 if the cluster did not come up (the
+# daemons' logs are printed then, and on every failure). On any exit, also on failure or
+# interruption, the job is cancelled, the daemons are stopped and the temporary directories
+# removed.
 #
 # Environment: BIGMAC_REPO (repository root; default: two levels above this script),
 # BIGMAC_SLURM_RANKS (default 4), BIGMAC_SLURM_TIMEOUT (seconds for the job, default 240),
@@ -52,11 +55,12 @@ for tool in munged slurmctld slurmd sbatch sinfo squeue scancel scontrol srun; d
 done
 
 # --- temporary directories --------------------------------------------------------------------
-# work: config, state, logs, job output (Bazel's TEST_TMPDIR when set, so it is kept on failure
-# by Bazel's own rules). run: unix sockets and slurmd's spool (step sockets, PMIx), which must
-# stay short: a socket path is limited to 107 bytes, and TEST_TMPDIR paths are long.
+# work: config, state, logs, job output (under Bazel's TEST_TMPDIR when set, not TMPDIR or HOME,
+# which a test sandbox may set oddly). run: the munge socket, slurmd's spool (step sockets, PMIx)
+# and the job's TMPDIR (Open MPI's session directory), which must stay short: a unix socket path
+# is limited to 107 bytes, and TEST_TMPDIR paths are long.
 run=$(mktemp -d /tmp/bmslurm.XXXXXX)
-chmod 0711 "$run" # munged wants its socket's directory searchable by all
+chmod 0711 "$run" # munged refuses a socket directory that not all can search
 if [[ -n "${TEST_TMPDIR:-}" ]]; then
   work=$(mktemp -d "$TEST_TMPDIR/slurm.XXXXXX")
 else
@@ -142,7 +146,7 @@ cleanup() {
     kill -KILL "${left[@]}" 2>/dev/null
   fi
   if [[ -n "${BIGMAC_SLURM_KEEP:-}" ]]; then
-    log "kept $work${run:+ and $run} (BIGMAC_SLURM_KEEP)"
+    log "kept $work$([[ "$work" == "$run" ]] || echo " and $run") (BIGMAC_SLURM_KEEP)"
   else
     rm -rf "$run"
     [[ "$work" != "$run" ]] && rm -rf "$work"
@@ -163,11 +167,12 @@ else
 fi
 chmod 0400 "$key"
 socket=$run/munge.sock
-# --foreground: a child of this shell, so its pid is $! and `wait` works; --force: munged refuses
-# to run as root (and some sandboxes' directory permissions) without it.
+# --foreground: a child of this shell, so its pid is $! and `wait` works; it then logs to stderr
+# and ignores --log-file. --force: munged's checks of file and directory permissions (which a
+# sandbox may fail) warn instead of refusing to start.
 env "$tag" munged --foreground --force --socket="$socket" --key-file="$key" \
-  --pid-file="$run/munged.pid" --log-file="$work/munged.log" --seed-file="$run/munged.seed" \
-  --num-threads=2 </dev/null >"$work/munged.console" 2>&1 &
+  --pid-file="$run/munged.pid" --seed-file="$run/munged.seed" \
+  --num-threads=2 </dev/null >"$work/munged.log" 2>&1 &
 daemon_pids+=($!)
 for _ in $(seq 50); do
   [[ -S "$socket" ]] && break

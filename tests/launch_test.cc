@@ -1,0 +1,92 @@
+// launch/bigmac-mpirun: the mpirun line it builds, the config keys it refuses, and a real run.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/testing/run.h"
+
+namespace bigmac {
+namespace {
+
+using testutil::RunCommand;
+using testutil::Runfile;
+
+std::string Wrapper() {
+  return "BIGMAC_BIN=" + Runfile("bigmac") + " " + Runfile("launch/bigmac-mpirun");
+}
+
+void ExpectContains(const std::string& text, const std::string& fragment) {
+  EXPECT_NE(text.find(fragment), std::string::npos) << "missing '" << fragment << "' in:\n" << text;
+}
+
+TEST(MpirunWrapper, TwoNodesOfEightGpusGetSixteenRanksEightPerNode) {
+  const std::string hosts = testutil::WriteTempFile("hosts", "node01 slots=8\nnode02 slots=8\n");
+  const testutil::RunResult run =
+      RunCommand(Wrapper() + " --nodes 2 --gpus-per-node 8 --hostfile " + hosts +
+                     " --config configs/gpt2_124m_pp4.yaml --set train.max_steps=5 --print-only",
+                 30);
+  std::printf("%s", run.output.c_str());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  ExpectContains(run.output, "mpirun -np 16 ");
+  ExpectContains(run.output, "--hostfile " + hosts);
+  ExpectContains(run.output, "--map-by ppr:8:node --bind-to numa");
+  ExpectContains(run.output, "-x CUDA_DEVICE_ORDER=PCI_BUS_ID");
+  ExpectContains(run.output, "train --config configs/gpt2_124m_pp4.yaml --set train.max_steps=5");
+}
+
+TEST(MpirunWrapper, CoresPerRankBindAndSetThreads) {
+  const testutil::RunResult run = RunCommand(
+      Wrapper() + " --gpus-per-node 4 --cpus-per-rank 6 --share-gpus --config c.yaml --print-only",
+      30);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  ExpectContains(run.output, "--map-by ppr:4:node:PE=6 --bind-to core");
+  ExpectContains(run.output, "-x OMP_NUM_THREADS=6");
+  ExpectContains(run.output, "-x BIGMAC_SHARE_DEVICES=1");
+}
+
+TEST(MpirunWrapper, ConfigKeysAreRefusedNamingTheirLayer) {
+  const testutil::RunResult schedule =
+      RunCommand(Wrapper() + " --cpu --np 4 --config c.yaml --pp-size 2 --print-only", 30);
+  EXPECT_EQ(schedule.exit_code, 2);
+  ExpectContains(schedule.output,
+                 "--pp-size is the schedule-layer config key 'parallel.pp_size', not a launch "
+                 "option: write it in the config file or pass --set parallel.pp_size=VALUE");
+  const testutil::RunResult model =
+      RunCommand(Wrapper() + " --cpu --np 4 --config c.yaml --num_layers=2 --print-only", 30);
+  EXPECT_EQ(model.exit_code, 2);
+  ExpectContains(model.output, "--num_layers is the model-layer config key 'model.num_layers'");
+  const testutil::RunResult alias =
+      RunCommand(Wrapper() + " --cpu --np 4 --config c.yaml --micro-batch 8 --print-only", 30);
+  EXPECT_EQ(alias.exit_code, 2);
+  ExpectContains(alias.output, "'train.micro_batch_size'");
+}
+
+TEST(MpirunWrapper, LaunchMistakesAreClear) {
+  const testutil::RunResult no_hosts =
+      RunCommand(Wrapper() + " --nodes 2 --gpus-per-node 8 --config c.yaml --print-only", 30);
+  EXPECT_EQ(no_hosts.exit_code, 2);
+  ExpectContains(no_hosts.output, "--nodes 2 needs --hostfile FILE");
+  const testutil::RunResult no_ranks = RunCommand(Wrapper() + " --config c.yaml --print-only", 30);
+  EXPECT_EQ(no_ranks.exit_code, 2);
+  ExpectContains(no_ranks.output, "--gpus-per-node G (GPUs), or --cpu --np N");
+  const testutil::RunResult uneven =
+      RunCommand(Wrapper() + " --cpu --np 3 --nodes 2 --config c.yaml --print-only", 30);
+  EXPECT_EQ(uneven.exit_code, 2);
+  ExpectContains(uneven.output, "--np 3 must be divisible by --nodes 2");
+}
+
+TEST(MpirunWrapper, PrintsTheLineThenRunsIt) {
+  const testutil::RunResult run =
+      RunCommand(Wrapper() + " --cpu --np 4 --config " + Runfile("configs/tiny_pp4.yaml") +
+                     " --dry-run --mpirun-arg=--mca --mpirun-arg=btl --mpirun-arg=self,vader",
+                 120);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  ExpectContains(run.output, "mpirun -np 4 ");
+  ExpectContains(run.output, "[cfg] world_size=4 pp=4 tp=1 dp=1");
+  ExpectContains(run.output, "local_rank=3/4 (= mpirun's) device=cpu:3");
+  ExpectContains(run.output, "[dry-run] configuration valid on all 4 ranks");
+  EXPECT_LT(run.output.find("mpirun -np 4 "), run.output.find("[cfg]")) << "printed first";
+}
+
+}  // namespace
+}  // namespace bigmac
