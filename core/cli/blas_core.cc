@@ -5,6 +5,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "core/util/process.h"
 
 namespace bigmac::cli {
 
@@ -19,7 +22,10 @@ void EnsureFastBlasKernels(char** argv) {
   if (!better) return;
   setenv("OPENBLAS_CORETYPE", better, 1);
   setenv("BIGMAC_BLAS_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);  // on failure, carry on with the slow kernels
+  // The resolved path, not /proc/self/exe: the process keeps its name ("bigmac", not "exe") for
+  // ps, top and `pkill -x bigmac`.
+  const std::string self = util::SelfPath();
+  execv(self.empty() ? "/proc/self/exe" : self.c_str(), argv);  // on failure: the slow kernels
 }
 
 }  // namespace bigmac::cli

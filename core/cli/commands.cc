@@ -30,6 +30,7 @@
 #include "core/memory/allocator.h"
 #include "core/plan/plan.h"
 #include "core/schedule/simulator.h"
+#include "core/util/stop_signal.h"
 
 namespace bigmac::cli {
 namespace {
@@ -280,6 +281,7 @@ std::string ConfigKeysHelp() {
 
 int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   comm::MpiWorld world(argc, argv);
+  util::InstallStopSignalHandlers();
   // Load and check locally: nothing is allocated and nothing is communicated until all agree.
   std::optional<config::ResolvedConfig> resolved;
   std::vector<std::string> problems;

@@ -1,14 +1,18 @@
 #include "core/engine/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/data/dataset.h"
@@ -20,6 +24,7 @@
 #include "core/optim/adamw.h"
 #include "core/schedule/schedule.h"
 #include "core/util/format.h"
+#include "core/util/stop_signal.h"
 
 namespace bigmac::engine {
 using util::Format;
@@ -61,6 +66,40 @@ int64_t OptimizerStateCount(Stage& stage, const optim::AdamW& adamw) {
     }
   }
   return count;
+}
+
+// Fault-injection hooks for the reliability tests (docs/exit_codes.md), read once from the
+// environment. Steps are 1-based, as printed.
+struct FaultHooks {
+  int stall_rank = -1;  // BIGMAC_TEST_STALL_RANK=<rank>[:<step>]: stops responding at that step
+  int stall_step = 0;   // (0: before the first step)
+  int kill_rank = -1;   // BIGMAC_TEST_KILL=<rank>:<step>: SIGKILL itself after that step's backward
+  int kill_step = -1;
+  int nan_step = -1;    // BIGMAC_TEST_NAN_GRAD=<step>:<layer_id>: a NaN in that layer's gradient
+  int nan_layer = 0;
+
+  static FaultHooks FromEnvironment() {
+    FaultHooks hooks;
+    auto pair = [](const char* name, int* first, int* second) {
+      const char* text = std::getenv(name);
+      if (text == nullptr) return;
+      *first = std::atoi(text);
+      if (const char* colon = std::strchr(text, ':')) *second = std::atoi(colon + 1);
+    };
+    pair("BIGMAC_TEST_STALL_RANK", &hooks.stall_rank, &hooks.stall_step);
+    pair("BIGMAC_TEST_KILL", &hooks.kill_rank, &hooks.kill_step);
+    pair("BIGMAC_TEST_NAN_GRAD", &hooks.nan_step, &hooks.nan_layer);
+    return hooks;
+  }
+};
+
+// This process's resident set size, from /proc (0 where there is none).
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0;
+  int64_t resident = 0;
+  if (!(statm >> pages >> resident)) return 0;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace
@@ -198,14 +237,19 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   };
 
   evaluate(start_step);  // the starting point: about ln(vocab_size) for a fresh model
-  // Testing hook (docs/exit_codes.md): the named rank stops responding before its first step, so
-  // that tests can show a peer's deadline firing with a diagnostic instead of a hang.
-  if (const char* stall = std::getenv("BIGMAC_TEST_STALL_RANK");
-      stall && std::atoi(stall) == comm.world_rank()) {
-    std::this_thread::sleep_for(std::chrono::hours(1));
-  }
+  const FaultHooks hooks = FaultHooks::FromEnvironment();
+  const bool skip_nan = train.nan_policy() == "skip";
+  int skipped_steps = 0;
+  int last_saved_step = -1;
+  int stopped_at = -1;
   for (int step = start_step; step < train.max_steps(); ++step) {
+    // Testing hook: the named rank stops responding, so that tests can show a peer's deadline
+    // firing with a diagnostic instead of a hang.
+    if (hooks.stall_rank == comm.world_rank() && hooks.stall_step <= step + 1) {
+      std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     const auto start = std::chrono::steady_clock::now();
+    bool skipped = false;
     timeline.set_recording(step - start_step < train.trace_steps());
     timeline.ResetWindow();
     stage.ZeroGrads();
@@ -229,6 +273,19 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       local_loss += executor.RunFlush(
           [&](int mb) -> const layer::MicroBatch& { return slots[mb].mb; }, flush == flushes - 1,
           [&] {
+            if (hooks.nan_step == step + 1) {
+              // Every replica holding the layer: as a NaN from the backward would be after the
+              // data-parallel all-reduce.
+              for (const Stage::NamedParam& named : stage.OwnedParams()) {
+                if (named.layer_id != hooks.nan_layer) continue;
+                named.param->grad.data<float>()[0] = std::nanf("");
+                break;
+              }
+            }
+            if (hooks.kill_rank == comm.world_rank() && hooks.kill_step == step + 1) {
+              std::fflush(stdout);
+              std::raise(SIGKILL);
+            }
             // Each parameter is owned by one rank of the pipeline and is
             // identical across dp replicas: sum over the pipeline only.
             double local_sumsq = 0;
@@ -247,16 +304,40 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
                 origin = stage.FirstNonFiniteLayer(slots[0].mb);
                 if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
               }
+              std::string stages;
+              for (const partition::StageRange& range : stage.ranges())
+                stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
               const std::vector<std::string> found = comm.GatherToRoot(
                   bad.empty() ? ""
-                              : "rank " + std::to_string(comm.world_rank()) + ": " + bad + origin);
+                              : Format("rank %d (stage %s, dp %d): %s%s", comm.world_rank(),
+                                       stages.c_str(), comm.dp_rank(), bad.c_str(),
+                                       origin.c_str()));
               std::string report;
               for (const std::string& where : found) {
                 if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
               }
-              const std::string message =
+              std::string message =
                   Format("step %d: non-finite gradient norm; non-finite gradients in %s", step + 1,
                          report.empty() ? "(none found)" : report.c_str());
+              if (skip_nan && skipped_steps < train.max_skipped_steps()) {
+                // Every rank saw the same norm, so all skip together: no update, the tied copy
+                // gets the unchanged weight, and the next step starts from zeroed gradients.
+                skipped = true;
+                ++skipped_steps;
+                log(Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at "
+                           "most %d skipped steps)",
+                           message.c_str(), skipped_steps, train.max_skipped_steps()));
+                lr = optim::LearningRate(lr_schedule, step);
+                executor.SendTiedWeight();
+                return;
+              }
+              if (skip_nan) {
+                message += Format("; train.nan_policy=skip, but %d steps were skipped already "
+                                  "(train.max_skipped_steps=%d)",
+                                  skipped_steps, train.max_skipped_steps());
+              } else {
+                message += " (train.nan_policy=stop; skip would drop this step's update)";
+              }
               if (root) std::fprintf(stderr, "bigmac: rank 0: %s\n", message.c_str());
               comm.AllOk(false);
               throw NumericalError(message, /*reported=*/true);
@@ -273,7 +354,7 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     const double loss = comm.SumToRoot(local_loss);
     const double peak = comm.MaxToRoot(double(allocator.peak_bytes()));
     if (root) {
-      if (!std::isfinite(loss)) {
+      if (!std::isfinite(loss) && !skipped) {
         throw NumericalError(Format("step %d: the loss is %f", step + 1, loss));
       }
       result.train_losses.push_back(loss);
@@ -285,30 +366,33 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
     const std::vector<std::string> per_rank = comm.GatherToRoot(
         Format("{\"rank\":%d,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"wait_"
-               "ms\":%.3f,\"allreduce_ms\":%.3f,\"peak_bytes\":%lld}",
+               "ms\":%.3f,\"allreduce_ms\":%.3f,\"peak_bytes\":%lld,\"rss_bytes\":%lld}",
                comm.world_rank(), get("forward"),
                get("backward") + get("backward_input") + get("backward_weight"), get("wait"),
-               get("allreduce"), static_cast<long long>(allocator.peak_bytes())));
+               get("allreduce"), static_cast<long long>(allocator.peak_bytes()),
+               static_cast<long long>(ResidentBytes())));
     if (metrics_file.is_open()) {
       std::string ranks;
       for (const std::string& r : per_rank) ranks += (ranks.empty() ? "" : ",") + r;
       metrics_file
           << Format(
                  "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,\"clipped\":%s,"
+                 "\"skipped\":%s,"
                  "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,\"micro_batch_size\":%"
                  "d,"
                  "\"num_microbatches\":%d,\"ranks\":[",
                  step + 1, loss, lr, norm,
                  cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip() ? "true" : "false",
-                 ms, tokens_per_step / (ms / 1000.0), peak, batch, m)
+                 skipped ? "true" : "false", ms, tokens_per_step / (ms / 1000.0), peak, batch, m)
           << ranks << "]}\n";
       metrics_file.flush();
     }
     if ((step + 1) % train.log_interval() == 0 || step == 0 || step + 1 == train.max_steps()) {
       log(Format(
-          "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f MiB",
+          "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f MiB%s",
           step + 1, train.max_steps(), loss, lr, norm, tokens_per_step / (ms / 1000.0), ms,
-          peak / (1 << 20)));
+          peak / (1 << 20),
+          skipped_steps > 0 ? Format(" | skipped %d", skipped_steps).c_str() : ""));
     }
     if (train.eval_interval() > 0 && (step + 1) % train.eval_interval() == 0 &&
         step + 1 != train.max_steps()) {
@@ -318,9 +402,29 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     if (!checkpoint_root.empty() &&
         ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train.max_steps())) {
       save(step + 1);
+      last_saved_step = step + 1;
+    }
+    // SIGTERM/SIGINT on any rank stops every rank after this step (they agree first, so no rank
+    // is left waiting for a peer that stopped).
+    const int signal_number = util::StopSignalReceived();
+    if (!comm.AllOk(signal_number == 0)) {
+      stopped_at = step + 1;
+      std::string saved = "no checkpoint (checkpoint.dir is empty)";
+      if (!checkpoint_root.empty() && !cfg.checkpoint().save_on_signal()) {
+        saved = "no checkpoint (checkpoint.save_on_signal=false)";
+      } else if (!checkpoint_root.empty()) {
+        if (last_saved_step != step + 1) save(step + 1);
+        saved = Format("the checkpoint of step %d in %s", step + 1, checkpoint_root.c_str());
+      }
+      log(Format("[signal] %s: stopping after step %d with %s. Continue with --resume auto.",
+                 signal_number ? util::SignalName(signal_number) : "stop signal on another rank",
+                 step + 1, saved.c_str()));
+      break;
     }
   }
-  evaluate(train.max_steps());
+  if (stopped_at < 0) evaluate(train.max_steps());
+  result.skipped_steps = skipped_steps;
+  result.stopped_at_step = stopped_at;
 
   result.peak_bytes = allocator.peak_bytes();
   result.max_in_flight = stage.max_in_flight();
@@ -351,7 +455,8 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       "all-reduce %.1f ms, optimizer %.1f ms over %d step(s)",
       comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), layer_ranges.c_str(),
       total("forward"), total("backward") + total("backward_input") + total("backward_weight"),
-      total("wait"), total("allreduce"), total("optimizer"), train.max_steps() - start_step));
+      total("wait"), total("allreduce"), total("optimizer"),
+      (stopped_at > 0 ? stopped_at : train.max_steps()) - start_step));
   for (const std::string& line : stage_lines) log(line);
   if (!output_dir.empty()) {
     const std::vector<std::string> events = comm.GatherToRoot(timeline.TraceEvents(

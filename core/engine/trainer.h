@@ -38,6 +38,8 @@ struct TrainResult {
   int64_t peak_bytes = 0;                          // this rank's allocator peak
   int max_in_flight = 0;                           // most (micro-batch, stage) activations kept
   int64_t parameter_count = 0;                     // this rank's owned parameters
+  int skipped_steps = 0;    // updates skipped for non-finite gradients (train.nan_policy=skip)
+  int stopped_at_step = -1;  // the step after which SIGTERM/SIGINT stopped training, or -1
 };
 
 // Trains with the configured schedule on this rank's stages: for each optimizer step,

@@ -75,12 +75,11 @@ bigmac_slurm_train() {
   # defers traps until a foreground command ends).
   "${cmd[@]}" &
   BIGMAC_SLURM_SRUN_PID=$!
-  # --signal=B:USR1@N in the sbatch header: the time limit is N seconds away. bigmac has no signal
-  # handler (yet), so training continues; what survives is the last checkpoint
-  # (checkpoint.dir, checkpoint.interval), which a resubmission with --resume auto continues.
-  trap 'echo "bigmac-slurm: time limit is near (SIGUSR1); the job will be stopped; resubmit with" \
-          "--resume auto to continue from the last checkpoint in checkpoint.dir" >&2' USR1
-  # scancel or the time limit: pass SIGTERM to srun, which forwards it to the ranks.
+  # SIGUSR1 (if a site's header asks for it): only logged.
+  trap 'echo "bigmac-slurm: SIGUSR1: the time limit is near" >&2' USR1
+  # --signal=B:TERM@120 in the sbatch header, scancel, or the time limit: pass SIGTERM to srun,
+  # which forwards it to the ranks; they agree to stop after the current step, write a final
+  # checkpoint (checkpoint.dir) and exit 0. Resubmit with --resume auto to continue.
   trap 'echo "bigmac-slurm: SIGTERM, stopping the training step" >&2
         kill -TERM "$BIGMAC_SLURM_SRUN_PID" 2>/dev/null || true' TERM
 
