@@ -77,11 +77,14 @@ bigmac_slurm_train() {
   BIGMAC_SLURM_SRUN_PID=$!
   # SIGUSR1 (if a site's header asks for it): only logged.
   trap 'echo "bigmac-slurm: SIGUSR1: the time limit is near" >&2' USR1
-  # --signal=B:TERM@120 in the sbatch header, scancel, or the time limit: pass SIGTERM to srun,
-  # which forwards it to the ranks; they agree to stop after the current step, write a final
-  # checkpoint (checkpoint.dir) and exit 0. Resubmit with --resume auto to continue.
+  # --signal=B:TERM@120 in the sbatch header, or scancel --batch --signal=TERM: pass SIGTERM on to
+  # the ranks as a signal to the job's steps (scancel --signal without --batch signals the steps
+  # and cancels nothing). Not `kill -TERM srun`: srun takes that as "terminate the step" and
+  # SIGKILLs the ranks after KillWait. The ranks agree to stop after the current step, write a
+  # final checkpoint (checkpoint.dir) and exit 0; resubmit with --resume auto to continue.
   trap 'echo "bigmac-slurm: SIGTERM, stopping the training step" >&2
-        kill -TERM "$BIGMAC_SLURM_SRUN_PID" 2>/dev/null || true' TERM
+        scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null ||
+          kill -TERM "$BIGMAC_SLURM_SRUN_PID" 2>/dev/null || true' TERM
 
   local rc=0
   wait "$BIGMAC_SLURM_SRUN_PID" || rc=$?

@@ -47,6 +47,9 @@ script=$repo/launch/slurm/train.sbatch
 [[ -f "$script" ]] || die "$script not found (set BIGMAC_REPO to the repository root)"
 ranks=${BIGMAC_SLURM_RANKS:-4}
 job_timeout=${BIGMAC_SLURM_TIMEOUT:-240}
+# If set: once the job's output holds this text, SIGTERM goes to the batch script (as before a
+# time limit with --signal=B:TERM), which passes it to srun and the ranks.
+term_after=${BIGMAC_SLURM_TERM_AFTER:-}
 
 # Bazel test actions run with PATH=/bin:/usr/bin:...; the daemons are in /usr/sbin.
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -293,6 +296,11 @@ while ((SECONDS < deadline)); do
     ((BASH_REMATCH[2] == 0)) || rc=$((128 + BASH_REMATCH[2]))
     [[ "$job_state" == COMPLETED || "$rc" != 0 ]] || rc=1
     break
+  fi
+  if [[ -n "$term_after" && -f "$out" ]] && grep -qF -- "$term_after" "$out"; then
+    log "job output reached '$term_after': scancel --batch --signal=TERM $job_id"
+    scancel --batch --signal=TERM "$job_id" || log "scancel failed"
+    term_after=
   fi
   sleep 0.5
 done
