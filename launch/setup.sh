@@ -19,6 +19,7 @@ packages=(
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
   slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/slurm_test: a real Slurm
+  clang libclang-rt-14-dev   # launch/fuzz.sh: libFuzzer
 )
 
 missing=()

@@ -65,13 +65,56 @@ void WriteFileSynced(const std::string& path, const std::string& data, bool cras
 }
 
 std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) throw CheckpointError(path + ": missing (cannot open)");
+  if (!fs::is_regular_file(status)) throw CheckpointError(path + ": not a regular file");
+  const uintmax_t size = fs::file_size(path, error);
+  if (error) throw CheckpointError(path + ": cannot read its size: " + error.message());
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": missing (cannot open)");
-  std::string data(static_cast<size_t>(in.tellg()), '\0');
-  in.seekg(0);
+  std::string data(static_cast<size_t>(size), '\0');
   if (!in.read(data.data(), static_cast<std::streamsize>(data.size())))
     throw CheckpointError(path + ": read failed");
   return data;
+}
+
+// What a manifest may claim before anything it names is opened: a plausible model size, every
+// file named after its layer_id (so no path leads outside the step directory), tensors inside
+// their layer's file by the numbers. Returns "" or the first problem.
+std::string CheckManifestClaims(const Manifest& manifest) {
+  constexpr int kMaxLayers = 1 << 20;
+  const int num_layers = manifest.config().model().num_layers();
+  if (num_layers < 1 || num_layers > kMaxLayers) {
+    return "model.num_layers=" + std::to_string(num_layers) + " is not a plausible model";
+  }
+  std::map<int, const LayerFile*> files;
+  for (const LayerFile& file : manifest.files()) {
+    if (file.layer_id() < layer::kEmbeddingLayerId ||
+        file.layer_id() > layer::HeadLayerId(num_layers)) {
+      return "layer_id " + std::to_string(file.layer_id()) + " is outside the model";
+    }
+    if (file.file() != LayerFileName(file.layer_id(), num_layers)) {
+      return "layer_id " + std::to_string(file.layer_id()) + " names file '" + file.file() +
+             "', expected '" + LayerFileName(file.layer_id(), num_layers) + "'";
+    }
+    if (file.bytes() < 0) return file.file() + ": negative size " + std::to_string(file.bytes());
+    files[file.layer_id()] = &file;
+  }
+  for (const TensorEntry& entry : manifest.tensors()) {
+    auto it = files.find(entry.layer_id());
+    if (it == files.end()) continue;  // a missing layer_id: reported by whoever needs the layer
+    if (entry.file() != it->second->file()) {
+      return "tensor " + entry.name() + " names file '" + entry.file() + "', not its layer's file";
+    }
+    if (entry.offset() < 0 || entry.bytes() < 0 ||
+        entry.offset() > it->second->bytes() - entry.bytes()) {
+      return "tensor " + entry.name() + " at offset " + std::to_string(entry.offset()) + " with " +
+             std::to_string(entry.bytes()) + " bytes lies outside " + entry.file() + " (" +
+             std::to_string(it->second->bytes()) + " bytes)";
+    }
+  }
+  return "";
 }
 
 // The tensors a layer's file holds, in order: every owned parameter's value and Adam moments.
@@ -277,6 +320,13 @@ std::string ResolveStepDir(const std::string& resume, const std::string& root) {
   auto from_latest = [](const std::string& dir) {
     std::string name = ReadWholeFile(dir + "/" + kLatest);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    // Only a step directory's name: `latest` must not lead outside the checkpoint directory.
+    const bool valid = name.size() > 5 && name.size() <= 32 && name.rfind("step_", 0) == 0 &&
+                       name.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (!valid) {
+      throw CheckpointError(dir + "/" + kLatest + ": names '" + name.substr(0, 64) +
+                            "', not a step directory (step_NNNNNN)");
+    }
     return dir + "/" + name;
   };
   if (resume == "auto") {
@@ -306,6 +356,9 @@ Manifest ReadManifest(const std::string& step_dir, const config::Config& config)
     throw CheckpointError(path + ": format version " + std::to_string(manifest.format_version()) +
                           " is not supported (this build reads " + std::to_string(kFormatVersion) +
                           ")");
+  }
+  if (std::string problem = CheckManifestClaims(manifest); !problem.empty()) {
+    throw CheckpointError(path + ": " + problem);
   }
   std::string why;
   if (!SameModel(manifest.config(), config, &why)) {
@@ -343,6 +396,13 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
                               "): the manifest lists no file for it");
       }
       const std::string path = step_dir + "/" + it->second->file();
+      std::error_code size_error;
+      if (const uintmax_t size = fs::file_size(path, size_error);
+          !size_error && static_cast<int64_t>(size) != it->second->bytes()) {
+        // Before reading: a file far larger than claimed is not read into memory.
+        throw CheckpointError(path + ": " + std::to_string(size) + " bytes, the manifest says " +
+                              std::to_string(it->second->bytes()) + " (truncated or altered)");
+      }
       std::string data = ReadWholeFile(path);
       if (static_cast<int64_t>(data.size()) != it->second->bytes()) {
         throw CheckpointError(path + ": " + std::to_string(data.size()) +
@@ -427,6 +487,10 @@ bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
     lines->push_back(e.what());
     return false;
   }
+  if (std::string problem = CheckManifestClaims(manifest); !problem.empty()) {
+    lines->push_back(path + ": " + problem);
+    return false;
+  }
   const config::Config& cfg = manifest.config();
   const int num_layers = cfg.model().num_layers();
   std::string counts;
@@ -450,12 +514,13 @@ bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
     present.insert(file.layer_id());
     const std::string file_path = step_dir + "/" + file.file();
     std::string status = "ok";
-    std::ifstream in(file_path, std::ios::binary);
-    if (!in) {
-      status = "MISSING";
-    } else {
-      const std::string data((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
+    std::string data;
+    try {
+      data = ReadWholeFile(file_path);
+    } catch (const CheckpointError&) {
+      status = fs::exists(file_path) ? "UNREADABLE" : "MISSING";
+    }
+    if (status == "ok") {
       if (static_cast<int64_t>(data.size()) != file.bytes()) {
         status = "SIZE " + std::to_string(data.size()) + " != " + std::to_string(file.bytes());
       } else if (Crc32(data.data(), data.size()) != file.crc32()) {

@@ -206,6 +206,44 @@ int RunDataPrep(const DataPrepOptions& options) {
   }
 }
 
+int RunDataBatches(const DataBatchesOptions& options) {
+  try {
+    const config::ResolvedConfig resolved =
+        LoadModelConfig(options.config, options.overrides, {}, options.world_size, "--world-size");
+    const config::Config& cfg = resolved.values();
+    const data::TokenDataset dataset(cfg.data().dir(), "train");
+    const int batch = cfg.train().micro_batch_size();
+    const int seq = cfg.train().seq_length();
+    const int per_step = cfg.train().gradient_accumulation_steps() * resolved.dp;
+    std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
+    const int32_t header[5] = {0x54424d42, options.steps, per_step, batch, seq};
+    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
+    for (int step = 0; step < options.steps; ++step) {
+      for (int global = 0; global < per_step; ++global) {
+        // As the trainer reads them (engine/trainer.cc): keyed by the global micro-batch index.
+        dataset.TrainBatch(static_cast<uint64_t>(cfg.train().seed()), step, 0, global, batch, seq,
+                           tokens.data(), targets.data());
+        out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
+        out.write(reinterpret_cast<const char*>(targets.data()), targets.size() * 4);
+      }
+    }
+    if (!out.flush()) {
+      std::fprintf(stderr, "bigmac: cannot write %s\n", options.output.c_str());
+      return kExitFailure;
+    }
+    std::printf("wrote %d steps x %d micro-batches of %dx%d tokens to %s\n", options.steps,
+                per_step, batch, seq, options.output.c_str());
+    return kExitOk;
+  } catch (const config::ConfigError& error) {
+    PrintProblems("bigmac: invalid configuration", error.problems());
+    return kExitConfig;
+  } catch (const data::DataError& error) {
+    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    return kExitBadData;
+  }
+}
+
 int RunSchedule(const ScheduleOptions& options) {
   schedule::Kind kind;
   if (!schedule::ParseKind(options.kind, &kind)) {

@@ -43,6 +43,20 @@ struct DataPrepOptions {
 // `bigmac data prep`: text files -> byte-level token shards with a held-out validation split.
 int RunDataPrep(const DataPrepOptions& options);
 
+struct DataBatchesOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  int steps = 10;
+  int world_size = 1;  // for dp: the batches of every replica, in global micro-batch order
+  std::string output;
+};
+
+// `bigmac data batches`: the exact training batches a run would read, for feeding another
+// trainer (bench/) the same data. Format: int32 header {magic 0x54424d42 "BMBT", steps,
+// micro-batches per step, batch, seq}, then per step and global micro-batch: tokens, then
+// targets, as int32 (batch x seq each).
+int RunDataBatches(const DataBatchesOptions& options);
+
 struct ScheduleOptions {
   std::string kind = "1f1b";
   int pp = 4;

@@ -93,6 +93,18 @@ int main(int argc, char** argv) {
                    "hold out every Nth block (default 20: 5%)")
       ->check(CLI::Range(2, 1000));
 
+  bigmac::cli::DataBatchesOptions batches_options;
+  CLI::App* batches = data->add_subcommand(
+      "batches",
+      "Write the exact training batches a run of this config reads (int32 tokens and targets "
+      "per step and micro-batch), to feed another trainer the same data (bench/).");
+  batches->add_option("--config", batches_options.config, "the training config")->required();
+  batches->add_option("--set", batches_options.overrides, "override a key (as for train)");
+  batches->add_option("--steps", batches_options.steps, "optimizer steps (default 10)");
+  batches->add_option("--world-size", batches_options.world_size,
+                      "ranks the run would use (for dp; default 1)");
+  batches->add_option("--output", batches_options.output, "output file")->required();
+
   bigmac::cli::ScheduleOptions schedule_options;
   CLI::App* schedule = app.add_subcommand(
       "schedule",
@@ -190,6 +202,7 @@ int main(int argc, char** argv) {
   if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
   if (config_key->parsed()) return bigmac::cli::RunConfigKey(key_name);
   if (layers->parsed()) return bigmac::cli::RunLayers(layer_plugins);
+  if (batches->parsed()) return bigmac::cli::RunDataBatches(batches_options);
   if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
   if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
   if (tune->parsed()) return bigmac::cli::RunTuneMbs(tune_options);

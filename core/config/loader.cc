@@ -1,6 +1,7 @@
 #include "core/config/loader.h"
 
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -106,11 +107,27 @@ Message* LeafParent(Config* config, const KeyInfo& key) {
   return message;
 }
 
+// Configs are a few KiB; anything this big is the wrong file (or an attack on the YAML parser).
+constexpr uintmax_t kMaxConfigBytes = 1 << 20;
+
 class Loader {
  public:
   explicit Loader(LoadedConfig* out) : out_(out), keys_(AllKeys()) {}
 
   void LoadFile(const std::string& file) {
+    std::error_code error;
+    const auto status = std::filesystem::status(file, error);
+    if (std::filesystem::is_directory(status)) {
+      problems_.push_back(file + ": is a directory, not a config file");
+      return;
+    }
+    if (const auto size = std::filesystem::file_size(file, error);
+        !error && size > kMaxConfigBytes) {
+      problems_.push_back(file + ": config file is too large: " + std::to_string(size) +
+                          " bytes, the limit is " + std::to_string(kMaxConfigBytes) +
+                          " (a config is a few KiB: is this the right file?)");
+      return;
+    }
     std::ifstream stream(file);
     if (!stream) {
       problems_.push_back(file + ": cannot open the config file");

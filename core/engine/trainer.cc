@@ -1,8 +1,10 @@
 #include "core/engine/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,8 +13,6 @@
 #include <memory>
 #include <optional>
 #include <thread>
-
-#include <unistd.h>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/data/dataset.h"
@@ -75,7 +75,7 @@ struct FaultHooks {
   int stall_step = 0;   // (0: before the first step)
   int kill_rank = -1;   // BIGMAC_TEST_KILL=<rank>:<step>: SIGKILL itself after that step's backward
   int kill_step = -1;
-  int nan_step = -1;    // BIGMAC_TEST_NAN_GRAD=<step>:<layer_id>: a NaN in that layer's gradient
+  int nan_step = -1;  // BIGMAC_TEST_NAN_GRAD=<step>:<layer_id>: a NaN in that layer's gradient
   int nan_layer = 0;
 
   static FaultHooks FromEnvironment() {
@@ -157,17 +157,7 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
                     cfg.model().hidden_size());
   executor.set_timeline(&timeline);
   const std::string& output_dir = train.output_dir();
-  std::ofstream metrics_file;
-  if (root && !output_dir.empty()) {
-    // Metrics are a convenience: a directory that cannot be written costs a warning, not the run.
-    std::error_code error;
-    std::filesystem::create_directories(output_dir, error);
-    metrics_file.open(output_dir + "/metrics.jsonl", std::ios::trunc);
-    if (!metrics_file.is_open()) {
-      log("[train] warning: cannot write " + output_dir +
-          "/metrics.jsonl; no metrics or trace this run");
-    }
-  }
+  std::ofstream metrics_file;  // opened once the inputs (data, checkpoint) have been read
 
   std::vector<layer::Param*> params;
   for (const Stage::NamedParam& named : stage.OwnedParams()) params.push_back(named.param);
@@ -226,6 +216,16 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       log(Format("[ckpt] resumed from %s at step %d: read %.2f MB in %.3f s (%.1f MB/s)",
                  step_dir.c_str(), start_step, bytes / 1e6, seconds,
                  bytes / 1e6 / std::max(seconds, 1e-9)));
+    }
+  }
+  if (root && !output_dir.empty()) {
+    // Metrics are a convenience: a directory that cannot be written costs a warning, not the run.
+    std::error_code error;
+    std::filesystem::create_directories(output_dir, error);
+    metrics_file.open(output_dir + "/metrics.jsonl", std::ios::trunc);
+    if (!metrics_file.is_open()) {
+      log("[train] warning: cannot write " + output_dir +
+          "/metrics.jsonl; no metrics or trace this run");
     }
   }
   auto save = [&](int step) {
@@ -308,10 +308,10 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
               for (const partition::StageRange& range : stage.ranges())
                 stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
               const std::vector<std::string> found = comm.GatherToRoot(
-                  bad.empty() ? ""
-                              : Format("rank %d (stage %s, dp %d): %s%s", comm.world_rank(),
-                                       stages.c_str(), comm.dp_rank(), bad.c_str(),
-                                       origin.c_str()));
+                  bad.empty()
+                      ? ""
+                      : Format("rank %d (stage %s, dp %d): %s%s", comm.world_rank(), stages.c_str(),
+                               comm.dp_rank(), bad.c_str(), origin.c_str()));
               std::string report;
               for (const std::string& where : found) {
                 if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
@@ -324,7 +324,8 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
                 // gets the unchanged weight, and the next step starts from zeroed gradients.
                 skipped = true;
                 ++skipped_steps;
-                log(Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at "
+                log(
+                    Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at "
                            "most %d skipped steps)",
                            message.c_str(), skipped_steps, train.max_skipped_steps()));
                 lr = optim::LearningRate(lr_schedule, step);
@@ -332,9 +333,10 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
                 return;
               }
               if (skip_nan) {
-                message += Format("; train.nan_policy=skip, but %d steps were skipped already "
-                                  "(train.max_skipped_steps=%d)",
-                                  skipped_steps, train.max_skipped_steps());
+                message += Format(
+                    "; train.nan_policy=skip, but %d steps were skipped already "
+                    "(train.max_skipped_steps=%d)",
+                    skipped_steps, train.max_skipped_steps());
               } else {
                 message += " (train.nan_policy=stop; skip would drop this step's update)";
               }
