@@ -263,13 +263,34 @@ int RunSchedule(const ScheduleOptions& options) {
     return kExitConfig;
   }
   const schedule::ScheduleSpec spec{kind, options.pp, options.microbatches, options.virtual_stages};
+  schedule::Costs costs;
+  const int stages = options.pp * options.virtual_stages;
+  const bool measured = !options.forward_ms.empty() || !options.backward_ms.empty();
+  if (measured) {
+    auto per_stage = [&](const std::vector<double>& values, const char* flag) {
+      if (values.size() == 1) return std::vector<double>(stages, values[0]);
+      if (static_cast<int>(values.size()) != stages) {
+        throw std::invalid_argument(std::string(flag) +
+                                    " needs 1 or pp*virtual=" + std::to_string(stages) + " values");
+      }
+      return values;
+    };
+    try {
+      costs.stage_forward = per_stage(options.forward_ms, "--forward-ms");
+      costs.stage_backward = per_stage(options.backward_ms, "--backward-ms");
+    } catch (const std::invalid_argument& error) {
+      std::fprintf(stderr, "bigmac: %s\n", error.what());
+      return kExitConfig;
+    }
+    costs.transfer = options.transfer_ms;
+  }
   const schedule::SimResult result =
-      schedule::Simulate(schedule::BuildAllActions(spec), spec.virtual_stages, {});
-  std::printf(
-      "schedule %s: pp=%d microbatches=%d virtual_stages=%d; unit costs F=1 B=2 (BI=W=1)%s\n",
-      options.kind.c_str(), options.pp, options.microbatches, options.virtual_stages,
-      spec.virtual_stages > 1 ? ", divided by virtual_stages per chunk" : "");
-  std::printf("%s", schedule::FormatGrid(result, options.pp).c_str());
+      schedule::Simulate(schedule::BuildAllActions(spec), spec.virtual_stages, costs);
+  std::printf("schedule %s: pp=%d microbatches=%d virtual_stages=%d; %s%s\n", options.kind.c_str(),
+              options.pp, options.microbatches, options.virtual_stages,
+              measured ? "per-stage costs in ms" : "unit costs F=1 B=2 (BI=W=1)",
+              spec.virtual_stages > 1 ? ", divided by virtual_stages per chunk" : "");
+  if (!measured) std::printf("%s", schedule::FormatGrid(result, options.pp).c_str());
   if (!result.problem.empty()) {
     std::fprintf(stderr, "bigmac: %s\n", result.problem.c_str());
     return kExitFailure;
@@ -282,6 +303,16 @@ int RunSchedule(const ScheduleOptions& options) {
   std::printf(
       "bubble: %.4f of %d ranks x %.2f time units; micro-batches in flight per rank: [%s]\n",
       result.bubble_fraction, options.pp, result.makespan, in_flight.c_str());
+  // Each rank's computing time and its waiting before its last computation ends: what the
+  // trainer's trace records as busy and wait spans for one flush (bench/pipeline_overhead.py).
+  std::vector<double> last_end(options.pp, 0);
+  for (const schedule::SimEvent& event : result.events) {
+    if (event.rank < options.pp) last_end[event.rank] = std::max(last_end[event.rank], event.end);
+  }
+  for (int rank = 0; rank < options.pp; ++rank) {
+    std::printf("rank %d: busy %.3f, waiting %.3f, last computation ends at %.3f\n", rank,
+                result.busy[rank], last_end[rank] - result.busy[rank], last_end[rank]);
+  }
   const std::string trace_path =
       options.trace.empty() ? "schedule_" + options.kind + "_pp" + std::to_string(options.pp) +
                                   "_m" + std::to_string(options.microbatches) + ".json"

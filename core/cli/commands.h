@@ -63,6 +63,11 @@ struct ScheduleOptions {
   int microbatches = 8;
   int virtual_stages = 1;
   std::string trace;  // empty: schedule_<kind>_pp<P>_m<M>.json
+  // Measured or estimated milliseconds per micro-batch, per stage (one value: every stage);
+  // empty: unit costs F=1, B=2.
+  std::vector<double> forward_ms;
+  std::vector<double> backward_ms;
+  double transfer_ms = 0;
 };
 
 // `bigmac schedule`: the per-rank grid of a schedule, its simulated bubble and memory, and a

@@ -119,6 +119,16 @@ int main(int argc, char** argv) {
                        "chunks per rank (interleaved_1f1b)");
   schedule->add_option("--trace", schedule_options.trace,
                        "trace file (default schedule_<kind>_pp<P>_m<M>.json)");
+  schedule
+      ->add_option("--forward-ms", schedule_options.forward_ms,
+                   "forward ms per micro-batch: one value, or one per stage (comma-separated)")
+      ->delimiter(',');
+  schedule
+      ->add_option("--backward-ms", schedule_options.backward_ms,
+                   "backward ms per micro-batch: one value, or one per stage")
+      ->delimiter(',');
+  schedule->add_option("--transfer-ms", schedule_options.transfer_ms,
+                       "ms from a send to its receive (default 0)");
 
   CLI::App* ckpt =
       app.add_subcommand("ckpt", "Inspect, export and import checkpoints (docs/checkpoint.md).");

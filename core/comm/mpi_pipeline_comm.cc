@@ -1,5 +1,6 @@
 #include "core/comm/mpi_pipeline_comm.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -218,8 +219,10 @@ class MpiPipelineComm : public PipelineComm {
     }
   }
 
-  // Polls `ready` until it returns true or the deadline passes. Sleeps between polls, backing off
-  // to 1 ms, so a waiting rank leaves the CPU to the ranks it waits for.
+  // Polls `ready` until it returns true or the deadline passes. For the first 200 us it yields
+  // between polls (a message due now is seen within microseconds, and a rank sharing the core
+  // still gets it); then it sleeps, backing off to 200 us, so a long wait leaves the CPU to the
+  // ranks it waits for. (A fixed back-off to 1 ms cost up to 1 ms per receive: bench/NOTES.md.)
   template <typename Ready>
   void Wait(const std::string& what, Ready ready) {
     const auto start = std::chrono::steady_clock::now();
@@ -227,6 +230,10 @@ class MpiPipelineComm : public PipelineComm {
     while (!ready()) {
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited < 200e-6) {
+        sched_yield();
+        continue;
+      }
       if (waited > deadline_) {
         char limit[32];
         std::snprintf(limit, sizeof(limit), "%g", deadline_);
@@ -236,7 +243,7 @@ class MpiPipelineComm : public PipelineComm {
                             ", past the deadline of " + limit + " s (train.comm_timeout_seconds)");
       }
       usleep(sleep_us);
-      sleep_us = std::min(sleep_us * 2, 1000);
+      sleep_us = std::min(sleep_us * 2, 200);
     }
   }
 

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""The reference trainer of bench/vs_pytorch.py: BigMac's GPT-2 model and optimizer in PyTorch.
+
+Same architecture (pre-LayerNorm blocks, causal attention, tanh GELU, learned positions, output
+head tied to the token embedding), same AdamW (decoupled decay on matrices and embeddings, bias
+correction), warm-up + cosine schedule and global-norm clipping, same initial weights (a
+safetensors file with Hugging Face GPT-2 names, the one `bigmac ckpt import` reads) and the same
+batches (`bigmac data batches`). Prints one JSON line: per-step losses and milliseconds.
+
+  pytorch_gpt.py --weights W.safetensors --batches B.bin --layers L --hidden C --heads H
+                 --vocab V --lr ... --min-lr ... --warmup ... --max-steps ... --threads 2
+  pytorch_gpt.py --init OUT.safetensors --layers ... --seq T --seed S   (write initial weights)
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        data = f.read()
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", name
+        begin, end = info["data_offsets"]
+        array = np.frombuffer(data[begin:end], dtype=np.float32).reshape(info["shape"])
+        tensors[name] = torch.from_numpy(array.copy())
+    return tensors
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        blob = tensor.detach().contiguous().numpy().astype(np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def init_weights(layers, hidden, vocab, seq, seed):
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
+    g = torch.Generator().manual_seed(seed)
+    normal = lambda *shape, std=0.02: torch.randn(*shape, generator=g) * std
+    c, residual = hidden, 0.02 / math.sqrt(2 * layers)
+    w = {"wte.weight": normal(vocab, c), "wpe.weight": normal(seq, c),
+         "ln_f.weight": torch.ones(c), "ln_f.bias": torch.zeros(c)}
+    for i in range(layers):
+        p = f"h.{i}."
+        w.update({
+            p + "ln_1.weight": torch.ones(c), p + "ln_1.bias": torch.zeros(c),
+            p + "attn.c_attn.weight": normal(c, 3 * c), p + "attn.c_attn.bias": torch.zeros(3 * c),
+            p + "attn.c_proj.weight": normal(c, c, std=residual), p + "attn.c_proj.bias": torch.zeros(c),
+            p + "ln_2.weight": torch.ones(c), p + "ln_2.bias": torch.zeros(c),
+            p + "mlp.c_fc.weight": normal(c, 4 * c), p + "mlp.c_fc.bias": torch.zeros(4 * c),
+            p + "mlp.c_proj.weight": normal(4 * c, c, std=residual), p + "mlp.c_proj.bias": torch.zeros(c),
+        })
+    return {"transformer." + name: value for name, value in w.items()}
+
+
+class Gpt(torch.nn.Module):
+    """Hugging Face GPT-2 layouts (Conv1D: y = x @ W + b with W of shape (in, out))."""
+
+    def __init__(self, weights, layers, heads):
+        super().__init__()
+        self.p = torch.nn.ParameterDict(
+            {k.removeprefix("transformer.").replace(".", "__"): torch.nn.Parameter(v)
+             for k, v in weights.items()})
+        self.layers, self.heads = layers, heads
+
+    def w(self, name):
+        return self.p[name.replace(".", "__")]
+
+    def forward(self, tokens, targets):
+        b, t = tokens.shape
+        c = self.w("wte.weight").shape[1]
+        x = self.w("wte.weight")[tokens] + self.w("wpe.weight")[:t]
+        for i in range(self.layers):
+            p = f"h.{i}."
+            h = F.layer_norm(x, (c,), self.w(p + "ln_1.weight"), self.w(p + "ln_1.bias"), 1e-5)
+            qkv = torch.addmm(self.w(p + "attn.c_attn.bias"), h.view(-1, c),
+                              self.w(p + "attn.c_attn.weight")).view(b, t, 3, self.heads, c // self.heads)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            att = att.masked_fill(mask, float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).reshape(-1, c)
+            x = x + torch.addmm(self.w(p + "attn.c_proj.bias"), y,
+                                self.w(p + "attn.c_proj.weight")).view(b, t, c)
+            h = F.layer_norm(x, (c,), self.w(p + "ln_2.weight"), self.w(p + "ln_2.bias"), 1e-5)
+            h = F.gelu(torch.addmm(self.w(p + "mlp.c_fc.bias"), h.view(-1, c),
+                                   self.w(p + "mlp.c_fc.weight")), approximate="tanh")
+            x = x + torch.addmm(self.w(p + "mlp.c_proj.bias"), h,
+                                self.w(p + "mlp.c_proj.weight")).view(b, t, c)
+        x = F.layer_norm(x, (c,), self.w("ln_f.weight"), self.w("ln_f.bias"), 1e-5)
+        logits = x.view(-1, c) @ self.w("wte.weight").t()
+        return F.cross_entropy(logits, targets.reshape(-1), reduction="sum")
+
+
+def read_batches(path):
+    with open(path, "rb") as f:
+        magic, steps, per_step, batch, seq = struct.unpack("<5i", f.read(20))
+        assert magic == 0x54424D42, "not a bigmac data batches file"
+        data = np.frombuffer(f.read(), dtype=np.int32)
+    data = torch.from_numpy(data.copy().astype(np.int64)).view(steps, per_step, 2, batch, seq)
+    return data
+
+
+def learning_rate(step, lr, min_lr, warmup, max_steps):  # optim::LearningRate
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--init")
+    ap.add_argument("--weights")
+    ap.add_argument("--batches")
+    ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--hidden", type=int, required=True)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr", type=float, default=1e-4)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=10)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    if a.init:
+        write_safetensors(a.init, init_weights(a.layers, a.hidden, a.vocab, a.seq, a.seed))
+        return
+    model = Gpt(read_safetensors(a.weights), a.layers, a.heads)
+    batches = read_batches(a.batches)
+    steps, per_step, _, batch, seq = batches.shape
+    decay = [p for n, p in model.p.items() if p.dim() == 2]  # matrices and embeddings
+    no_decay = [p for n, p in model.p.items() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
+    tokens_per_step = per_step * batch * seq
+    losses, ms = [], []
+    for step in range(min(steps, a.max_steps)):
+        start = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, a.lr, a.min_lr, a.warmup, a.max_steps)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for m in range(per_step):
+            loss = model(batches[step, m, 0], batches[step, m, 1]) / tokens_per_step
+            loss.backward()
+            total += loss.item()
+        if a.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
+        opt.step()
+        ms.append((time.perf_counter() - start) * 1000)
+        losses.append(total)
+    print(json.dumps({"losses": losses, "step_ms": ms, "tokens_per_step": tokens_per_step,
+                      "threads": torch.get_num_threads(), "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

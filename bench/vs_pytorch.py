@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""BigMac against PyTorch on the same GPT, same CPU, side by side (bench/README.md).
+
+For each model: one set of initial weights (written as Hugging Face GPT-2 safetensors, imported
+into BigMac with `bigmac ckpt import`), one set of batches (`bigmac data batches`), the same
+optimizer settings and thread count. The two trainers alternate for --rounds rounds; the report
+gives the median tokens/s of each (steps after --warmup), the ratio, the achieved GFLOP/s against
+an sgemm peak measured in the same run, and how far the losses agree step by step.
+
+  bench/vs_pytorch.py [--models tiny,20m] [--rounds 3] [--threads 2] [--out bench/out]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIGMAC = REPO / "bazel-bin" / "bigmac"
+SGEMM = REPO / "bazel-bin" / "bench" / "sgemm_peak"
+PYTORCH = REPO / "bench" / "pytorch_gpt.py"
+# Debian's python3-torch lives in the system Python (a pyenv or venv python3 lacks it).
+TORCH_PYTHON = os.environ.get("BIGMAC_TORCH_PYTHON", "/usr/bin/python3")
+
+# name: (layers, hidden, heads, seq, micro_batch, accum, steps)
+MODELS = {
+    "tiny": (4, 128, 4, 128, 16, 1, 30),   # configs/tiny.yaml: 0.84M parameters
+    "20m": (6, 512, 8, 256, 8, 1, 8),      # 19.3M parameters
+}
+OPTIM = {"lr": 2e-3, "min_lr": 2e-4, "warmup": 5, "weight_decay": 0.1, "grad_clip": 1.0}
+
+
+def run(cmd, env=None):
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"vs_pytorch: {' '.join(map(str, cmd))} failed ({result.returncode}):\n"
+                 f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def parameters(layers, hidden, vocab, seq):
+    return layers * (12 * hidden * hidden + 13 * hidden) + vocab * hidden + seq * hidden + 2 * hidden
+
+
+def train_flops_per_token(layers, hidden, vocab, seq):
+    # Forward: 2 per multiply-add of every matmul (qkv, proj, fc, fc-proj, head) plus attention's
+    # QK^T and AV over the full T x T square (what both trainers compute); training = 3 x forward.
+    forward = 2 * (12 * layers * hidden * hidden + vocab * hidden) + 4 * layers * seq * hidden
+    return 3 * forward
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="tiny,20m")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the timings")
+    ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
+    ap.add_argument("--out", default=str(REPO / "bench" / "out"))
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY="passive",
+               OPENBLAS_NUM_THREADS=str(a.threads))
+    data = REPO / "data" / "fortunes"
+    if not data.is_dir():
+        texts = sorted(p for p in Path("/usr/share/games/fortunes").iterdir()
+                       if p.is_file() and "." not in p.name)
+        run([BIGMAC, "data", "prep", "--input", *texts, "--output", data])
+    peak_line = run([SGEMM, str(a.threads), "1024"], env).strip()
+    peak = float(peak_line.split()[1])
+    print(f"vs_pytorch: {peak_line}")
+    rows = []
+    for name in a.models.split(","):
+        layers, hidden, heads, seq, mbs, accum, steps = MODELS[name]
+        steps = a.steps or steps
+        work = out / name
+        work.mkdir(parents=True, exist_ok=True)
+        sets = [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
+                f"model.num_heads={heads}", "model.vocab_size=256", f"train.seq_length={seq}",
+                f"train.micro_batch_size={mbs}", f"train.gradient_accumulation_steps={accum}",
+                f"train.max_steps={steps}", f"optim.lr={OPTIM['lr']}",
+                f"optim.min_lr={OPTIM['min_lr']}", f"optim.warmup_steps={OPTIM['warmup']}",
+                f"optim.weight_decay={OPTIM['weight_decay']}",
+                f"optim.grad_clip={OPTIM['grad_clip']}", f"data.dir={data}",
+                "train.eval_interval=0", "train.eval_batches=1", "train.log_interval=1000",
+                "parallel.pp_size=1", "parallel.schedule=gpipe", "train.trace_steps=0",
+                f"train.output_dir={work / 'bigmac_run'}"]
+        set_args = [arg for s in sets for arg in ("--set", s)]
+        config = REPO / "configs" / "tiny.yaml"
+        weights = work / "init.safetensors"
+        run([TORCH_PYTHON, PYTORCH, "--init", weights, "--layers", str(layers), "--hidden",
+             str(hidden), "--seq", str(seq), "--vocab", "256"], env)
+        ckpt = work / "ckpt"
+        subprocess.run(["rm", "-rf", ckpt])
+        run([BIGMAC, "ckpt", "import", "--safetensors", weights, "--config", config, *set_args,
+             "--output", ckpt], env)
+        batches = work / "batches.bin"
+        run([BIGMAC, "data", "batches", "--config", config, *set_args, "--steps", str(steps),
+             "--output", batches], env)
+        torch_cmd = [TORCH_PYTHON, PYTORCH, "--weights", weights, "--batches", batches,
+                     "--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads),
+                     "--lr", str(OPTIM["lr"]), "--min-lr", str(OPTIM["min_lr"]),
+                     "--warmup", str(OPTIM["warmup"]), "--max-steps", str(steps),
+                     "--weight-decay", str(OPTIM["weight_decay"]),
+                     "--grad-clip", str(OPTIM["grad_clip"]), "--threads", str(a.threads)]
+        bigmac_cmd = [BIGMAC, "train", "--config", config, *set_args, "--resume",
+                      ckpt / "step_000000", "--dump", work / "bigmac_dump"]
+        tokens_per_step = mbs * seq * accum
+        results = {"bigmac": [], "pytorch": []}
+        losses = {}
+        for round_index in range(a.rounds):
+            for trainer in ("bigmac", "pytorch") if round_index % 2 == 0 else ("pytorch", "bigmac"):
+                if trainer == "bigmac":
+                    run(bigmac_cmd, env)
+                    metrics = [json.loads(l) for l in open(work / "bigmac_run" / "metrics.jsonl")]
+                    step_ms = [m["step_ms"] for m in metrics]
+                    run_losses = [float(x) for x in open(work / "bigmac_dump" / "losses.txt")]
+                else:
+                    report = json.loads(run(torch_cmd, env).strip().splitlines()[-1])
+                    step_ms, run_losses = report["step_ms"], report["losses"]
+                timed = step_ms[a.warmup:]
+                results[trainer].append(tokens_per_step * len(timed) / (sum(timed) / 1000))
+                losses.setdefault(trainer, run_losses)
+                print(f"vs_pytorch: {name} round {round_index + 1} {trainer}: "
+                      f"{results[trainer][-1]:.0f} tok/s", flush=True)
+        bm, pt = statistics.median(results["bigmac"]), statistics.median(results["pytorch"])
+        agree = max(abs(b - p) / abs(p) for b, p in zip(losses["bigmac"], losses["pytorch"]))
+        flops = train_flops_per_token(layers, hidden, 256, seq)
+        rows.append({
+            "model": name, "parameters": parameters(layers, hidden, 256, seq),
+            "shape": f"L{layers} C{hidden} H{heads} T{seq} B{mbs}", "steps": steps,
+            "bigmac_tok_s": bm, "pytorch_tok_s": pt, "ratio": bm / pt,
+            "bigmac_gflops": bm * flops / 1e9, "pytorch_gflops": pt * flops / 1e9,
+            "peak_gflops": peak, "max_rel_loss_diff": agree,
+            "first_loss": losses["bigmac"][0], "last_loss": [losses["bigmac"][-1], losses["pytorch"][-1]],
+            "rounds": results,
+        })
+    lines = [
+        f"BigMac vs PyTorch {run([TORCH_PYTHON, '-c', 'import torch; print(torch.__version__)']).strip()}"
+        f", CPU, {a.threads} threads each, {a.rounds} alternating rounds, median tokens/s over the "
+        f"steps after the first {a.warmup}; sgemm peak {peak:.1f} GFLOP/s ({peak_line.split('(')[1][:-1]}).",
+        "",
+        "| model | params | shape | BigMac tok/s | PyTorch tok/s | ratio | BigMac GFLOP/s (% peak) | PyTorch GFLOP/s (% peak) | max rel. loss diff | final loss BigMac / PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['shape']} | {r['bigmac_tok_s']:.0f} | "
+            f"{r['pytorch_tok_s']:.0f} | **{r['ratio']:.2f}x** | {r['bigmac_gflops']:.1f} "
+            f"({100 * r['bigmac_gflops'] / peak:.0f}%) | {r['pytorch_gflops']:.1f} "
+            f"({100 * r['pytorch_gflops'] / peak:.0f}%) | {r['max_rel_loss_diff']:.1e} | "
+            f"{r['last_loss'][0]:.4f} / {r['last_loss'][1]:.4f} |")
+    report = "\n".join(lines)
+    print(report)
+    (out / "vs_pytorch.md").write_text(report + "\n")
+    (out / "vs_pytorch.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
