@@ -236,7 +236,7 @@ const InvalidCase kInvalidCases[] = {
     {"foreign_alias", "", {"parallel.pipeline_size=4"}, 8, "did you mean 'parallel.pp_size'?"},
     {"global_batch_written", "", {"train.global_batch_size=64"}, 8, "global batch is derived"},
     {"not_an_integer", "", {"parallel.pp_size=four"}, 8, "expected an integer, got 'four'"},
-    {"int_overflow", "", {"parallel.pp_size=99999999999"}, 8, "expected an integer"},
+    {"int_overflow", "", {"parallel.pp_size=99999999999"}, 8, "out of range for a 32-bit integer"},
     {"list_for_scalar", "", {"parallel.pp_size=[1,2]"}, 8, "expected a single value"},
     {"scalar_for_list",
      "  partition: explicit\n  layers_per_stage: 7\n",

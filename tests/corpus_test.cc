@@ -27,6 +27,7 @@ std::string Tmp() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR
 struct Case {
   std::string name;
   YAML::Node node;
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 };
 
 std::vector<Case> LoadCases() {

@@ -88,6 +88,11 @@ std::string CheckManifestClaims(const Manifest& manifest) {
   if (num_layers < 1 || num_layers > kMaxLayers) {
     return "model.num_layers=" + std::to_string(num_layers) + " is not a plausible model";
   }
+  if (manifest.step() < 0 || manifest.next_step() != manifest.step()) {
+    return "step " + std::to_string(manifest.step()) + " and next_step " +
+           std::to_string(manifest.next_step()) +
+           " disagree (a checkpoint after step N resumes at step N)";
+  }
   std::map<int, const LayerFile*> files;
   for (const LayerFile& file : manifest.files()) {
     if (file.layer_id() < layer::kEmbeddingLayerId ||
@@ -339,19 +344,14 @@ std::string ResolveStepDir(const std::string& resume, const std::string& root) {
                         ") nor a checkpoint directory (no " + kLatest + ")");
 }
 
-config::Config ReadManifestConfig(const std::string& step_dir) {
+// Reads `step_dir`/manifest.pb and checks everything it claims that can be checked without the
+// model: not empty, parses, this format version, and CheckManifestClaims. Throws CheckpointError.
+Manifest ReadCheckedManifest(const std::string& step_dir) {
   const std::string path = step_dir + "/" + kManifest;
+  const std::string bytes = ReadWholeFile(path);
+  if (bytes.empty()) throw CheckpointError(path + ": empty file (0 bytes), not a manifest");
   Manifest manifest;
-  if (!manifest.ParseFromString(ReadWholeFile(path)))
-    throw CheckpointError(path + ": not a valid manifest");
-  return manifest.config();
-}
-
-Manifest ReadManifest(const std::string& step_dir, const config::Config& config) {
-  const std::string path = step_dir + "/" + kManifest;
-  Manifest manifest;
-  if (!manifest.ParseFromString(ReadWholeFile(path)))
-    throw CheckpointError(path + ": not a valid manifest");
+  if (!manifest.ParseFromString(bytes)) throw CheckpointError(path + ": not a valid manifest");
   if (manifest.format_version() != kFormatVersion) {
     throw CheckpointError(path + ": format version " + std::to_string(manifest.format_version()) +
                           " is not supported (this build reads " + std::to_string(kFormatVersion) +
@@ -360,6 +360,16 @@ Manifest ReadManifest(const std::string& step_dir, const config::Config& config)
   if (std::string problem = CheckManifestClaims(manifest); !problem.empty()) {
     throw CheckpointError(path + ": " + problem);
   }
+  return manifest;
+}
+
+config::Config ReadManifestConfig(const std::string& step_dir) {
+  return ReadCheckedManifest(step_dir).config();
+}
+
+Manifest ReadManifest(const std::string& step_dir, const config::Config& config) {
+  const std::string path = step_dir + "/" + kManifest;
+  Manifest manifest = ReadCheckedManifest(step_dir);
   std::string why;
   if (!SameModel(manifest.config(), config, &why)) {
     throw CheckpointError(path + ": the checkpoint is for a different model shape: " + why);
@@ -423,15 +433,24 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
       const TensorEntry& entry = *it->second;
       if (std::vector<int64_t>(entry.shape().begin(), entry.shape().end()) != into->shape() ||
           entry.bytes() != into->bytes()) {
-        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
-                              " has shape of " + std::to_string(entry.bytes()) +
-                              " bytes, the model wants " + into->ShapeString());
+        std::string shape;
+        for (int64_t dim : entry.shape())
+          shape += (shape.empty() ? "" : ", ") + std::to_string(dim);
+        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name + " has shape [" +
+                              shape + "] (" + std::to_string(entry.bytes()) +
+                              " bytes), the model wants " + into->ShapeString());
       }
       const std::string& data = layer_bytes(layer_id);
       if (entry.offset() < 0 ||
           entry.offset() + entry.bytes() > static_cast<int64_t>(data.size())) {
         throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
                               " lies outside the file");
+      }
+      // The file's checksum covers its bytes; this one ties the tensor's name to its place.
+      if (Crc32(data.data() + entry.offset(), entry.bytes()) != entry.crc32()) {
+        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
+                              ": checksum mismatch at offset " + std::to_string(entry.offset()) +
+                              " (the manifest's tensor entry was altered)");
       }
       std::memcpy(into->data<float>(), data.data() + entry.offset(), entry.bytes());
     };
@@ -476,19 +495,11 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
 }
 
 bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
-  const std::string path = step_dir + "/" + kManifest;
   Manifest manifest;
   try {
-    if (!manifest.ParseFromString(ReadWholeFile(path))) {
-      lines->push_back(path + ": not a valid manifest");
-      return false;
-    }
+    manifest = ReadCheckedManifest(step_dir);
   } catch (const CheckpointError& e) {
     lines->push_back(e.what());
-    return false;
-  }
-  if (std::string problem = CheckManifestClaims(manifest); !problem.empty()) {
-    lines->push_back(path + ": " + problem);
     return false;
   }
   const config::Config& cfg = manifest.config();

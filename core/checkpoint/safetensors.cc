@@ -1,7 +1,9 @@
 #include "core/checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -112,6 +114,10 @@ std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
 namespace {
 
 std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
+    throw CheckpointError(path + ": not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": cannot open");
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -121,9 +127,15 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
   if (length > bytes.size() - 8) {
     throw CheckpointError(path + ": header length " + std::to_string(length) + " exceeds the file");
   }
+  const std::string header_text = bytes.substr(8, length);
+  // The format allows only trailing spaces as padding after the JSON.
+  if (header_text.find('\0') != std::string::npos) {
+    throw CheckpointError(path + ": the header is not JSON: it holds a NUL byte at " +
+                          std::to_string(header_text.find('\0')));
+  }
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.substr(8, length));
+    header = nlohmann::json::parse(header_text);
   } catch (const std::exception& e) {
     throw CheckpointError(path + ": the header is not JSON: " + e.what());
   }
@@ -148,19 +160,27 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
       throw CheckpointError(where + ": dtype " + dtype + " is not supported (BigMac imports F32)");
     NamedTensor t;
     t.name = name;
-    int64_t numel = 1;
+    // A shape whose byte count overflows is refused; otherwise data_offsets must match it and lie
+    // inside the buffer (below) before anything is allocated.
+    uint64_t numel = 1;
+    if (!entry["shape"].is_array()) throw CheckpointError(where + ": shape must be a list");
     for (const auto& extent : entry["shape"]) {
       if (!extent.is_number_unsigned())
         throw CheckpointError(where + ": shape entries must be non-negative integers");
-      t.shape.push_back(extent.get<int64_t>());
-      numel *= t.shape.back();
+      const uint64_t dim = extent.get<uint64_t>();
+      if (dim != 0 && numel > (UINT64_MAX / 4) / dim) {
+        throw CheckpointError(where + ": shape " + entry["shape"].dump() +
+                              " overflows a 64-bit byte count");
+      }
+      numel *= dim;
+      t.shape.push_back(static_cast<int64_t>(dim));
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2)
       throw CheckpointError(where + ": data_offsets must be [begin, end]");
     const uint64_t begin = offsets[0].get<uint64_t>();
     const uint64_t end = offsets[1].get<uint64_t>();
-    if (begin > end || end > buffer_size || end - begin != uint64_t(numel) * 4) {
+    if (begin > end || end > buffer_size || end - begin != numel * 4) {
       throw CheckpointError(where + ": data_offsets [" + std::to_string(begin) + ", " +
                             std::to_string(end) + "] do not match its shape or lie outside the " +
                             std::to_string(buffer_size) + "-byte buffer");

@@ -1,6 +1,8 @@
 #include "core/config/loader.h"
 
+#include <algorithm>
 #include <charconv>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -59,6 +61,10 @@ std::string StoreScalar(Message* message, const FieldDescriptor* field, const st
     case FieldDescriptor::CPPTYPE_INT32: {
       int32_t value = 0;
       ok = ParseNumber(text, &value);
+      if (int64_t wide = 0; !ok && ParseNumber(text, &wide)) {
+        return "'" + text + "' is out of range for a 32-bit integer (" + std::to_string(INT32_MIN) +
+               " to " + std::to_string(INT32_MAX) + ")";
+      }
       if (ok)
         repeated ? reflection->AddInt32(message, field, value)
                  : reflection->SetInt32(message, field, value);
@@ -88,6 +94,13 @@ std::string StoreScalar(Message* message, const FieldDescriptor* field, const st
       break;
     }
     case FieldDescriptor::CPPTYPE_STRING:
+      // A line break or control character in a one-line value is a YAML quote left open (yaml-cpp
+      // reads `"data` at the end of a file as the string "data\n"), never a real path or name.
+      for (unsigned char c : text) {
+        if (c < 0x20 || c == 0x7f) {
+          return "the value holds a line break or control character (an unterminated quote?)";
+        }
+      }
       repeated ? reflection->AddString(message, field, text)
                : reflection->SetString(message, field, text);
       break;
@@ -109,6 +122,32 @@ Message* LeafParent(Config* config, const KeyInfo& key) {
 
 // Configs are a few KiB; anything this big is the wrong file (or an attack on the YAML parser).
 constexpr uintmax_t kMaxConfigBytes = 1 << 20;
+
+constexpr int kMaxFlowNesting = 32;
+
+// The deepest nesting of [ ] and { } outside quoted strings and comments.
+int FlowNestingDepth(const std::string& text) {
+  int depth = 0;
+  int deepest = 0;
+  char quote = 0;
+  bool comment = false;
+  for (char c : text) {
+    if (comment) {
+      comment = c != '\n';
+    } else if (quote) {
+      if (c == quote || c == '\n') quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#') {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 class Loader {
  public:
@@ -176,9 +215,25 @@ class Loader {
 
  private:
   void LoadYaml(const std::string& file, const std::string& text) {
+    // yaml-cpp parses flow collections recursively: bound the depth before it sees the text.
+    if (const int depth = FlowNestingDepth(text); depth > kMaxFlowNesting) {
+      problems_.push_back(file + ": YAML syntax error: [ and { nest " + std::to_string(depth) +
+                          " levels deep (at most " + std::to_string(kMaxFlowNesting) +
+                          "); a config is a few flat sections");
+      return;
+    }
+    yaml_lines_.clear();
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) yaml_lines_.push_back(line);
     YAML::Node root;
     try {
-      root = YAML::Load(text);
+      const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+      if (documents.size() > 1) {
+        problems_.push_back(file + ": holds " + std::to_string(documents.size()) +
+                            " YAML documents (separated by ---); a config is one document");
+        return;
+      }
+      if (!documents.empty()) root = documents.front();
     } catch (const YAML::Exception& e) {
       problems_.push_back(file + ":" + std::to_string(e.mark.line + 1) +
                           ": YAML syntax error: " + e.msg);
@@ -209,6 +264,11 @@ class Loader {
         continue;
       }
       if (const KeyInfo* key = FindKey(keys_, path)) {
+        if (std::string open = UnclosedQuote(entry.second); !open.empty()) {
+          problems_.push_back(file + ":" + open + ": " + path +
+                              ": a quoted value must close on its line (an unterminated quote?)");
+          continue;
+        }
         SetLeaf(*key, entry.second, where + ": " + path, Source::File(file, line));
       } else if (IsSection(path)) {
         if (entry.second.IsMap()) {
@@ -220,6 +280,46 @@ class Loader {
         problems_.push_back(where + ": " + ExplainUnknownKey(keys_, path));
       }
     }
+  }
+
+  // "LINE" of the first scalar in `value` (itself or its list items) that opens a quote the line
+  // does not close, or "". yaml-cpp folds `dir: "data` at the end of a file into "data "; a config
+  // has no multi-line strings, so a quote left open is a mistake, not a value.
+  std::string UnclosedQuote(const YAML::Node& value) const {
+    std::vector<YAML::Node> scalars;
+    if (value.IsScalar()) scalars.push_back(value);
+    if (value.IsSequence()) {
+      for (const YAML::Node& item : value) {
+        if (item.IsScalar()) scalars.push_back(item);
+      }
+    }
+    for (const YAML::Node& scalar : scalars) {
+      const YAML::Mark mark = scalar.Mark();
+      if (mark.line < 0 || mark.line >= static_cast<int>(yaml_lines_.size())) continue;
+      const std::string& text = yaml_lines_[mark.line];
+      if (mark.column < 0 || mark.column >= static_cast<int>(text.size())) continue;
+      const char quote = text[mark.column];
+      if (quote != '"' && quote != '\'') continue;
+      size_t at = mark.column + 1;
+      bool closed = false;
+      while (at < text.size()) {
+        if (quote == '"' && text[at] == '\\') {
+          at += 2;
+          continue;
+        }
+        if (text[at] == quote) {
+          if (quote == '\'' && at + 1 < text.size() && text[at + 1] == '\'') {
+            at += 2;  // '' is an escaped quote inside single quotes
+            continue;
+          }
+          closed = true;
+          break;
+        }
+        ++at;
+      }
+      if (!closed) return std::to_string(mark.line + 1);
+    }
+    return "";
   }
 
   bool IsSection(const std::string& path) const {
@@ -347,6 +447,7 @@ class Loader {
   LoadedConfig* out_;
   std::vector<KeyInfo> keys_;
   std::vector<std::string> problems_;
+  std::vector<std::string> yaml_lines_;  // the YAML file being loaded, for UnclosedQuote
 };
 
 }  // namespace

@@ -42,8 +42,20 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split) {
     vocab_size_ = shard.vocab_size;
     tokens_.insert(tokens_.end(), shard.tokens.begin(), shard.tokens.end());
   }
+  first_shard_ = paths.front();
   description_ = dir + "/" + split + "_*.bin (" + std::to_string(paths.size()) + " shards, " +
                  std::to_string(tokens_.size()) + " tokens)";
+}
+
+void TokenDataset::CheckFits(int seq, int64_t model_vocab) const {
+  if (size() < int64_t{seq} + 1) {
+    throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
+  }
+  if (int64_t{vocab_size_} > model_vocab) {
+    throw DataError(first_shard_ + ": vocabulary " + std::to_string(vocab_size_) +
+                    " is larger than model.vocab_size=" + std::to_string(model_vocab) +
+                    " (its token ids would index past the embedding)");
+  }
 }
 
 void TokenDataset::Window(int64_t offset, int seq, int32_t* tokens, int32_t* targets) const {

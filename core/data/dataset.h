@@ -18,6 +18,10 @@ class TokenDataset {
   const std::vector<uint16_t>& tokens() const { return tokens_; }
   const std::string& description() const { return description_; }
 
+  // Throws DataError unless the split can serve windows of `seq` + 1 tokens to a model with
+  // `model_vocab` token ids: called before training starts, so nothing is written for bad data.
+  void CheckFits(int seq, int64_t model_vocab) const;
+
   // Training batch (batch x seq) for this (seed, step, dp_rank, micro_batch): each row is a
   // window at an offset drawn from a counter-based hash of those numbers and the row, so the
   // batch never depends on the pipeline layout or on what was read before. targets = tokens
@@ -33,6 +37,7 @@ class TokenDataset {
   std::vector<uint16_t> tokens_;
   uint32_t vocab_size_ = 0;
   std::string description_;
+  std::string first_shard_;
 };
 
 // `bigmac data prep`: byte-level tokenisation (token = byte, vocabulary 256) of the input files,

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 namespace bigmac::data {
@@ -50,6 +51,10 @@ void WriteShard(const std::string& path, uint32_t vocab_size, const std::vector<
 }
 
 Shard ReadShard(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
+    throw DataError(path + ": not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open the token shard");
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
@@ -75,13 +80,23 @@ Shard ReadShard(const std::string& path) {
   const uint32_t width = GetU32(&bytes[12]);
   if (width != 2)
     throw DataError(path + ": " + std::to_string(width) + " bytes per token; only 2 is supported");
+  for (int i = 24; i < kShardHeaderBytes; ++i) {
+    if (bytes[i] != 0) {
+      throw DataError(path + ": header byte " + std::to_string(i) +
+                      " is not zero (bytes 24-31 are reserved); not a shard of this version");
+    }
+  }
   const uint64_t count = GetU64(&bytes[16]);
-  const uint64_t expected = kShardHeaderBytes + count * 2;
-  if (bytes.size() != expected) {
-    throw DataError(path + ": the header promises " + std::to_string(count) + " tokens (" +
-                    std::to_string(expected) + " bytes) but the file has " +
-                    std::to_string(bytes.size()) + " bytes" +
-                    (bytes.size() < expected ? " (truncated)" : " (trailing bytes)"));
+  // Compared in tokens, so a count near 2^64 cannot wrap around into a plausible byte size.
+  const uint64_t present = (bytes.size() - kShardHeaderBytes) / 2;
+  if (count != present || (bytes.size() - kShardHeaderBytes) % 2 != 0) {
+    const bool short_file = count > present;
+    throw DataError(path + ": the header promises " + std::to_string(count) + " tokens" +
+                    (count < (uint64_t{1} << 62)
+                         ? " (" + std::to_string(kShardHeaderBytes + count * 2) + " bytes)"
+                         : "") +
+                    " but the file has " + std::to_string(bytes.size()) + " bytes" +
+                    (short_file ? " (truncated)" : " (trailing bytes)"));
   }
   shard.tokens.resize(count);
   for (uint64_t i = 0; i < count; ++i) {

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
 
 namespace bigmac::engine {
@@ -22,6 +23,8 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
     spec.activation_checkpointing = options.activation_checkpointing && type == "gpt_block";
     try {
       layers_.push_back(layer::CreateLayer(spec));
+    } catch (const memory::OutOfMemoryError&) {
+      throw;  // its own exit code, worded like CUDA's
     } catch (const std::exception& error) {
       throw std::invalid_argument(layer::LayerIdName(layer_id, options.dims.num_layers) +
                                   " (layer type " + type + "): " + error.what());

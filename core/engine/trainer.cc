@@ -142,11 +142,8 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   if (stage.has_embedding() || stage.has_head()) {
     train_data.emplace(cfg.data().dir(), "train");
     val_data.emplace(cfg.data().dir(), "val");
-    if (static_cast<int>(train_data->vocab_size()) > cfg.model().vocab_size()) {
-      throw data::DataError(
-          train_data->description() + ": vocabulary " + std::to_string(train_data->vocab_size()) +
-          " is larger than model.vocab_size=" + std::to_string(cfg.model().vocab_size()));
-    }
+    train_data->CheckFits(seq, cfg.model().vocab_size());
+    val_data->CheckFits(seq, cfg.model().vocab_size());
   }
 
   schedule::Kind kind = schedule::Kind::k1F1B;
