@@ -19,7 +19,7 @@ out_dir=${OUT_DIR:-fuzz_out}
 
 labels=()
 for target in "${targets[@]}"; do labels+=("//tests/fuzz:${target}_fuzzer"); done
-bazel --output_base="$output_base" build --config=fuzz --repo_env=CC=clang \
+bazel --output_base="$output_base" build --config=fuzz --symlink_prefix=/ --repo_env=CC=clang \
   --repo_env=CXX=clang++ "${labels[@]}" || exit 1
 bin=$(bazel --output_base="$output_base" info --config=fuzz --repo_env=CC=clang bazel-bin)
 

@@ -20,10 +20,10 @@ for sanitizer in "${sanitizers[@]}"; do
   base=${BIGMAC_SANITIZE_OUTPUT_BASE:-$HOME/.cache/bigmac-$sanitizer}
   bz=(bazel --output_base="$base")
   echo "sanitize: $sanitizer: unit tests"
-  "${bz[@]}" test --config="$sanitizer" --test_env=LSAN_OPTIONS=suppressions="$supp" \
+  "${bz[@]}" test --config="$sanitizer" --symlink_prefix=/ --test_env=LSAN_OPTIONS=suppressions="$supp" \
     "${unit_tests[@]}" 2>&1 | tail -25
   unit=${PIPESTATUS[0]}
-  "${bz[@]}" build --config="$sanitizer" //:bigmac //plugins/examples/rms_swiglu:librms_swiglu.so \
+  "${bz[@]}" build --config="$sanitizer" --symlink_prefix=/ //:bigmac //plugins/examples/rms_swiglu:librms_swiglu.so \
     >/dev/null 2>&1 || { echo "sanitize: $sanitizer: build failed"; status=1; continue; }
   bin=$("${bz[@]}" info --config="$sanitizer" bazel-bin 2>/dev/null)
   work=$(mktemp -d)

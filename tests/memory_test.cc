@@ -25,6 +25,41 @@ TEST(Allocator, TracksCurrentAndPeak) {
   EXPECT_EQ(allocator.current_bytes(), 0);
 }
 
+TEST(Allocator, FreedBlocksAreReusedWithoutSystemAllocations) {
+  DeviceAllocator allocator("cpu:0", 64 * kMiB);
+  void* a = allocator.Allocate(3 * kMiB);
+  void* b = allocator.Allocate(1000);
+  EXPECT_EQ(allocator.system_allocations(), 2);
+  allocator.Free(a);
+  allocator.Free(b);
+  EXPECT_EQ(allocator.current_bytes(), 0);
+  EXPECT_EQ(allocator.cached_bytes(), 3 * kMiB + 1024);  // 1000 rounds up to the 64-byte class
+  // The same sizes again (a second training step): served from the cache.
+  EXPECT_EQ(allocator.Allocate(3 * kMiB), a);
+  EXPECT_EQ(allocator.Allocate(1000), b);
+  // Live blocks are never handed out twice: two more of b's size class come from the system.
+  void* c = allocator.Allocate(990);
+  void* d = allocator.Allocate(990);
+  EXPECT_NE(c, d);
+  EXPECT_NE(c, b);
+  EXPECT_EQ(allocator.system_allocations(), 4);
+  EXPECT_EQ(allocator.cached_bytes(), 0);
+  EXPECT_EQ(allocator.peak_bytes(), 3 * kMiB + 1000 + 2 * 990);
+}
+
+TEST(Allocator, TheCacheGivesWayToAnAllocationThatFitsTheCapacity) {
+  DeviceAllocator allocator("cpu:0", 10 * kMiB);
+  allocator.Free(allocator.Allocate(6 * kMiB));
+  EXPECT_EQ(allocator.cached_bytes(), 6 * kMiB);
+  // 7 MiB fits the capacity only without the cached 6 MiB: the cache is released, no OOM.
+  void* b = allocator.Allocate(7 * kMiB);
+  EXPECT_EQ(allocator.cached_bytes(), 0);
+  EXPECT_EQ(allocator.current_bytes(), 7 * kMiB);
+  // Live memory still bounds it: 4 MiB more does not fit.
+  EXPECT_THROW(allocator.Allocate(4 * kMiB), OutOfMemoryError);
+  allocator.Free(b);
+}
+
 TEST(Allocator, MemoryIsAlignedAndUsable) {
   DeviceAllocator allocator("cpu:0", kMiB);
   auto* floats = static_cast<float*>(allocator.Allocate(1000 * sizeof(float)));

@@ -234,6 +234,14 @@ TEST(Training, TwoRunsAreBitwiseIdentical) {
   EXPECT_NE(Train(SmallRun({"train.seed=7"})).train_losses, a.train_losses) << "the seed matters";
 }
 
+// The caching allocator: after the first step, a step allocates only sizes it freed before, so
+// no buffer comes from the system (with and without recomputation, which allocates in backward).
+TEST(Training, NoSystemAllocationsAfterTheFirstStep) {
+  EXPECT_EQ(Train(SmallRun({})).steady_state_system_allocations, 0);
+  EXPECT_EQ(
+      Train(SmallRun({"train.activation_checkpointing=true"})).steady_state_system_allocations, 0);
+}
+
 TEST(Training, ActivationCheckpointingSavesMemoryAndChangesNothing) {
   const engine::TrainResult plain = Train(SmallRun({"train.seq_length=32"}));
   const engine::TrainResult recomputed =

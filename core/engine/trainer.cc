@@ -239,7 +239,11 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   int skipped_steps = 0;
   int last_saved_step = -1;
   int stopped_at = -1;
+  adamw.InitState(params);
+  int64_t system_allocations_after_first_step = -1;
   for (int step = start_step; step < train.max_steps(); ++step) {
+    if (step == start_step + 1)
+      system_allocations_after_first_step = allocator.system_allocations();
     // Testing hook: the named rank stops responding, so that tests can show a peer's deadline
     // firing with a diagnostic instead of a hang.
     if (hooks.stall_rank == comm.world_rank() && hooks.stall_step <= step + 1) {
@@ -421,6 +425,11 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       break;
     }
   }
+  // Steady state: after the first step every buffer comes from the allocator's cache.
+  result.steady_state_system_allocations =
+      system_allocations_after_first_step < 0
+          ? 0
+          : allocator.system_allocations() - system_allocations_after_first_step;
   if (stopped_at < 0) evaluate(train.max_steps());
   result.skipped_steps = skipped_steps;
   result.stopped_at_step = stopped_at;
@@ -434,12 +443,13 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
              "activations peak "
              "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
-             "optimizer state for %lld",
+             "optimizer state for %lld; %lld system allocations after the first step",
              comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(),
              double(result.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
              double(stage.max_activation_bytes()) / (1 << 20), result.max_in_flight,
              static_cast<long long>(result.parameter_count),
-             static_cast<long long>(OptimizerStateCount(stage, adamw))));
+             static_cast<long long>(OptimizerStateCount(stage, adamw)),
+             static_cast<long long>(result.steady_state_system_allocations)));
   for (const std::string& line : memory_lines) log(line);
   std::string layer_ranges;
   for (const partition::StageRange& range : stage.ranges()) {

@@ -35,7 +35,16 @@ DeviceAllocator::DeviceAllocator(std::string device, int64_t capacity_bytes)
 }
 
 DeviceAllocator::~DeviceAllocator() {
-  for (auto& [pointer, bytes] : sizes_) std::free(pointer);
+  for (auto& [pointer, block] : live_) std::free(pointer);
+  ReleaseCacheLocked();
+}
+
+void DeviceAllocator::ReleaseCacheLocked() {
+  for (auto& [rounded, blocks] : free_by_size_) {
+    for (void* pointer : blocks) std::free(pointer);
+  }
+  free_by_size_.clear();
+  cached_ = 0;
 }
 
 void* DeviceAllocator::Allocate(int64_t bytes) {
@@ -44,10 +53,20 @@ void* DeviceAllocator::Allocate(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (bytes > capacity_ - current_) throw OutOfMemoryError(device_, bytes, capacity_, current_);
   const int64_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* pointer = std::aligned_alloc(kAlignment, rounded);
-  // The host itself ran out before our capacity did: report it the same way.
-  if (!pointer) throw OutOfMemoryError(device_ + " (host)", bytes, capacity_, current_);
-  sizes_[pointer] = bytes;
+  void* pointer = nullptr;
+  if (auto it = free_by_size_.find(rounded); it != free_by_size_.end() && !it->second.empty()) {
+    pointer = it->second.back();
+    it->second.pop_back();
+    cached_ -= rounded;
+  } else {
+    // Live and cached memory together stay within the capacity: drop the cache if they would not.
+    if (rounded > capacity_ - current_ - cached_) ReleaseCacheLocked();
+    pointer = std::aligned_alloc(kAlignment, rounded);
+    // The host itself ran out before our capacity did: report it the same way.
+    if (!pointer) throw OutOfMemoryError(device_ + " (host)", bytes, capacity_, current_);
+    ++system_allocations_;
+  }
+  live_[pointer] = {bytes, rounded};
   current_ += bytes;
   if (current_ > peak_) peak_ = current_;
   return pointer;
@@ -56,12 +75,23 @@ void* DeviceAllocator::Allocate(int64_t bytes) {
 void DeviceAllocator::Free(void* pointer) {
   if (!pointer) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = sizes_.find(pointer);
-  if (it == sizes_.end())
+  auto it = live_.find(pointer);
+  if (it == live_.end())
     throw std::logic_error(device_ + ": Free of memory this allocator did not allocate");
-  current_ -= it->second;
-  sizes_.erase(it);
-  std::free(pointer);
+  current_ -= it->second.bytes;
+  cached_ += it->second.rounded;
+  free_by_size_[it->second.rounded].push_back(pointer);
+  live_.erase(it);
+}
+
+int64_t DeviceAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached_;
+}
+
+int64_t DeviceAllocator::system_allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return system_allocations_;
 }
 
 int64_t DeviceAllocator::current_bytes() const {

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace bigmac::memory {
 
@@ -38,17 +39,34 @@ class DeviceAllocator {
 
   const std::string& device() const { return device_; }
   int64_t capacity_bytes() const { return capacity_; }
+  // Bytes held by live tensors now, and at most since the start or ResetPeak.
   int64_t current_bytes() const;
   int64_t peak_bytes() const;
   void ResetPeak();
+  // Freed blocks kept for reuse (like CUDA's caching allocator): a training step allocates the
+  // same sizes every time, so after the first step no memory comes from the system (no page
+  // faults, no malloc). Cached bytes count against the capacity; an allocation that does not fit
+  // first returns the cache to the system.
+  int64_t cached_bytes() const;
+  // Allocations the cache could not serve (memory from the system), since the start.
+  int64_t system_allocations() const;
 
  private:
+  void ReleaseCacheLocked();
+
   const std::string device_;
   const int64_t capacity_;
   mutable std::mutex mutex_;
   int64_t current_ = 0;
   int64_t peak_ = 0;
-  std::unordered_map<void*, int64_t> sizes_;
+  int64_t cached_ = 0;
+  int64_t system_allocations_ = 0;
+  struct Block {
+    int64_t bytes;    // requested
+    int64_t rounded;  // size class (a multiple of the alignment)
+  };
+  std::unordered_map<void*, Block> live_;
+  std::unordered_map<int64_t, std::vector<void*>> free_by_size_;  // rounded size -> blocks
 };
 
 // "512MiB", "2 GiB", "1.5GiB", "1048576" (bytes), also KB/MB/GB (powers of 1000). Returns false and

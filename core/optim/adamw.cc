@@ -26,9 +26,7 @@ double SumSquares(const T* g, int64_t n) {
 
 }  // namespace
 
-void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t step) {
-  const double bias1 = 1 - std::pow(options_.beta1, double(step));
-  const double bias2 = 1 - std::pow(options_.beta2, double(step));
+void AdamW::InitState(const std::vector<layer::Param*>& params) {
   for (layer::Param* param : params) {
     State& state = state_[param];
     if (state.m.empty()) {
@@ -36,6 +34,15 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
       state.m.Zero();
       state.v = state.m.Clone();
     }
+  }
+}
+
+void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t step) {
+  const double bias1 = 1 - std::pow(options_.beta1, double(step));
+  const double bias2 = 1 - std::pow(options_.beta2, double(step));
+  InitState(params);
+  for (layer::Param* param : params) {
+    State& state = state_[param];
     const double wd = param->weight_decay ? options_.weight_decay : 0.0;
     const int64_t n = param->value.numel();
     if (param->value.dtype() == memory::DType::kF64) {

@@ -28,6 +28,10 @@ class AdamW {
   // `step` is 1-based. Tied copies must not be passed (their owner is updated instead).
   void Step(const std::vector<layer::Param*>& params, double lr, int64_t step);
 
+  // Creates zero moments for every parameter that has none yet: the persistent buffers are then
+  // allocated before the first step, which leaves the steps themselves to the allocator's cache.
+  void InitState(const std::vector<layer::Param*>& params);
+
   // Restores `param`'s moments (from a checkpoint); they must have the parameter's shape.
   void SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v);
 
