@@ -28,8 +28,8 @@ for sanitizer in "${sanitizers[@]}"; do
   bin=$("${bz[@]}" info --config="$sanitizer" bazel-bin 2>/dev/null)
   work=$(mktemp -d)
   text=$work/text.txt
-  for i in $(seq 1 400); do echo "Sanitizers read every byte the trainer touches, line $i."; done >"$text"
-  "$bin/bigmac" data prep --input "$text" --output "$work/data" >/dev/null
+  for i in $(seq 1 2000); do echo "Sanitizers read every byte the trainer touches, line $i."; done >"$text"
+  "$bin/bigmac" data prep --input "$text" --output "$work/data" >/dev/null || status=1
   run() {
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0 \
       LSAN_OPTIONS=suppressions=$supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -422,8 +422,13 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     return kExitOk;
   }
   ConfigureThreads(world.local_size());
+  // A rank with a core of its own polls a wait for 2 ms before sleeping; ranks that share cores
+  // poll briefly, leaving the core to the rank they wait for (bench/NOTES.md).
+  const bool core_each =
+      world.local_size() <= static_cast<int>(std::thread::hardware_concurrency());
   std::unique_ptr<comm::PipelineComm> pipeline = comm::MakeMpiPipelineComm(
-      topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds());
+      topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds(),
+      core_each ? 2e-3 : 50e-6);
   engine::TrainOptions train_options;
   train_options.ranks_on_node = world.local_size();
   train_options.dump_dir = options.dump_dir;

@@ -24,8 +24,12 @@ std::string Describe(memory::DType dtype, const std::vector<int64_t>& shape) {
 class MpiPipelineComm : public PipelineComm {
  public:
   MpiPipelineComm(const Topology& topology, int world_rank, const GroupComms& comms,
-                  double deadline)
-      : topology_(topology), world_rank_(world_rank), comms_(comms), deadline_(deadline) {
+                  double deadline, double spin)
+      : topology_(topology),
+        world_rank_(world_rank),
+        comms_(comms),
+        deadline_(deadline),
+        spin_(spin) {
     coords_ = topology.CoordsOf(world_rank);
   }
   ~MpiPipelineComm() override {
@@ -219,10 +223,10 @@ class MpiPipelineComm : public PipelineComm {
     }
   }
 
-  // Polls `ready` until it returns true or the deadline passes. For the first 200 us it yields
-  // between polls (a message due now is seen within microseconds, and a rank sharing the core
-  // still gets it); then it sleeps, backing off to 200 us, so a long wait leaves the CPU to the
-  // ranks it waits for. (A fixed back-off to 1 ms cost up to 1 ms per receive: bench/NOTES.md.)
+  // Polls `ready` until it returns true or the deadline passes. For the first `spin_` seconds it
+  // yields between polls (a message due now is seen within microseconds, and a rank sharing the
+  // core still gets it); then it sleeps, backing off to 200 us, so a long wait leaves the CPU to
+  // the ranks it waits for. (A fixed back-off to 1 ms cost up to 1 ms per receive: bench/NOTES.md.)
   template <typename Ready>
   void Wait(const std::string& what, Ready ready) {
     const auto start = std::chrono::steady_clock::now();
@@ -230,7 +234,7 @@ class MpiPipelineComm : public PipelineComm {
     while (!ready()) {
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited < 200e-6) {
+      if (waited < spin_) {
         sched_yield();
         continue;
       }
@@ -251,6 +255,7 @@ class MpiPipelineComm : public PipelineComm {
   int world_rank_;
   GroupComms comms_;
   double deadline_;
+  double spin_;
   Coords coords_;
   std::list<Pending> pending_;
 };
@@ -258,9 +263,10 @@ class MpiPipelineComm : public PipelineComm {
 }  // namespace
 
 std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
-                                                  const GroupComms& comms,
-                                                  double deadline_seconds) {
-  return std::make_unique<MpiPipelineComm>(topology, world_rank, comms, deadline_seconds);
+                                                  const GroupComms& comms, double deadline_seconds,
+                                                  double spin_seconds) {
+  return std::make_unique<MpiPipelineComm>(topology, world_rank, comms, deadline_seconds,
+                                           spin_seconds);
 }
 
 }  // namespace bigmac::comm

@@ -10,10 +10,14 @@ namespace bigmac::comm {
 
 // PipelineComm over MPI and host memory. Sends are MPI_Isend of a buffer holding a small header
 // (dtype, shape) and the data; receives probe with a deadline (backing off so that an
-// oversubscribed CPU node is not starved by polling), then check the header. `deadline_seconds`
+// oversubscribed CPU node is not starved by polling), then check the header. A wait polls
+// (yielding the core) for `spin_seconds` before it starts to sleep: long when every rank has a
+// core of its own (a message is seen within microseconds), short when ranks share cores.
+// `deadline_seconds`
 // bounds every wait. The communicators must outlive this object.
 std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
-                                                  const GroupComms& comms, double deadline_seconds);
+                                                  const GroupComms& comms, double deadline_seconds,
+                                                  double spin_seconds = 200e-6);
 
 }  // namespace bigmac::comm
 

@@ -159,8 +159,9 @@ void Executor::ReduceTied() {
     const Tensor grad =
         comm_->Receive(comm_->pp_size() - 1, comm::kTiedGradientTag, owner->grad.shape(),
                        owner->grad.dtype(), stage_->allocator(), "ReduceTied gradient of wte");
-    for (int64_t i = 0; i < grad.numel(); ++i)
-      owner->grad.data<float>()[i] += grad.data<float>()[i];
+    float* into = owner->grad.data<float>();
+    const float* from = grad.data<float>();
+    for (int64_t i = 0; i < grad.numel(); ++i) into[i] += from[i];
   }
 }
 

@@ -194,9 +194,13 @@ void Stage::ReduceTiedGradients() {
   if (!owner || !copy) return;
   const int64_t n = owner->grad.numel();
   if (owner->grad.dtype() == memory::DType::kF64) {
-    for (int64_t i = 0; i < n; ++i) owner->grad.data<double>()[i] += copy->grad.data<double>()[i];
+    double* into = owner->grad.data<double>();
+    const double* from = copy->grad.data<double>();
+    for (int64_t i = 0; i < n; ++i) into[i] += from[i];
   } else {
-    for (int64_t i = 0; i < n; ++i) owner->grad.data<float>()[i] += copy->grad.data<float>()[i];
+    float* into = owner->grad.data<float>();
+    const float* from = copy->grad.data<float>();
+    for (int64_t i = 0; i < n; ++i) into[i] += from[i];
   }
   copy->grad.Zero();
 }

@@ -2,18 +2,27 @@
 
 #include <cmath>
 
+#include "core/util/simd.h"
+
 namespace bigmac::optim {
 namespace {
 
+// The arithmetic is in T (float for training, as PyTorch's AdamW; double for the checks), with
+// the step's scalars rounded to T once, so the loop vectorises fully.
 template <typename T>
-void UpdateTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1, double b2,
-                 double eps, double wd, double bias1, double bias2) {
+BIGMAC_SIMD_CLONES void UpdateTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1,
+                                    double b2, double eps, double wd, double bias1, double bias2) {
+  const T beta1 = static_cast<T>(b1), one_minus_beta1 = static_cast<T>(1 - b1);
+  const T beta2 = static_cast<T>(b2), one_minus_beta2 = static_cast<T>(1 - b2);
+  const T inv_bias1 = static_cast<T>(1 / bias1), inv_bias2 = static_cast<T>(1 / bias2);
+  const T step = static_cast<T>(lr), decay = static_cast<T>(wd), epsilon = static_cast<T>(eps);
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    m[i] = static_cast<T>(b1 * m[i] + (1 - b1) * g[i]);
-    v[i] = static_cast<T>(b2 * v[i] + (1 - b2) * double(g[i]) * g[i]);
-    const double m_hat = m[i] / bias1;
-    const double v_hat = v[i] / bias2;
-    p[i] = static_cast<T>(p[i] - lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * p[i]));
+    m[i] = beta1 * m[i] + one_minus_beta1 * g[i];
+    v[i] = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
+    const T m_hat = m[i] * inv_bias1;
+    const T v_hat = v[i] * inv_bias2;
+    p[i] = p[i] - step * (m_hat / (std::sqrt(v_hat) + epsilon) + decay * p[i]);
   }
 }
 
@@ -92,23 +101,28 @@ double GlobalGradNorm(const std::vector<layer::Param*>& params) {
 
 void ScaleGradients(const std::vector<layer::Param*>& params, double factor) {
   for (layer::Param* param : params) {
+    const int64_t n = param->grad.numel();
     if (param->grad.dtype() == memory::DType::kF64) {
-      for (int64_t i = 0; i < param->grad.numel(); ++i) param->grad.data<double>()[i] *= factor;
+      double* g = param->grad.data<double>();
+      for (int64_t i = 0; i < n; ++i) g[i] *= factor;
     } else {
-      for (int64_t i = 0; i < param->grad.numel(); ++i)
-        param->grad.data<float>()[i] *= static_cast<float>(factor);
+      float* g = param->grad.data<float>();
+      const float f = static_cast<float>(factor);
+      for (int64_t i = 0; i < n; ++i) g[i] *= f;
     }
   }
 }
 
 bool AllFinite(const memory::Tensor& tensor) {
   if (tensor.dtype() == memory::DType::kF64) {
+    const double* v = tensor.data<double>();
     for (int64_t i = 0; i < tensor.numel(); ++i) {
-      if (!std::isfinite(tensor.data<double>()[i])) return false;
+      if (!std::isfinite(v[i])) return false;
     }
   } else {
+    const float* v = tensor.data<float>();
     for (int64_t i = 0; i < tensor.numel(); ++i) {
-      if (!std::isfinite(tensor.data<float>()[i])) return false;
+      if (!std::isfinite(v[i])) return false;
     }
   }
   return true;

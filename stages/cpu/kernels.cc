@@ -1,10 +1,16 @@
 #include "stages/cpu/kernels.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
 #include <vector>
+
+#include "core/util/simd.h"
 
 namespace bigmac::stages::cpu {
 namespace {
@@ -21,19 +27,47 @@ void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double al
 
 constexpr double kLayerNormEps = 1e-5;
 
-// tanh through exp: libm's tanhf is several times slower than expf and dominated the step time.
-template <typename T>
-T FastTanh(T u) {
-  if (u > T(15)) return T(1);
-  if (u < T(-15)) return T(-1);
-  const T e = std::exp(T(2) * u);
-  return (e - T(1)) / (e + T(1));
+// This OpenMP thread's share [begin, end) of `columns`, in contiguous blocks.
+std::pair<int, int> ThreadColumns(int columns) {
+  const int threads = omp_get_num_threads();
+  const int per = (columns + threads - 1) / threads;
+  const int begin = std::min(columns, per * omp_get_thread_num());
+  return {begin, std::min(columns, begin + per)};
+}
+
+// exp for the elementwise loops. Doubles (the gradient checks) use libm. Floats use a Cephes-style
+// polynomial that the compiler vectorises (libm's expf is a scalar call, and its vector variants
+// need -ffast-math, which would break the NaN checks): 2^n * p(r), n = round(x / ln 2) by the
+// 1.5 * 2^23 trick, r = x - n ln 2, relative error about 2e-7 (1-2 ulp). NaN stays NaN; inputs are
+// clamped to [-87.3, 88], the range of normal float results.
+inline double Exp(double x) { return std::exp(x); }
+inline float Exp(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.0f ? 88.0f : x;
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float shifted = x * 1.44269504088896341f + kShift;
+  const float n = shifted - kShift;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  const int32_t scale_bits = (bits - 0x4B400000 + 127) << 23;  // n + 127 in the exponent field
+  float scale;
+  std::memcpy(&scale, &scale_bits, sizeof(scale));
+  return p * scale;
 }
 
 }  // namespace
 
 template <typename T>
-void MatmulForward(T* out, const T* inp, const T* w, const T* bias, int n, int c, int oc) {
+BIGMAC_SIMD_CLONES void MatmulForward(T* out, const T* inp, const T* w, const T* bias, int n, int c,
+                                      int oc) {
   Gemm(CblasNoTrans, CblasTrans, n, oc, c, T(1), inp, c, w, c, T(0), out, oc);
   if (!bias) return;
 #pragma omp parallel for schedule(static)
@@ -49,27 +83,39 @@ void MatmulBackwardInput(T* dinp, const T* dout, const T* w, int n, int c, int o
 }
 
 template <typename T>
-void MatmulBackwardWeight(T* dw, T* dbias, const T* dout, const T* inp, int n, int c, int oc) {
+BIGMAC_SIMD_CLONES void MatmulBackwardWeight(T* dw, T* dbias, const T* dout, const T* inp, int n,
+                                             int c, int oc) {
   Gemm(CblasTrans, CblasNoTrans, oc, c, n, T(1), dout, oc, inp, c, T(1), dw, c);
   if (!dbias) return;
-#pragma omp parallel for schedule(static)
-  for (int j = 0; j < oc; ++j) {
-    T sum = 0;
-    for (int row = 0; row < n; ++row) sum += dout[int64_t{row} * oc + j];
-    dbias[j] += sum;
+    // Column sums, walking rows in order (contiguous) inside each thread's block of columns: the
+    // same per-column summation order as one thread, so the result does not depend on threads.
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadColumns(oc);
+    if (begin < end) {
+      std::vector<T> sum(end - begin, T(0));
+      for (int row = 0; row < n; ++row) {
+        const T* d = dout + int64_t{row} * oc + begin;
+#pragma omp simd
+        for (int j = 0; j < end - begin; ++j) sum[j] += d[j];
+      }
+      for (int j = begin; j < end; ++j) dbias[j] += sum[j - begin];
+    }
   }
 }
 
 template <typename T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int n,
-                      int c) {
+BIGMAC_SIMD_CLONES void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w,
+                                         const T* b, int n, int c) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* x = inp + int64_t{row} * c;
     T m = 0;
+#pragma omp simd reduction(+ : m)
     for (int i = 0; i < c; ++i) m += x[i];
     m /= c;
     T var = 0;
+#pragma omp simd reduction(+ : var)
     for (int i = 0; i < c; ++i) var += (x[i] - m) * (x[i] - m);
     var /= c;
     const T s = T(1) / std::sqrt(var + T(kLayerNormEps));
@@ -81,8 +127,8 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const 
 }
 
 template <typename T>
-void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, const T* mean,
-                            const T* rstd, int n, int c) {
+BIGMAC_SIMD_CLONES void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w,
+                                               const T* mean, const T* rstd, int n, int c) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* x = inp + int64_t{row} * c;
@@ -92,6 +138,7 @@ void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, co
     const T s = rstd[row];
     T dnorm_mean = 0;
     T dnorm_norm_mean = 0;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int i = 0; i < c; ++i) {
       const T norm = (x[i] - m) * s;
       const T dnorm = w[i] * dy[i];
@@ -109,157 +156,159 @@ void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, co
 }
 
 template <typename T>
-void LayerNormBackwardWeight(T* dw, T* db, const T* dout, const T* inp, const T* mean,
-                             const T* rstd, int n, int c) {
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < c; ++i) {
-    T sum_w = 0;
-    T sum_b = 0;
-    for (int row = 0; row < n; ++row) {
-      const int64_t at = int64_t{row} * c + i;
-      sum_w += dout[at] * (inp[at] - mean[row]) * rstd[row];
-      sum_b += dout[at];
+BIGMAC_SIMD_CLONES void LayerNormBackwardWeight(T* dw, T* db, const T* dout, const T* inp,
+                                                const T* mean, const T* rstd, int n, int c) {
+  // Each thread owns a block of columns and walks the rows in order (contiguous reads): per column
+  // the same summation order whatever the thread count.
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadColumns(c);
+    if (begin < end) {
+      std::vector<T> sum_w(end - begin, T(0)), sum_b(end - begin, T(0));
+      for (int row = 0; row < n; ++row) {
+        const T* d = dout + int64_t{row} * c + begin;
+        const T* x = inp + int64_t{row} * c + begin;
+        const T m = mean[row];
+        const T s = rstd[row];
+#pragma omp simd
+        for (int j = 0; j < end - begin; ++j) {
+          sum_w[j] += d[j] * (x[j] - m) * s;
+          sum_b[j] += d[j];
+        }
+      }
+      for (int j = begin; j < end; ++j) {
+        dw[j] += sum_w[j - begin];
+        db[j] += sum_b[j - begin];
+      }
     }
-    dw[i] += sum_w;
-    db[i] += sum_b;
   }
 }
 
+// Attention runs as per-(batch, head) GEMMs on strided views of qkv: S = scale Q K^T, P = causal
+// softmax(S), O = P V (and the transposes in backward). The GEMMs also compute the masked upper
+// triangle (twice the flops of the loops this replaced), but at BLAS speed (bench/NOTES.md).
+// Each (b, h) is one OpenMP task; OpenBLAS runs single-threaded inside the parallel region.
 template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, int b, int t, int c, int h) {
+BIGMAC_SIMD_CLONES void AttentionForward(T* out, T* att, const T* qkv, int b, int t, int c, int h) {
   const int hs = c / h;
   const T scale = T(1) / std::sqrt(T(hs));
   const int64_t c3 = 3 * int64_t{c};
 #pragma omp parallel for collapse(2) schedule(static)
   for (int bi = 0; bi < b; ++bi) {
     for (int hi = 0; hi < h; ++hi) {
-      const T* base = qkv + int64_t{bi} * t * c3;
-      T* att_bh = att + (int64_t{bi} * h + hi) * t * t;
+      const T* q = qkv + int64_t{bi} * t * c3 + hi * hs;
+      const T* k = q + c;
+      const T* v = q + 2 * c;
+      T* p = att + (int64_t{bi} * h + hi) * t * t;
+      Gemm(CblasNoTrans, CblasTrans, t, t, hs, scale, q, static_cast<int>(c3), k,
+           static_cast<int>(c3), T(0), p, t);
       for (int ti = 0; ti < t; ++ti) {
-        const T* q = base + ti * c3 + hi * hs;
-        T* row = att_bh + int64_t{ti} * t;
-        T maxval = -INFINITY;
-        for (int t2 = 0; t2 <= ti; ++t2) {
-          const T* k = base + t2 * c3 + c + hi * hs;
-          T dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
-          row[t2] = dot * scale;
-          maxval = std::max(maxval, row[t2]);
-        }
+        T* row = p + int64_t{ti} * t;
+        T maxval = row[0];
+#pragma omp simd reduction(max : maxval)
+        for (int t2 = 1; t2 <= ti; ++t2) maxval = row[t2] > maxval ? row[t2] : maxval;
         T sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (int t2 = 0; t2 <= ti; ++t2) {
-          row[t2] = std::exp(row[t2] - maxval);
+          row[t2] = Exp(row[t2] - maxval);
           sum += row[t2];
         }
         const T inv = T(1) / sum;
+#pragma omp simd
         for (int t2 = 0; t2 <= ti; ++t2) row[t2] *= inv;
         for (int t2 = ti + 1; t2 < t; ++t2) row[t2] = 0;
-        T* o = out + (int64_t{bi} * t + ti) * c + hi * hs;
-        for (int i = 0; i < hs; ++i) o[i] = 0;
-        for (int t2 = 0; t2 <= ti; ++t2) {
-          const T* v = base + t2 * c3 + 2 * c + hi * hs;
-          const T p = row[t2];
-          for (int i = 0; i < hs; ++i) o[i] += p * v[i];
-        }
       }
+      T* o = out + int64_t{bi} * t * c + hi * hs;
+      Gemm(CblasNoTrans, CblasNoTrans, t, hs, t, T(1), p, t, v, static_cast<int>(c3), T(0), o, c);
     }
   }
 }
 
 template <typename T>
-void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b, int t, int c,
-                       int h) {
+BIGMAC_SIMD_CLONES void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b,
+                                          int t, int c, int h) {
   const int hs = c / h;
   const T scale = T(1) / std::sqrt(T(hs));
   const int64_t c3 = 3 * int64_t{c};
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int bi = 0; bi < b; ++bi) {
-    for (int hi = 0; hi < h; ++hi) {
-      std::vector<T> datt(t);
-      const T* base = qkv + int64_t{bi} * t * c3;
-      T* dbase = dqkv + int64_t{bi} * t * c3;
-      const T* att_bh = att + (int64_t{bi} * h + hi) * t * t;
-      // This (b, h) owns its q, k, v columns of dqkv: clear them, then accumulate.
-      for (int ti = 0; ti < t; ++ti) {
-        for (int part = 0; part < 3; ++part) {
-          T* d = dbase + ti * c3 + part * c + hi * hs;
-          for (int i = 0; i < hs; ++i) d[i] = 0;
-        }
-      }
-      for (int ti = 0; ti < t; ++ti) {
-        const T* row = att_bh + int64_t{ti} * t;
-        const T* dy = dout + (int64_t{bi} * t + ti) * c + hi * hs;
-        // datt = dy . v;  dv += p * dy
-        T dot_sum = 0;
-        for (int t2 = 0; t2 <= ti; ++t2) {
-          const T* v = base + t2 * c3 + 2 * c + hi * hs;
-          T* dv = dbase + t2 * c3 + 2 * c + hi * hs;
+  const int ld = static_cast<int>(c3);
+#pragma omp parallel
+  {
+    std::vector<T> ds(int64_t{t} * t);  // this thread's dP, then dS
+#pragma omp for collapse(2) schedule(static)
+    for (int bi = 0; bi < b; ++bi) {
+      for (int hi = 0; hi < h; ++hi) {
+        const T* q = qkv + int64_t{bi} * t * c3 + hi * hs;
+        const T* k = q + c;
+        const T* v = q + 2 * c;
+        T* dq = dqkv + int64_t{bi} * t * c3 + hi * hs;
+        T* dk = dq + c;
+        T* dv = dq + 2 * c;
+        const T* p = att + (int64_t{bi} * h + hi) * t * t;
+        const T* dy = dout + int64_t{bi} * t * c + hi * hs;
+        // dP = dO V^T; dV = P^T dO.
+        Gemm(CblasNoTrans, CblasTrans, t, t, hs, T(1), dy, c, v, ld, T(0), ds.data(), t);
+        Gemm(CblasTrans, CblasNoTrans, t, hs, t, T(1), p, t, dy, c, T(0), dv, ld);
+        // Softmax backward through the scale: dS = P * (dP - rowsum(dP * P)) * scale.
+        for (int ti = 0; ti < t; ++ti) {
+          const T* prow = p + int64_t{ti} * t;
+          T* row = ds.data() + int64_t{ti} * t;
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int i = 0; i < hs; ++i) {
-            dot += dy[i] * v[i];
-            dv[i] += row[t2] * dy[i];
-          }
-          datt[t2] = dot;
-          dot_sum += dot * row[t2];
+          for (int t2 = 0; t2 <= ti; ++t2) dot += row[t2] * prow[t2];
+#pragma omp simd
+          for (int t2 = 0; t2 <= ti; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
+          for (int t2 = ti + 1; t2 < t; ++t2) row[t2] = 0;
         }
-        // Softmax backward, then through the scaled dot product.
-        const T* q = base + ti * c3 + hi * hs;
-        T* dq = dbase + ti * c3 + hi * hs;
-        for (int t2 = 0; t2 <= ti; ++t2) {
-          const T dpre = row[t2] * (datt[t2] - dot_sum) * scale;
-          const T* k = base + t2 * c3 + c + hi * hs;
-          T* dk = dbase + t2 * c3 + c + hi * hs;
-          for (int i = 0; i < hs; ++i) {
-            dq[i] += dpre * k[i];
-            dk[i] += dpre * q[i];
-          }
-        }
+        // dQ = dS K; dK = dS^T Q.
+        Gemm(CblasNoTrans, CblasNoTrans, t, hs, t, T(1), ds.data(), t, k, ld, T(0), dq, ld);
+        Gemm(CblasTrans, CblasNoTrans, t, hs, t, T(1), ds.data(), t, q, ld, T(0), dk, ld);
       }
     }
   }
 }
 
+// GELU (tanh approximation) as x * sigmoid(2u), u = k (x + 0.044715 x^3): 0.5 (1 + tanh(u)) is
+// sigmoid(2u), which costs one exp and one division (tanh through exp cost two of each).
 template <typename T>
-void GeluForward(T* out, const T* inp, int64_t n) {
+BIGMAC_SIMD_CLONES void GeluForward(T* out, const T* inp, int64_t n) {
   const T k = std::sqrt(T(2) / T(M_PI));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + FastTanh(k * (x + T(0.044715) * x * x * x)));
-  }
-}
-
-template <typename T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
-  const T k = std::sqrt(T(2) / T(M_PI));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
     const T u = k * (x + T(0.044715) * x * x * x);
-    const T th = FastTanh(u);
-    const T sech2 = T(1) - th * th;
-    const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * k * (T(1) + T(3 * 0.044715) * x * x);
+    out[i] = x / (T(1) + Exp(T(-2) * u));
+  }
+}
+
+// d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx, du/dx = k (1 + 3 * 0.044715 x^2).
+template <typename T>
+BIGMAC_SIMD_CLONES void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  const T k = std::sqrt(T(2) / T(M_PI));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T x = inp[i];
+    const T u = k * (x + T(0.044715) * x * x * x);
+    const T s = T(1) / (T(1) + Exp(T(-2) * u));
+    const T grad = s + T(2) * x * s * (T(1) - s) * k * (T(1) + T(3 * 0.044715) * x * x);
     dinp[i] = grad * dout[i];
   }
 }
 
 template <typename T>
-void Add(T* out, const T* a, const T* b, int64_t n) {
+BIGMAC_SIMD_CLONES void Add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 template <typename T>
-void AddInPlace(T* out, const T* a, int64_t n) {
+BIGMAC_SIMD_CLONES void AddInPlace(T* out, const T* a, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
 
 template <typename T>
-void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int b, int t,
-                      int c) {
+BIGMAC_SIMD_CLONES void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                                         int b, int t, int c) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < b * t; ++row) {
     const T* te = wte + int64_t{tokens[row]} * c;
@@ -270,21 +319,29 @@ void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe,
 }
 
 template <typename T>
-void EmbeddingBackwardWeight(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int b, int t,
-                             int c) {
-  // Rows share token ids, so parallelise over channels: each thread owns columns, order is fixed.
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < c; ++i) {
-    for (int row = 0; row < b * t; ++row) {
-      const T g = dout[int64_t{row} * c + i];
-      dwte[int64_t{tokens[row]} * c + i] += g;
-      dwpe[int64_t{row % t} * c + i] += g;
+BIGMAC_SIMD_CLONES void EmbeddingBackwardWeight(T* dwte, T* dwpe, const T* dout,
+                                                const int32_t* tokens, int b, int t, int c) {
+  // Rows share token ids, so parallelise over channels: each thread owns a block of columns and
+  // walks the rows in order, so the summation order is fixed.
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadColumns(c);
+    for (int row = 0; row < b * t && begin < end; ++row) {
+      const T* g = dout + int64_t{row} * c;
+      T* te = dwte + int64_t{tokens[row]} * c;
+      T* pe = dwpe + int64_t{row % t} * c;
+#pragma omp simd
+      for (int i = begin; i < end; ++i) {
+        te[i] += g[i];
+        pe[i] += g[i];
+      }
     }
   }
 }
 
 template <typename T>
-double CrossEntropyLossSum(const T* logits, const int32_t* targets, int n, int v) {
+BIGMAC_SIMD_CLONES double CrossEntropyLossSum(const T* logits, const int32_t* targets, int n,
+                                              int v) {
   std::vector<double> losses(n);
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
@@ -301,17 +358,19 @@ double CrossEntropyLossSum(const T* logits, const int32_t* targets, int n, int v
 }
 
 template <typename T>
-void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v,
-                          double scale) {
+BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets,
+                                             int n, int v, double scale) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* l = logits + int64_t{row} * v;
     T* d = dlogits + int64_t{row} * v;
     T maxval = -INFINITY;
-    for (int j = 0; j < v; ++j) maxval = std::max(maxval, l[j]);
+#pragma omp simd reduction(max : maxval)
+    for (int j = 0; j < v; ++j) maxval = l[j] > maxval ? l[j] : maxval;
     T sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int j = 0; j < v; ++j) {
-      d[j] = std::exp(l[j] - maxval);
+      d[j] = Exp(l[j] - maxval);
       sum += d[j];
     }
     const T inv = T(1) / sum;
