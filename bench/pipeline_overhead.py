@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     a = ap.parse_args()
+    run([REPO / "launch" / "setup.sh"], dict(os.environ))
+    run(["bazel", "build", "//:bigmac"], dict(os.environ))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1

@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     a = ap.parse_args()
+    run([REPO / "launch" / "setup.sh", "--bench"])  # python3-torch
+    run(["bazel", "build", "//:bigmac", "//bench:sgemm_peak"], dict(os.environ))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads),

@@ -8,7 +8,7 @@
 # input as $OUT_DIR/<target>/crash-* (add it to the seeds once fixed: the replay tests keep it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-launch/setup.sh || exit 1
+launch/setup.sh --fuzz || exit 1
 
 seconds=${1:-60}
 shift || true

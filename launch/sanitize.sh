@@ -31,7 +31,7 @@ for sanitizer in "${sanitizers[@]}"; do
   for i in $(seq 1 2000); do echo "Sanitizers read every byte the trainer touches, line $i."; done >"$text"
   "$bin/bigmac" data prep --input "$text" --output "$work/data" >/dev/null || status=1
   run() {
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0 \
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0:fast_unwind_on_malloc=0 \
       LSAN_OPTIONS=suppressions=$supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       mpirun -np 2 --oversubscribe --bind-to none --mca btl self,vader \
       -x ASAN_OPTIONS -x LSAN_OPTIONS -x UBSAN_OPTIONS -x OMP_WAIT_POLICY \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package BigMac's build, tests and demo need. Idempotent; silent when
-# nothing is missing. The CUDA toolkit is not a Debian package: it must already be in
+# Installs every Debian package BigMac's build, tests and demo need (and, with --fuzz / --bench,
+# what launch/fuzz.sh and bench/vs_pytorch.py need). Idempotent; silent when nothing is missing. The CUDA toolkit is not a Debian package: it must already be in
 # /usr/local/cuda (or $CUDA_HOME); this script only checks for it.
 set -euo pipefail
 
@@ -19,8 +19,15 @@ packages=(
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
   slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/slurm_test: a real Slurm
-  clang libclang-rt-14-dev   # launch/fuzz.sh: libFuzzer
 )
+# Extras for the commands outside the test command (launch/setup.sh --fuzz --bench).
+for group in "$@"; do
+  case "$group" in
+    --fuzz) packages+=(clang libclang-rt-14-dev) ;;  # launch/fuzz.sh: libFuzzer
+    --bench) packages+=(python3-torch) ;;            # bench/vs_pytorch.py: the PyTorch side
+    *) echo "setup: unknown option $group (--fuzz, --bench)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for package in "${packages[@]}"; do
