@@ -39,7 +39,7 @@ for a, b in zip(early["ranks"], late["ranks"]):
           f" allocator peak {peak_a:.2f} -> {peak_b:.2f} MiB")
 # Peak of RSS over the whole run: a leak shows as a steady climb, not just a late value.
 for r in range(len(rows[0]["ranks"])):
-    series = [row["ranks"][r]["rss_bytes"] / 2**20 for row in rows[9:]]
+    series = [row["ranks"][r]["rss_bytes"] / 2**20 for row in rows[min(9, n - 1):]]
     print(f"  rank {r}: RSS min {min(series):.1f}, max {max(series):.1f} MiB after step 10")
 print(f"soak: worst RSS growth {worst:+.3f} MiB per 1000 steps")
 PY

@@ -91,7 +91,9 @@ BIGMAC_SIMD_CLONES void MatmulBackwardWeight(T* dw, T* dbias, const T* dout, con
     // same per-column summation order as one thread, so the result does not depend on threads.
 #pragma omp parallel
   {
-    const auto [begin, end] = ThreadColumns(oc);
+    const std::pair<int, int> columns = ThreadColumns(oc);
+    const int begin = columns.first;
+    const int end = columns.second;
     if (begin < end) {
       std::vector<T> sum(end - begin, T(0));
       for (int row = 0; row < n; ++row) {
@@ -162,7 +164,9 @@ BIGMAC_SIMD_CLONES void LayerNormBackwardWeight(T* dw, T* db, const T* dout, con
   // the same summation order whatever the thread count.
 #pragma omp parallel
   {
-    const auto [begin, end] = ThreadColumns(c);
+    const std::pair<int, int> columns = ThreadColumns(c);
+    const int begin = columns.first;
+    const int end = columns.second;
     if (begin < end) {
       std::vector<T> sum_w(end - begin, T(0)), sum_b(end - begin, T(0));
       for (int row = 0; row < n; ++row) {
@@ -325,7 +329,9 @@ BIGMAC_SIMD_CLONES void EmbeddingBackwardWeight(T* dwte, T* dwpe, const T* dout,
   // walks the rows in order, so the summation order is fixed.
 #pragma omp parallel
   {
-    const auto [begin, end] = ThreadColumns(c);
+    const std::pair<int, int> columns = ThreadColumns(c);
+    const int begin = columns.first;
+    const int end = columns.second;
     for (int row = 0; row < b * t && begin < end; ++row) {
       const T* g = dout + int64_t{row} * c;
       T* te = dwte + int64_t{tokens[row]} * c;
