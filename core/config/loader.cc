@@ -1,6 +1,7 @@
 #include "core/config/loader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <filesystem>
@@ -149,6 +150,38 @@ int FlowNestingDepth(const std::string& text) {
   return deepest;
 }
 
+// Whether `text` holds anything but blank lines and comments.
+bool HasContent(const std::string& text) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first != std::string::npos && line[first] != '#') return true;
+  }
+  return false;
+}
+
+// The 1-based line where a second YAML document begins ("---" after content or after a first
+// "---"), or 0 for a single document.
+int SecondDocumentLine(const std::string& text) {
+  std::istringstream lines(text);
+  bool content = false;
+  bool marker = false;
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const bool is_marker = line.rfind("---", 0) == 0 &&
+                           (line.size() == 3 || std::isspace(static_cast<unsigned char>(line[3])));
+    if (is_marker) {
+      if (content || marker) return number;
+      marker = true;
+      continue;
+    }
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first != std::string::npos && line[first] != '#') content = true;
+  }
+  return 0;
+}
+
 class Loader {
  public:
   explicit Loader(LoadedConfig* out) : out_(out), keys_(AllKeys()) {}
@@ -225,21 +258,24 @@ class Loader {
     yaml_lines_.clear();
     std::istringstream lines(text);
     for (std::string line; std::getline(lines, line);) yaml_lines_.push_back(line);
+    if (const int line = SecondDocumentLine(text); line > 0) {
+      problems_.push_back(file + ":" + std::to_string(line) +
+                          ": a second YAML document starts here (---); a config is one document");
+      return;
+    }
     YAML::Node root;
     try {
-      const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-      if (documents.size() > 1) {
-        problems_.push_back(file + ": holds " + std::to_string(documents.size()) +
-                            " YAML documents (separated by ---); a config is one document");
-        return;
-      }
-      if (!documents.empty()) root = documents.front();
+      // Not YAML::LoadAll: yaml-cpp 0.7's loops forever on inputs such as "," (found by
+      // tests/fuzz; the input is a seed there).
+      root = YAML::Load(text);
     } catch (const YAML::Exception& e) {
       problems_.push_back(file + ":" + std::to_string(e.mark.line + 1) +
                           ": YAML syntax error: " + e.msg);
       return;
     }
-    if (root.IsNull()) return;  // an empty file leaves every default in place
+    // An empty file (or only comments) leaves every default in place; anything else that reads
+    // as null is not a config (yaml-cpp reads a stray "," that way).
+    if (root.IsNull() && !HasContent(text)) return;
     if (!root.IsMap()) {
       problems_.push_back(file +
                           ": expected a mapping of sections (parallel:, train:, model:, ...)");
