@@ -20,8 +20,8 @@ namespace fs = std::filesystem;
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
-std::string Tmp() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+using testutil::Bigmac;
+using testutil::TempDir;
 
 std::string DataDir() {
   static const std::string dir = [] {
@@ -48,7 +48,7 @@ struct Result {
 // `env` prefixes the command (the checkpoint fault hooks).
 Result Train(int pp, int dp, const std::string& name, const std::string& extra,
              const std::string& env = "") {
-  const std::string dump = Tmp() + "/dump_" + name;
+  const std::string dump = TempDir() + "/dump_" + name;
   fs::remove_all(dump);
   const std::string command =
       env + testutil::Mpirun(pp * dp) + " " + Bigmac() + " train --config " +
@@ -82,7 +82,7 @@ const Result& Full(int pp, int dp) {
   auto key = std::make_pair(pp, dp);
   if (!cache.count(key)) {
     const std::string dir =
-        Tmp() + "/ckpt_full_pp" + std::to_string(pp) + "_dp" + std::to_string(dp);
+        TempDir() + "/ckpt_full_pp" + std::to_string(pp) + "_dp" + std::to_string(dp);
     fs::remove_all(dir);
     cache[key] = Train(pp, dp, "full_" + std::to_string(pp) + "_" + std::to_string(dp),
                        "--set checkpoint.dir=" + dir + Accum(4));
@@ -91,7 +91,7 @@ const Result& Full(int pp, int dp) {
 }
 
 std::string FullDir(int pp, int dp) {
-  return Tmp() + "/ckpt_full_pp" + std::to_string(pp) + "_dp" + std::to_string(dp);
+  return TempDir() + "/ckpt_full_pp" + std::to_string(pp) + "_dp" + std::to_string(dp);
 }
 
 double MaxRelative(const std::vector<double>& a, const std::vector<double>& b) {
@@ -110,9 +110,10 @@ TEST(Resume, BitwiseWithTheSameLayout) {
   const Result& full = Full(2, 1);
   ASSERT_EQ(full.exit_code, 0) << full.output;
   ASSERT_EQ(full.losses.size(), 6u);
-  const Result resumed = Train(2, 1, "resume_same",
-                               "--resume " + FullDir(2, 1) + "/step_000003" +
-                                   " --set checkpoint.dir=" + Tmp() + "/ckpt_resumed" + Accum(4));
+  const Result resumed =
+      Train(2, 1, "resume_same",
+            "--resume " + FullDir(2, 1) + "/step_000003" + " --set checkpoint.dir=" + TempDir() +
+                "/ckpt_resumed" + Accum(4));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("[ckpt] resumed from"), std::string::npos);
   EXPECT_EQ(resumed.losses, Tail(full.losses));
@@ -135,7 +136,7 @@ TEST_P(ReshardTest, ContinuesLikeTheUninterruptedRun) {
   // The same global batch: replicas x accumulation stays 4 x from_dp.
   const Result resumed = Train(r.to_pp, r.to_dp, name,
                                "--resume " + FullDir(r.from_pp, r.from_dp) +
-                                   "/step_000003 --set checkpoint.dir=" + Tmp() + "/" + name +
+                                   "/step_000003 --set checkpoint.dir=" + TempDir() + "/" + name +
                                    Accum(4 * r.from_dp / r.to_dp));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const double difference = MaxRelative(Tail(full.losses), resumed.losses);
@@ -174,7 +175,7 @@ std::map<std::string, std::string> Snapshot(const std::string& dir) {
 void ExpectRefused(const std::string& name, const std::function<void(const std::string&)>& damage,
                    const std::string& fragment, const std::string& extra = "") {
   ASSERT_EQ(Full(2, 1).exit_code, 0);
-  const std::string dir = Tmp() + "/damaged_" + name;
+  const std::string dir = TempDir() + "/damaged_" + name;
   fs::remove_all(dir);
   fs::copy(FullDir(2, 1) + "/step_000003", dir, fs::copy_options::recursive);
   damage(dir);
@@ -251,7 +252,7 @@ TEST(Damage, MissingLayerId) {
 // A writer killed half-way through a file of the step-6 save: `latest` still names step 3, which
 // verifies and resumes to the same losses as an uninterrupted run.
 TEST(Crash, FirstSaveKilledLeavesTheOlderOne) {
-  const std::string dir = Tmp() + "/ckpt_crash2";
+  const std::string dir = TempDir() + "/ckpt_crash2";
   fs::remove_all(dir);
   // Steps 1-3 save step 3; the save of step 6 is killed half-way.
   const Result r = Train(2, 1, "crash2", "--set checkpoint.dir=" + dir + Accum(4));
@@ -284,7 +285,7 @@ TEST(Crash, FirstSaveKilledLeavesTheOlderOne) {
 // A write that fails half-way (a full disk): every rank stops with exit 7, the temporary directory
 // is removed, and `latest` still names the previous, intact checkpoint.
 TEST(Crash, FailedWriteKeepsThePreviousCheckpoint) {
-  const std::string dir = Tmp() + "/ckpt_full_disk";
+  const std::string dir = TempDir() + "/ckpt_full_disk";
   fs::remove_all(dir);
   const Result r = Train(2, 1, "full_disk", "--set checkpoint.dir=" + dir + Accum(4),
                          "BIGMAC_TEST_FAIL_CHECKPOINT=6 ");
@@ -305,7 +306,7 @@ TEST(Crash, FailedWriteKeepsThePreviousCheckpoint) {
 // saves count as the newest, `latest` always names an existing checkpoint, and the later
 // directories are left for the user.
 TEST(Retention, ResumingFromAnOlderStepNeverDeletesWhatLatestNames) {
-  const std::string dir = Tmp() + "/ckpt_older";
+  const std::string dir = TempDir() + "/ckpt_older";
   fs::remove_all(dir);
   ASSERT_EQ(Train(2, 1, "older_full", "--set checkpoint.dir=" + dir + Accum(4)).exit_code,
             0);  // steps 3, 6
@@ -326,7 +327,7 @@ TEST(Retention, ResumingFromAnOlderStepNeverDeletesWhatLatestNames) {
 }
 
 TEST(Retention, KeepsTheLastNAndTiedWeightOnce) {
-  const std::string dir = Tmp() + "/ckpt_keep";
+  const std::string dir = TempDir() + "/ckpt_keep";
   fs::remove_all(dir);
   const Result r = Train(4, 1, "keep",
                          "--set checkpoint.dir=" + dir +
@@ -355,7 +356,7 @@ TEST(Retention, KeepsTheLastNAndTiedWeightOnce) {
 
 TEST(Safetensors, ExportFollowsTheSpecAndRoundTrips) {
   ASSERT_EQ(Full(2, 1).exit_code, 0);
-  const std::string out = Tmp() + "/model.safetensors";
+  const std::string out = TempDir() + "/model.safetensors";
   const testutil::RunResult exported =
       RunCommand(Bigmac() + " ckpt export " + FullDir(2, 1) + " --safetensors " + out, 60);
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
@@ -408,7 +409,7 @@ TEST(Safetensors, ExportFollowsTheSpecAndRoundTrips) {
     for (int j = 0; j < 3 * c; j += 5) ASSERT_EQ(theirs[i * 3 * c + j], ours[j * c + i]);
   }
   // Import, export again: the same tensors.
-  const std::string imported = Tmp() + "/ckpt_imported";
+  const std::string imported = TempDir() + "/ckpt_imported";
   fs::remove_all(imported);
   const testutil::RunResult import = RunCommand(
       Bigmac() + " ckpt import --safetensors " + out + " --config " + Runfile("configs/tiny.yaml") +
@@ -418,7 +419,7 @@ TEST(Safetensors, ExportFollowsTheSpecAndRoundTrips) {
           imported,
       60);
   ASSERT_EQ(import.exit_code, 0) << import.output;
-  const std::string again = Tmp() + "/again.safetensors";
+  const std::string again = TempDir() + "/again.safetensors";
   ASSERT_EQ(
       RunCommand(Bigmac() + " ckpt export " + imported + " --safetensors " + again, 60).exit_code,
       0);
@@ -433,16 +434,16 @@ TEST(Safetensors, ExportFollowsTheSpecAndRoundTrips) {
   broken[8 + 30] = '#';
   testutil::WriteTempFile("broken.safetensors", broken);
   const testutil::RunResult refused =
-      RunCommand(Bigmac() + " ckpt import --safetensors " + Tmp() +
+      RunCommand(Bigmac() + " ckpt import --safetensors " + TempDir() +
                      "/broken.safetensors --config " + Runfile("configs/tiny.yaml") +
                      " --set model.num_layers=11 --set model.hidden_size=32 --set "
                      "model.num_heads=2 --set train.seq_length=16 "
                      "--output " +
-                     Tmp() + "/never",
+                     TempDir() + "/never",
                  60);
   EXPECT_EQ(refused.exit_code, 7) << refused.output;
   EXPECT_NE(refused.output.find("broken.safetensors"), std::string::npos) << refused.output;
-  EXPECT_FALSE(fs::exists(Tmp() + "/never"));
+  EXPECT_FALSE(fs::exists(TempDir() + "/never"));
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace {
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
+using testutil::Bigmac;
 
 // Prepared once: a few hundred KB of text made of varied sentences.
 std::string DataDir() {

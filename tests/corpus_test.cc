@@ -21,8 +21,8 @@ namespace fs = std::filesystem;
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
-std::string Tmp() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+using testutil::Bigmac;
+using testutil::TempDir;
 
 struct Case {
   std::string name;
@@ -69,7 +69,7 @@ std::map<std::string, std::string> Snapshot(const fs::path& dir) {
 // (a 2-block model reading data/), ckpt/ (2 steps of that model).
 const fs::path& Fixture() {
   static const fs::path dir = [] {
-    const fs::path root = fs::path(Tmp()) / "corpus_fixture";
+    const fs::path root = fs::path(TempDir()) / "corpus_fixture";
     fs::remove_all(root);
     fs::create_directories(root);
     std::string text;
@@ -156,7 +156,7 @@ class CorpusTest : public ::testing::TestWithParam<Case> {};
 TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
   const YAML::Node& node = GetParam().node;
   const std::string kind = node["kind"].as<std::string>();
-  const fs::path dir = fs::path(Tmp()) / ("case_" + GetParam().name);
+  const fs::path dir = fs::path(TempDir()) / ("case_" + GetParam().name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path& fixture = Fixture();

@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
-std::string Tmp() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+using testutil::Bigmac;
+using testutil::TempDir;
 
 std::string DataDir() {
   static const std::string dir = [] {
@@ -60,7 +60,7 @@ std::string TrainCommand(int steps, const std::string& ckpt, const std::string& 
 
 Result Train(const std::string& name, int steps, const std::string& ckpt, const std::string& extra,
              const std::string& env = "", int deadline = 120) {
-  const std::string dump = Tmp() + "/dump_" + name;
+  const std::string dump = TempDir() + "/dump_" + name;
   fs::remove_all(dump);
   const testutil::RunResult run =
       RunCommand(env + TrainCommand(steps, ckpt, extra + " --dump " + dump), deadline);
@@ -118,7 +118,7 @@ void ExpectContains(const std::string& text, const std::string& fragment) {
 }
 
 TEST(Fault, KilledRankEndsTheJobAndTheCheckpointSurvives) {
-  const std::string ckpt = Tmp() + "/ckpt_kill";
+  const std::string ckpt = TempDir() + "/ckpt_kill";
   fs::remove_all(ckpt);
   // Rank 1 dies by SIGKILL in step 5, after its backward, while rank 0 waits on it.
   const Result r = Train("kill", 6, ckpt, "", "BIGMAC_TEST_KILL=1:5 ", 60);
@@ -133,7 +133,7 @@ TEST(Fault, KilledRankEndsTheJobAndTheCheckpointSurvives) {
 }
 
 TEST(Fault, StalledRankFiresThePeersDeadlineNamingActionAndPeer) {
-  const std::string ckpt = Tmp() + "/ckpt_stall";
+  const std::string ckpt = TempDir() + "/ckpt_stall";
   fs::remove_all(ckpt);
   const Result r = Train("stall", 6, ckpt, "--set train.comm_timeout_seconds=3",
                          "BIGMAC_TEST_STALL_RANK=1:5 ", 60);
@@ -147,7 +147,7 @@ TEST(Fault, StalledRankFiresThePeersDeadlineNamingActionAndPeer) {
 }
 
 TEST(Fault, NanGradientWithPolicyStopNamesStepStageAndLayer) {
-  const std::string ckpt = Tmp() + "/ckpt_nan";
+  const std::string ckpt = TempDir() + "/ckpt_nan";
   fs::remove_all(ckpt);
   const Result r = Train("nan_stop", 6, ckpt, "", "BIGMAC_TEST_NAN_GRAD=3:4 ", 60);
   EXPECT_EQ(r.exit_code, 4) << r.output;
@@ -158,7 +158,7 @@ TEST(Fault, NanGradientWithPolicyStopNamesStepStageAndLayer) {
 }
 
 TEST(Fault, NanGradientWithPolicySkipDropsTheUpdateAndCountsIt) {
-  const std::string output_dir = Tmp() + "/run_nan_skip";
+  const std::string output_dir = TempDir() + "/run_nan_skip";
   const Result r =
       Train("nan_skip", 6, "", "--set train.nan_policy=skip --set train.output_dir=" + output_dir,
             "BIGMAC_TEST_NAN_GRAD=3:4 ", 60);
@@ -199,7 +199,7 @@ TEST(Fault, NanGradientWithPolicySkipDropsTheUpdateAndCountsIt) {
 // checkpoint survives. (Open MPI's shared-memory transport would trip the limit itself, so this
 // job uses TCP between its ranks.)
 TEST(Fault, FileSizeLimitDuringACheckpointKeepsThePreviousOne) {
-  const std::string ckpt = Tmp() + "/ckpt_fsize";
+  const std::string ckpt = TempDir() + "/ckpt_fsize";
   fs::remove_all(ckpt);
   const Result first = Train("fsize_first", 6, ckpt, "--set train.max_steps=2");
   ASSERT_EQ(first.exit_code, 0) << first.output;
@@ -221,9 +221,9 @@ TEST(Fault, FileSizeLimitDuringACheckpointKeepsThePreviousOne) {
 }
 
 TEST(Fault, SigtermSavesAFinalCheckpointAndExitsCleanly) {
-  const std::string ckpt = Tmp() + "/ckpt_sigterm";
-  const std::string log = Tmp() + "/sigterm.log";
-  const std::string output_dir = Tmp() + "/run_sigterm";
+  const std::string ckpt = TempDir() + "/ckpt_sigterm";
+  const std::string log = TempDir() + "/sigterm.log";
+  const std::string output_dir = TempDir() + "/run_sigterm";
   fs::remove_all(ckpt);
   fs::remove_all(output_dir);
   constexpr int kSteps = 400;

@@ -16,7 +16,7 @@ using testutil::Mpirun;
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
+using testutil::Bigmac;
 std::string TinyPp4() { return Runfile("configs/tiny_pp4.yaml"); }
 
 std::string DryRun(int ranks, const std::string& sets) {

@@ -20,9 +20,9 @@ namespace {
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
+using testutil::Bigmac;
 
-std::string TempDir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+using testutil::TempDir;
 
 std::string DataDir() {
   static const std::string dir = [] {

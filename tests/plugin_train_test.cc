@@ -17,9 +17,9 @@ namespace fs = std::filesystem;
 using testutil::RunCommand;
 using testutil::Runfile;
 
-std::string Bigmac() { return Runfile("bigmac"); }
+using testutil::Bigmac;
 std::string Plugin() { return Runfile("plugins/examples/rms_swiglu/librms_swiglu.so"); }
-std::string Tmp() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+using testutil::TempDir;
 
 std::string DataDir() {
   static const std::string dir = [] {
@@ -56,7 +56,7 @@ struct Result {
 };
 
 Result Train(int ranks, const std::string& name, const std::string& extra) {
-  const std::string dump = Tmp() + "/dump_" + name;
+  const std::string dump = TempDir() + "/dump_" + name;
   fs::remove_all(dump);
   const std::string command = testutil::Mpirun(ranks) + " " + Bigmac() + " train --config " +
                               ConfigFile() + " --dump " + dump +
@@ -102,7 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PluginScheduleTest,
 // Saved on two stages at step 3, resumed on one: the plugin layers' files are keyed by layer_id
 // like the built-in ones, so the run continues with the uninterrupted losses.
 TEST(PluginCheckpoint, SavedOnTwoStagesResumesOnOne) {
-  const std::string dir = Tmp() + "/plugin_ckpt";
+  const std::string dir = TempDir() + "/plugin_ckpt";
   fs::remove_all(dir);
   const Result full = Train(2, "ckpt_full",
                             "--set parallel.schedule=1f1b --set checkpoint.interval=3 "
@@ -112,7 +112,7 @@ TEST(PluginCheckpoint, SavedOnTwoStagesResumesOnOne) {
   ASSERT_TRUE(fs::exists(dir + "/step_000003/block_0001.bin"));
   const Result resumed =
       Train(1, "ckpt_resumed",
-            "--resume " + dir + "/step_000003 --set checkpoint.dir=" + Tmp() + "/plugin_ckpt2");
+            "--resume " + dir + "/step_000003 --set checkpoint.dir=" + TempDir() + "/plugin_ckpt2");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ASSERT_EQ(resumed.losses.size(), 3u) << resumed.output;
   for (size_t i = 0; i < 3; ++i) {

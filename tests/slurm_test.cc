@@ -65,15 +65,15 @@ TEST(Slurm, AFailedJobReportsItsExitCodeAndStopsTheDaemons) {
 // Before a time limit Slurm sends SIGTERM (--signal=B:TERM@120): the batch script passes it to
 // srun and the ranks, which stop together after a step, write a final checkpoint and exit 0.
 TEST(Slurm, SigtermToTheBatchScriptStopsTheRanksWithAFinalCheckpoint) {
-  const testutil::RunResult run = RunCommand(
-      "BIGMAC_SLURM_TERM_AFTER='step 20/' " +
-          SubmitJob("--set train.max_steps=100000 --set train.log_interval=10 "
-                    "--set train.eval_interval=0 --set checkpoint.dir=ckpt"),
-      300);
+  const testutil::RunResult run =
+      RunCommand("BIGMAC_SLURM_TERM_AFTER='step 20/' " +
+                     SubmitJob("--set train.max_steps=100000 --set train.log_interval=10 "
+                               "--set train.eval_interval=0 --set checkpoint.dir=ckpt"),
+                 300);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  for (const std::string fragment :
-       {"bigmac-slurm: SIGTERM, stopping the training step", "[signal] SIGTERM: stopping after step",
-        "with the checkpoint of step", "slurm job exit: 0"}) {
+  for (const std::string fragment : {"bigmac-slurm: SIGTERM, stopping the training step",
+                                     "[signal] SIGTERM: stopping after step",
+                                     "with the checkpoint of step", "slurm job exit: 0"}) {
     EXPECT_NE(run.output.find(fragment), std::string::npos) << fragment << "\n" << run.output;
   }
   EXPECT_EQ(LiveDaemons(), "");

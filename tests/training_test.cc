@@ -184,8 +184,7 @@ TEST(NonFinite, NamesTheLayer) {
 // A small corpus of varied English-like sentences, prepared as shards once per test binary.
 std::string DataDir() {
   static const std::string dir = [] {
-    const std::string base =
-        std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
+    const std::string base = testutil::TempDir();
     std::string text;
     const char* words[] = {"the",   "pipeline",  "stage", "sends", "activations", "to",
                            "next",  "rank",      "and",   "waits", "for",         "gradients",
@@ -286,7 +285,7 @@ std::string ShardError(const std::string& path) {
 }
 
 TEST(Shard, RoundTripsAndRejectsDamage) {
-  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string dir = testutil::TempDir();
   const std::string good = dir + "/good.bin";
   data::WriteShard(good, 256, {1, 2, 255, 0});
   EXPECT_EQ(data::ReadShard(good).tokens, (std::vector<uint16_t>{1, 2, 255, 0}));

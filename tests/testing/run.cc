@@ -24,9 +24,15 @@ std::string Runfile(const std::string& path) {
   return std::string(root) + "/" + (workspace ? workspace : "bigmac") + "/" + path;
 }
 
-std::string WriteTempFile(const std::string& name, const std::string& contents) {
+std::string TempDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  return dir ? dir : "/tmp";
+}
+
+std::string Bigmac() { return Runfile("bigmac"); }
+
+std::string WriteTempFile(const std::string& name, const std::string& contents) {
+  const std::string path = TempDir() + "/" + name;
   std::ofstream(path) << contents;
   return path;
 }
@@ -38,11 +44,10 @@ std::string Mpirun(int ranks) {
 }
 
 std::string PrepareShards(const std::string& name, const std::string& text) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string out = std::string(dir ? dir : "/tmp") + "/" + name + "_shards";
+  const std::string out = TempDir() + "/" + name + "_shards";
   const std::string corpus = WriteTempFile(name + "_corpus.txt", text);
   const RunResult r =
-      RunCommand(Runfile("bigmac") + " data prep --input " + corpus + " --output " + out, 60);
+      RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + out, 60);
   if (r.exit_code != 0) throw std::runtime_error("data prep failed: " + r.output);
   return out;
 }

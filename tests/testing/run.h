@@ -18,6 +18,12 @@ RunResult RunCommand(const std::string& command, int deadline_seconds = 120);
 // Path of a runfile of this workspace, e.g. Runfile("bigmac") or Runfile("configs/tiny_pp4.yaml").
 std::string Runfile(const std::string& path);
 
+// The test's temporary directory (Bazel's TEST_TMPDIR, else /tmp).
+std::string TempDir();
+
+// The bigmac binary of this workspace (a runfile).
+std::string Bigmac();
+
 // A fresh file under the test's temporary directory holding `contents`; returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& contents);
 
