@@ -13,12 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/expect.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
 namespace {
 
 namespace fs = std::filesystem;
+using testutil::ExpectContains;
 using testutil::RunCommand;
 using testutil::Runfile;
 
@@ -111,10 +113,6 @@ std::string LineWith(const std::string& text, const std::string& fragment) {
   if (at == std::string::npos) return "";
   const size_t begin = text.rfind('\n', at) == std::string::npos ? 0 : text.rfind('\n', at) + 1;
   return text.substr(begin, text.find('\n', at) - begin);
-}
-
-void ExpectContains(const std::string& text, const std::string& fragment) {
-  EXPECT_NE(text.find(fragment), std::string::npos) << "missing '" << fragment << "' in:\n" << text;
 }
 
 TEST(Fault, KilledRankEndsTheJobAndTheCheckpointSurvives) {

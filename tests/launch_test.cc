@@ -3,20 +3,18 @@
 
 #include <string>
 
+#include "tests/testing/expect.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
 namespace {
 
+using testutil::ExpectContains;
 using testutil::RunCommand;
 using testutil::Runfile;
 
 std::string Wrapper() {
   return "BIGMAC_BIN=" + Runfile("bigmac") + " " + Runfile("launch/bigmac-mpirun");
-}
-
-void ExpectContains(const std::string& text, const std::string& fragment) {
-  EXPECT_NE(text.find(fragment), std::string::npos) << "missing '" << fragment << "' in:\n" << text;
 }
 
 TEST(MpirunWrapper, TwoNodesOfEightGpusGetSixteenRanksEightPerNode) {

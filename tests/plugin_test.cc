@@ -5,12 +5,14 @@
 #include "core/layer/layer.h"
 #include "core/layer/plugin_loader.h"
 #include "stages/gpt/init.h"
+#include "tests/testing/expect.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
 namespace {
 
+using testutil::ExpectContains;
 using testutil::Runfile;
 
 std::string ExamplePlugin() { return Runfile("plugins/examples/rms_swiglu/librms_swiglu.so"); }
@@ -23,10 +25,6 @@ std::string LoadError(const std::string& path) {
     return error.what();
   }
   return "";
-}
-
-void ExpectContains(const std::string& text, const std::string& fragment) {
-  EXPECT_NE(text.find(fragment), std::string::npos) << "missing '" << fragment << "' in: " << text;
 }
 
 TEST(Plugin, RegistersItsTypesWithTheLibraryAsOrigin) {

@@ -7,17 +7,18 @@
 #include "core/config/errors.h"
 #include "core/layer/layer.h"
 #include "core/layer/plugin_loader.h"
+#include "core/util/format.h"
 
 namespace bigmac::cli {
 namespace {
 
 std::string KnownTypesWithOrigins() {
   const layer::LayerRegistry& registry = layer::LayerRegistry::Global();
-  std::string text;
+  std::vector<std::string> entries;
   for (const std::string& name : registry.Names()) {
-    text += (text.empty() ? "" : ", ") + name + " (" + registry.Origin(name) + ")";
+    entries.push_back(name + " (" + registry.Origin(name) + ")");
   }
-  return text;
+  return util::Join(entries, ", ");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/config/schema.h"
+#include "core/util/format.h"
 
 namespace bigmac::config {
 namespace {
@@ -65,9 +66,8 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
   }
   add("layer_types: " + types + " (" + from("model.layer_types") + ")");
   if (values.plugins_size() > 0) {
-    std::string plugins;
-    for (const std::string& path : values.plugins()) plugins += (plugins.empty() ? "" : " ") + path;
-    add("plugins: " + plugins + " (" + from("plugins") + ")");
+    add("plugins: " + util::Join({values.plugins().begin(), values.plugins().end()}, " ") + " (" +
+        from("plugins") + ")");
   }
   add("config_hash=" + Hex(r.hash));
   add("every key (value <- source, [layer]):");

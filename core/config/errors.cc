@@ -2,21 +2,11 @@
 
 #include <utility>
 
+#include "core/util/format.h"
+
 namespace bigmac::config {
-namespace {
-
-std::string JoinProblems(const std::vector<std::string>& problems) {
-  std::string text;
-  for (const std::string& problem : problems) {
-    if (!text.empty()) text += "\n";
-    text += problem;
-  }
-  return text;
-}
-
-}  // namespace
 
 ConfigError::ConfigError(std::vector<std::string> problems)
-    : std::runtime_error(JoinProblems(problems)), problems_(std::move(problems)) {}
+    : std::runtime_error(util::Join(problems, "\n")), problems_(std::move(problems)) {}
 
 }  // namespace bigmac::config

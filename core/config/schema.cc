@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "core/util/format.h"
 #include "google/protobuf/text_format.h"
 
 namespace bigmac::config {
@@ -122,12 +123,6 @@ std::string ForeignAlias(const std::string& name) {
   };
   auto it = kAliases.find(name);
   return it == kAliases.end() ? "" : it->second;
-}
-
-std::string JoinQuoted(const std::vector<std::string>& words) {
-  std::string text;
-  for (const std::string& word : words) text += (text.empty() ? "" : ", ") + word;
-  return text;
 }
 
 }  // namespace
@@ -251,7 +246,7 @@ std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view
     return "unknown section '" + section + "'" +
            (path.find('.') == std::string_view::npos ? "" : " in " + quoted) +
            (near.empty() ? "" : "; did you mean '" + near.front() + "'?") +
-           " (sections: " + JoinQuoted(sections) + ")";
+           " (sections: " + util::Join(sections, ", ") + ")";
   }
   std::vector<std::string> near = Suggest(path, paths);
   if (!near.empty()) return "unknown key " + quoted + "; did you mean '" + near.front() + "'?";
@@ -259,7 +254,8 @@ std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view
   for (const std::string& candidate : paths) {
     if (FirstComponent(candidate) == section) in_section.push_back(candidate);
   }
-  return "unknown key " + quoted + " (keys in '" + section + "': " + JoinQuoted(in_section) + ")";
+  return "unknown key " + quoted + " (keys in '" + section + "': " + util::Join(in_section, ", ") +
+         ")";
 }
 
 }  // namespace bigmac::config

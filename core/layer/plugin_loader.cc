@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/layer/layer.h"
+#include "core/util/format.h"
 #include "plugins/bigmac_plugin.h"
 
 namespace bigmac::layer {
@@ -69,12 +70,6 @@ std::string CanonicalPath(const std::string& path) {
   return canonical;
 }
 
-std::string Joined(const std::vector<std::string>& parts, const std::string& separator) {
-  std::string text;
-  for (const std::string& part : parts) text += (text.empty() ? "" : separator) + part;
-  return text;
-}
-
 }  // namespace
 
 std::vector<std::string> LoadPlugin(const std::string& path) {
@@ -126,7 +121,7 @@ std::vector<std::string> LoadPlugin(const std::string& path) {
     throw PluginError(where + ": " +
                       (state.errors.empty() ? "the entry point failed (returned " +
                                                   std::to_string(status) + ") without saying why"
-                                            : Joined(state.errors, "; ")));
+                                            : util::Join(state.errors, "; ")));
   }
   if (state.registered.empty()) throw PluginError(where + ": registers no layer types");
   return state.registered;

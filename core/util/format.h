@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace bigmac::util {
 
@@ -12,6 +13,13 @@ std::string Format(const char* format, Args... args) {
   const int size = std::snprintf(nullptr, 0, format, args...);
   std::string text(size > 0 ? size : 0, '\0');
   std::snprintf(text.data(), text.size() + 1, format, args...);
+  return text;
+}
+
+// The parts with `separator` between them.
+inline std::string Join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string text;
+  for (size_t i = 0; i < parts.size(); ++i) text += (i ? separator : "") + parts[i];
   return text;
 }
 
