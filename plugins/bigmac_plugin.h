@@ -14,8 +14,16 @@
 #include <stdint.h>
 
 #ifndef BIGMAC_PLUGIN_ABI_VERSION
-#define BIGMAC_PLUGIN_ABI_VERSION 1
+#define BIGMAC_PLUGIN_ABI_VERSION 2
 #endif
+
+// What changed from each version to the next, for the message that refuses an older plugin.
+#define BIGMAC_PLUGIN_ABI_CHANGES                                                               \
+  "ABI 2 (from 1): register_layer names a backend (\"cpu\" or \"cuda\"); LayerSpec carries "   \
+  "the device (spec.device: allocator, stream, library handles) instead of an allocator and "  \
+  "a bf16 flag (precision.dtype=bf16: bf16 activations); Param has a bf16 compute copy; "     \
+  "tensor operations are calls into the host's device; plugins build against plugins/ "        \
+  "headers only (docs/plugins.md)"
 
 // The exported entry point's name, as dlsym looks it up.
 #define BIGMAC_PLUGIN_ENTRY_NAME "bigmac_plugin_register"
@@ -26,15 +34,20 @@ extern "C" {
 
 // Builds a layer from a `const bigmac::layer::LayerSpec*` and returns a new
 // `bigmac::layer::Layer*` the host takes ownership of. It may throw std::exception (for example
-// for an unsupported dtype); the host reports the message with the layer_id.
+// for an unsupported dtype); the host reports the message with the layer_id. The spec's device
+// (`spec->device`) is the host's: on CUDA its compute_stream(), blas_handle() and dnn_handle()
+// are the opaque cudaStream_t, cublasLtHandle_t and cudnnHandle_t the layer must use, and every
+// tensor, token and target pointer the layer sees is a device pointer valid in stream order.
 typedef void* (*bigmac_layer_factory)(const void* layer_spec);
 
 // The registry handle the host passes to the entry point. Valid only during the call.
 typedef struct bigmac_registry {
   void* host;  // opaque
-  // Registers a layer type under `type_name` (letters, digits, '_'). Returns 0, or non-zero if the
-  // name is taken or malformed; the host then reports why and refuses the plugin.
-  int (*register_layer)(void* host, const char* type_name, bigmac_layer_factory factory);
+  // Registers the `backend` ("cpu" or "cuda") implementation of layer type `type_name` (letters,
+  // digits, '_'). Returns 0, or non-zero if the (name, backend) is taken or malformed; the host
+  // then reports why and refuses the plugin.
+  int (*register_layer)(void* host, const char* type_name, const char* backend,
+                        bigmac_layer_factory factory);
   // A message the host prints if the entry point returns non-zero.
   void (*report_error)(void* host, const char* message);
 } bigmac_registry;
@@ -67,10 +80,11 @@ void* DTypeFactory(const void* layer_spec) {
       .release();
 }
 
-// Registers a factory as `type_name`; false if the host refused it (the host says why).
-inline bool RegisterLayer(bigmac_registry* registry, const char* type_name,
+// Registers a factory as `type_name` for `backend`; false if the host refused it (the host says
+// why).
+inline bool RegisterLayer(bigmac_registry* registry, const char* type_name, const char* backend,
                           bigmac_layer_factory factory) {
-  return registry->register_layer(registry->host, type_name, factory) == 0;
+  return registry->register_layer(registry->host, type_name, backend, factory) == 0;
 }
 
 }  // namespace bigmac::plugin

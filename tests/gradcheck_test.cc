@@ -36,14 +36,14 @@ TEST(GradCheck, Head) { CheckLayerGradients("gpt_head", 3, false); }
 // The whole model: embedding, 3 blocks, head, with the tied token embedding (its gradient is the
 // sum of the embedding's and the head's contributions).
 TEST(GradCheck, WholeModelWithTiedEmbedding) {
-  memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
   partition::PartitionSpec pspec;
   pspec.num_layers = Dims().num_layers;
   const partition::Partition partition = partition::MakePartition(pspec);
   engine::StageOptions options;
   options.dims = Dims();
   options.dtype = DType::kF64;
-  options.allocator = &allocator;
+  options.device = cpu.get();
   options.seed = 11;
   engine::Stage stage(options, partition, 0);
   Batch batch = MakeBatch(2, 6, options.dims.vocab_size);
@@ -58,10 +58,10 @@ TEST(GradCheck, WholeModelWithTiedEmbedding) {
 }
 
 TEST(Registry, UnknownLayerTypeListsTheKnownOnes) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 20);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 20);
   layer::LayerSpec spec;
   spec.type = "gpt_blok";
-  spec.allocator = &allocator;
+  spec.device = cpu.get();
   try {
     layer::CreateLayer(spec);
     FAIL();
@@ -82,13 +82,13 @@ namespace {
 // What a layer reports as its activation bytes is what its Forward keeps.
 TEST(LayerReports, ActivationBytesMatchWhatForwardKeeps) {
   for (bool checkpointing : {false, true}) {
-    memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+    const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
     const layer::LayerSpec spec =
-        testutil::GradcheckSpec("gpt_block", 0, DType::kF32, &allocator, checkpointing);
+        testutil::GradcheckSpec("gpt_block", 0, DType::kF32, cpu.get(), checkpointing);
     auto block = layer::CreateLayer(spec);
     block->InitParams(1);
     Batch batch = MakeBatch(2, 6, spec.dims.vocab_size);
-    Tensor x(&allocator, {2, 6, spec.dims.hidden_size}, DType::kF32);
+    Tensor x(cpu.get(), {2, 6, spec.dims.hidden_size}, DType::kF32);
     layer::Saved saved;
     Tensor y;
     block->Forward(batch.mb, x, &y, &saved);
@@ -101,8 +101,8 @@ TEST(LayerReports, ActivationBytesMatchWhatForwardKeeps) {
 
 // Softmax and log-sum-exp subtract the maximum: huge logits give a finite, exact loss.
 TEST(Numerics, CrossEntropyIsStableForHugeLogits) {
-  memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
-  const layer::LayerSpec spec = testutil::GradcheckSpec("gpt_head", 3, DType::kF32, &allocator);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
+  const layer::LayerSpec spec = testutil::GradcheckSpec("gpt_head", 3, DType::kF32, cpu.get());
   auto head = layer::CreateLayer(spec);
   head->InitParams(1);
   // Scale the output projection so that logits reach the thousands.
@@ -111,7 +111,7 @@ TEST(Numerics, CrossEntropyIsStableForHugeLogits) {
     for (int64_t i = 0; i < param->value.numel(); ++i) param->value.data<float>()[i] *= 1e5f;
   }
   Batch batch = MakeBatch(2, 6, spec.dims.vocab_size);
-  Tensor x(&allocator, {2, 6, spec.dims.hidden_size}, DType::kF32);
+  Tensor x(cpu.get(), {2, 6, spec.dims.hidden_size}, DType::kF32);
   stages::gpt::FillNormal(&x, 1.0, 9, 0, "x");
   layer::Saved saved;
   Tensor loss;

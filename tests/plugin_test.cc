@@ -46,13 +46,13 @@ TEST(Plugin, ExampleBlockGradientsMatchFiniteDifferences) {
 
 TEST(Plugin, ExampleBlockReportsWhatItKeepsAndItsFlops) {
   layer::LoadPlugin(ExamplePlugin());
-  memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
   const layer::LayerSpec spec =
-      testutil::GradcheckSpec("rms_swiglu_block", 0, memory::DType::kF32, &allocator);
+      testutil::GradcheckSpec("rms_swiglu_block", 0, memory::DType::kF32, cpu.get());
   auto block = layer::CreateLayer(spec);
   block->InitParams(1);
   testutil::Batch batch = testutil::MakeBatch(2, 6, spec.dims.vocab_size);
-  memory::Tensor x(&allocator, {2, 6, spec.dims.hidden_size}, memory::DType::kF32);
+  memory::Tensor x(cpu.get(), {2, 6, spec.dims.hidden_size}, memory::DType::kF32);
   stages::gpt::FillNormal(&x, 1.0, 3, 0, "x");
   layer::Saved saved;
   memory::Tensor y;
@@ -68,9 +68,9 @@ TEST(Plugin, ExampleBlockReportsWhatItKeepsAndItsFlops) {
 
 TEST(Plugin, ExampleBlockRefusesAnUnsupportedDtypeByName) {
   layer::LoadPlugin(ExamplePlugin());
-  memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
   layer::LayerSpec spec =
-      testutil::GradcheckSpec("rms_swiglu_block", 0, memory::DType::kI32, &allocator);
+      testutil::GradcheckSpec("rms_swiglu_block", 0, memory::DType::kI32, cpu.get());
   try {
     layer::CreateLayer(spec);
     FAIL() << "i32 accepted";
@@ -100,8 +100,18 @@ TEST(BadPlugin, AbiVersionMismatch) {
   const std::string path = Runfile("tests/plugins/libabi_mismatch.so");
   const std::string error = LoadError(path);
   ExpectContains(error, "plugin " + path +
-                            ": built for plugin ABI version 2, but this bigmac speaks version 1");
+                            ": built for plugin ABI version 3, but this bigmac speaks version 2");
   EXPECT_FALSE(layer::LayerRegistry::Global().Has("future_block"));
+}
+
+TEST(BadPlugin, AbiVersion1IsRefusedSayingWhatChanged) {
+  const std::string path = Runfile("tests/plugins/libabi_v1.so");
+  const std::string error = LoadError(path);
+  ExpectContains(error, "plugin " + path +
+                            ": built for plugin ABI version 1, but this bigmac speaks version 2");
+  ExpectContains(error, "ABI 2 (from 1): register_layer names a backend");
+  ExpectContains(error, "LayerSpec carries the device");
+  EXPECT_FALSE(layer::LayerRegistry::Global().Has("old_block"));
 }
 
 TEST(BadPlugin, DuplicateLayerName) {

@@ -147,7 +147,7 @@ TEST(PluginErrors, ABadPluginStopsEveryRankWithExitTwo) {
                      Runfile("configs/tiny.yaml") + " --set parallel.pp_size=2 --plugin " + bad,
                  60);
   EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("plugin " + bad + ": built for plugin ABI version 2"),
+  EXPECT_NE(run.output.find("plugin " + bad + ": built for plugin ABI version 3"),
             std::string::npos)
       << run.output;
   EXPECT_NE(run.output.find("(plugins, --plugin)"), std::string::npos) << run.output;

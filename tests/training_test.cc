@@ -24,10 +24,10 @@ using memory::Tensor;
 // ---------------------------------------------------------------- AdamW and the schedule
 
 TEST(AdamW, MatchesHandComputedSteps) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 20);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 20);
   layer::Param param;
-  param.value = Tensor(&allocator, {2}, DType::kF64);
-  param.grad = Tensor(&allocator, {2}, DType::kF64);
+  param.value = Tensor(cpu.get(), {2}, DType::kF64);
+  param.grad = Tensor(cpu.get(), {2}, DType::kF64);
   param.weight_decay = true;
   param.value.data<double>()[0] = 1.0;
   param.value.data<double>()[1] = -2.0;
@@ -51,10 +51,10 @@ TEST(AdamW, MatchesHandComputedSteps) {
 }
 
 TEST(AdamW, NoDecayWithoutTheFlag) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 20);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 20);
   layer::Param param;
-  param.value = Tensor(&allocator, {1}, DType::kF64);
-  param.grad = Tensor(&allocator, {1}, DType::kF64);
+  param.value = Tensor(cpu.get(), {1}, DType::kF64);
+  param.grad = Tensor(cpu.get(), {1}, DType::kF64);
   param.value.data<double>()[0] = 3.0;  // zero gradient, no decay: nothing moves
   optim::AdamW({0.9, 0.95, 1e-8, 0.5}).Step({&param}, 0.1, 1);
   EXPECT_EQ(param.value.data<double>()[0], 3.0);
@@ -70,10 +70,10 @@ TEST(LearningRate, WarmupThenCosine) {
 }
 
 TEST(Clipping, GlobalNormAndScale) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 20);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 20);
   layer::Param a, b;
-  a.grad = Tensor(&allocator, {2}, DType::kF32);
-  b.grad = Tensor(&allocator, {1}, DType::kF32);
+  a.grad = Tensor(cpu.get(), {2}, DType::kF32);
+  b.grad = Tensor(cpu.get(), {1}, DType::kF32);
   a.grad.data<float>()[0] = 3;
   a.grad.data<float>()[1] = 0;
   b.grad.data<float>()[0] = 4;
@@ -98,19 +98,19 @@ struct OneBatch {
   }
 };
 
-engine::Stage MakeStage(memory::DeviceAllocator* allocator, DType dtype = DType::kF32) {
+engine::Stage MakeStage(device::Device* device, DType dtype = DType::kF32) {
   partition::PartitionSpec spec;
   spec.num_layers = SmallDims().num_layers;
   engine::StageOptions options;
   options.dims = SmallDims();
   options.dtype = dtype;
-  options.allocator = allocator;
+  options.device = device;
   return engine::Stage(options, partition::MakePartition(spec), 0);
 }
 
 TEST(TiedWeights, OneOwnerGradientSumsBothUsesAndCopyFollows) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 28);
-  engine::Stage stage = MakeStage(&allocator, DType::kF64);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 28);
+  engine::Stage stage = MakeStage(cpu.get(), DType::kF64);
   layer::Param* owner = nullptr;
   layer::Param* copy = nullptr;
   for (auto& layer : stage.layers()) {
@@ -148,8 +148,8 @@ TEST(TiedWeights, OneOwnerGradientSumsBothUsesAndCopyFollows) {
 }
 
 TEST(Overfit, OneBatchToNearZeroLoss) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 28);
-  engine::Stage stage = MakeStage(&allocator);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 28);
+  engine::Stage stage = MakeStage(cpu.get());
   OneBatch batch(4, 8, SmallDims().vocab_size);
   std::vector<layer::Param*> params;
   for (const auto& named : stage.OwnedParams()) params.push_back(named.param);
@@ -168,8 +168,8 @@ TEST(Overfit, OneBatchToNearZeroLoss) {
 }
 
 TEST(NonFinite, NamesTheLayer) {
-  memory::DeviceAllocator allocator("cpu:0", 1 << 28);
-  engine::Stage stage = MakeStage(&allocator);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 28);
+  engine::Stage stage = MakeStage(cpu.get());
   OneBatch batch(2, 8, SmallDims().vocab_size);
   EXPECT_EQ(stage.FirstNonFiniteLayer(batch.mb), "");
   for (auto& layer : stage.layers()) {

@@ -463,7 +463,7 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
     std::vector<Loaded> loaded;
     for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
       auto fresh = [&] {
-        return memory::Tensor(stage.allocator(), named.param->value.shape(),
+        return memory::Tensor(stage.device(), named.param->value.shape(),
                               named.param->value.dtype());
       };
       Loaded l{named.param, fresh(), fresh(), fresh(), true};

@@ -28,18 +28,18 @@ config::ResolvedConfig SingleRank(config::LoadedConfig loaded) {
 }
 
 struct Model {
-  std::unique_ptr<memory::DeviceAllocator> allocator;
+  std::unique_ptr<device::Device> device;
   std::unique_ptr<engine::Stage> stage;
 };
 
 Model BuildModel(const config::ResolvedConfig& resolved) {
   const config::Config& cfg = resolved.values();
   Model model;
-  model.allocator = std::make_unique<memory::DeviceAllocator>("cpu:0", memory::CpuCapacity("", 1));
+  model.device = device::MakeCpuDevice(0, memory::CpuCapacity("", 1));
   engine::StageOptions options;
   options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
                   cfg.model().num_layers(), cfg.train().seq_length()};
-  options.allocator = model.allocator.get();
+  options.device = model.device.get();
   options.seed = static_cast<uint64_t>(cfg.train().seed());
   options.block_types = resolved.block_types;
   model.stage = std::make_unique<engine::Stage>(options, resolved.partition, 0);

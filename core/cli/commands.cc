@@ -176,10 +176,6 @@ std::vector<std::string> UnsupportedForTraining(const config::Config& values) {
         "device.backend=" + values.device().backend() +
         ": the CUDA backend is not implemented yet; training runs on device.backend=cpu");
   }
-  if (values.precision().dtype() != "fp32") {
-    missing.push_back("precision.dtype=" + values.precision().dtype() +
-                      ": mixed precision arrives with the CUDA backend; training runs in fp32");
-  }
   return missing;
 }
 
@@ -429,7 +425,12 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   std::unique_ptr<comm::PipelineComm> pipeline = comm::MakeMpiPipelineComm(
       topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds(),
       core_each ? 2e-3 : 50e-6);
+  // The rank's device, chosen above; it outlives the training run.
+  const std::unique_ptr<::bigmac::device::Device> rank_device = ::bigmac::device::MakeCpuDevice(
+      device.index,
+      memory::CpuCapacity(resolved->values().device().memory_limit(), world.local_size()));
   engine::TrainOptions train_options;
+  train_options.device = rank_device.get();
   train_options.ranks_on_node = world.local_size();
   train_options.dump_dir = options.dump_dir;
   train_options.resume = options.resume;

@@ -5,8 +5,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <array>
 #include <list>
+#include <vector>
 
 namespace bigmac::comm {
 namespace {
@@ -14,6 +17,18 @@ namespace {
 constexpr int64_t kMagic = 0x424d4143;  // "BMAC"
 constexpr int kHeaderWords = 8;         // magic, dtype, ndim, 4 dims, numel
 constexpr int64_t kDpBucketFloats = int64_t{1} << 20;
+// MPI counts are ints: a payload goes out as messages of at most this many bytes (after its
+// header, same tag, matched in order), so tensors of 2 GiB and more travel.
+constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
+
+// BIGMAC_TEST_MAX_MESSAGE_BYTES: a smaller limit, so tests exercise the split without 2 GiB.
+int64_t MaxMessageBytes() {
+  if (const char* text = std::getenv("BIGMAC_TEST_MAX_MESSAGE_BYTES")) {
+    const long long value = std::atoll(text);
+    if (value > 0) return value;
+  }
+  return kMaxMessageBytes;
+}
 
 std::string Describe(memory::DType dtype, const std::vector<int64_t>& shape) {
   std::string text = memory::DTypeName(dtype) + "[";
@@ -36,9 +51,11 @@ class MpiPipelineComm : public PipelineComm {
     // Only on an abnormal exit are sends still in flight: MPI may still read their buffers, so
     // they are released to MPI and deliberately leaked rather than freed under it.
     for (Pending& p : pending_) {
-      MPI_Request_free(&p.request);
-      new std::vector<char>(std::move(p.buffer));
+      for (MPI_Request& request : p.requests) {
+        if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+      }
     }
+    if (!pending_.empty()) new std::list<Pending>(std::move(pending_));  // nodes stay in place
   }
 
   int pp_rank() const override { return coords_.pp; }
@@ -47,70 +64,90 @@ class MpiPipelineComm : public PipelineComm {
   int dp_size() const override { return topology_.dp_size(); }
   int world_rank() const override { return world_rank_; }
 
-  void Send(const memory::Tensor& tensor, int peer, int tag, const std::string&) override {
+  void Send(memory::Tensor tensor, int peer, int tag, const std::string&) override {
     if (tensor.shape().size() > 4)
       throw TransportError("tensors of more than 4 dimensions cannot be sent");
-    Pending pending;
-    pending.buffer.resize(kHeaderWords * sizeof(int64_t) + tensor.bytes());
-    int64_t header[kHeaderWords] = {kMagic,
-                                    static_cast<int64_t>(tensor.dtype()),
-                                    static_cast<int64_t>(tensor.shape().size()),
-                                    0,
-                                    0,
-                                    0,
-                                    0,
-                                    tensor.numel()};
-    for (size_t i = 0; i < tensor.shape().size(); ++i) header[3 + i] = tensor.shape()[i];
-    std::memcpy(pending.buffer.data(), header, sizeof(header));
-    const void* data =
-        tensor.dtype() == memory::DType::kF64   ? static_cast<const void*>(tensor.data<double>())
-        : tensor.dtype() == memory::DType::kI32 ? static_cast<const void*>(tensor.data<int32_t>())
-                                                : static_cast<const void*>(tensor.data<float>());
-    std::memcpy(pending.buffer.data() + sizeof(header), data, tensor.bytes());
-    pending_.push_back(std::move(pending));
+    CountSent(tag, tensor.bytes());
+    pending_.emplace_back();
     Pending& p = pending_.back();
-    MPI_Isend(p.buffer.data(), static_cast<int>(p.buffer.size()), MPI_BYTE, peer, tag, comms_.pp,
-              &p.request);
+    p.header = {kMagic,
+                static_cast<int64_t>(tensor.dtype()),
+                static_cast<int64_t>(tensor.shape().size()),
+                0,
+                0,
+                0,
+                0,
+                tensor.numel()};
+    for (size_t i = 0; i < tensor.shape().size(); ++i) p.header[3 + i] = tensor.shape()[i];
+    const char* data = static_cast<const char*>(tensor.raw());
+    if (tensor.device()->backend() != device::Backend::kCpu) {
+      // Device memory goes through the host.
+      p.staging.resize(tensor.bytes());
+      tensor.CopyToHost(p.staging.data());
+      data = p.staging.data();
+    }
+    p.requests.emplace_back();
+    MPI_Isend(p.header.data(), static_cast<int>(sizeof(int64_t) * kHeaderWords), MPI_BYTE, peer,
+              tag, comms_.pp, &p.requests.back());
+    for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
+      const int64_t n = std::min(max_message_bytes_, tensor.bytes() - offset);
+      p.requests.emplace_back();
+      MPI_Isend(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, comms_.pp,
+                &p.requests.back());
+    }
+    p.tensor = std::move(tensor);
     Reap();
   }
 
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
-                         memory::DeviceAllocator* allocator, const std::string& what) override {
+                         device::Device* device, const std::string& what) override {
+    const std::string from = what + " from pp rank " + std::to_string(peer);
     MPI_Status status;
-    Wait(what + " from pp rank " + std::to_string(peer) + " (world rank " +
-             std::to_string(PeerWorldRank(peer)) + ")",
-         [&] {
-           int found = 0;
-           MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
-           Reap();
-           return found != 0;
-         });
+    Wait(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
+      int found = 0;
+      MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
+      Reap();
+      return found != 0;
+    });
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
-    std::vector<char> buffer(bytes);
-    MPI_Request request;
-    MPI_Irecv(buffer.data(), bytes, MPI_BYTE, peer, tag, comms_.pp, &request);
-    Complete(&request,
-             what + " from pp rank " + std::to_string(peer) + " (receiving the matched message)");
     int64_t header[kHeaderWords] = {};
-    if (bytes >= static_cast<int>(sizeof(header)))
-      std::memcpy(header, buffer.data(), sizeof(header));
+    if (bytes != static_cast<int>(sizeof(header))) {
+      // Not a header: take the message off the queue and report it.
+      std::vector<char> junk(std::max(bytes, 1));
+      MPI_Request request;
+      MPI_Irecv(junk.data(), bytes, MPI_BYTE, peer, tag, comms_.pp, &request);
+      Complete(&request, from + " (receiving the matched message)");
+      throw TransportError(from + ": expected " + Describe(dtype, shape) +
+                           ", got a malformed message (" + std::to_string(bytes) + " bytes)");
+    }
+    MPI_Request request;
+    MPI_Irecv(header, bytes, MPI_BYTE, peer, tag, comms_.pp, &request);
+    Complete(&request, from + " (receiving the matched message)");
     std::vector<int64_t> got_shape;
     for (int i = 0; i < header[2] && i < 4; ++i) got_shape.push_back(header[3 + i]);
     const auto got_dtype = static_cast<memory::DType>(header[1]);
-    if (header[0] != kMagic || got_shape != shape || got_dtype != dtype ||
-        bytes != static_cast<int>(sizeof(header) + header[7] * memory::DTypeSize(dtype))) {
-      throw TransportError(
-          what + " from pp rank " + std::to_string(peer) + ": expected " + Describe(dtype, shape) +
-          ", got " +
-          (header[0] == kMagic ? Describe(got_dtype, got_shape) : "a malformed message") + " (" +
-          std::to_string(bytes) + " bytes)");
+    int64_t numel = 1;
+    for (int64_t extent : shape) numel *= extent;
+    if (header[0] != kMagic || got_shape != shape || got_dtype != dtype || header[7] != numel) {
+      throw TransportError(from + ": expected " + Describe(dtype, shape) + ", got " +
+                           (header[0] == kMagic ? Describe(got_dtype, got_shape)
+                                                : "a malformed message") +
+                           " (" + std::to_string(bytes) + " bytes)");
     }
-    memory::Tensor tensor(allocator, shape, dtype);
-    void* data = dtype == memory::DType::kF64   ? static_cast<void*>(tensor.data<double>())
-                 : dtype == memory::DType::kI32 ? static_cast<void*>(tensor.data<int32_t>())
-                                                : static_cast<void*>(tensor.data<float>());
-    std::memcpy(data, buffer.data() + sizeof(header), tensor.bytes());
+    memory::Tensor tensor(device, shape, dtype);
+    std::vector<char> staging;
+    char* data = static_cast<char*>(tensor.raw());
+    if (device->backend() != device::Backend::kCpu) {
+      staging.resize(tensor.bytes());
+      data = staging.data();
+    }
+    for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
+      const int64_t n = std::min(max_message_bytes_, tensor.bytes() - offset);
+      MPI_Irecv(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, comms_.pp, &request);
+      Complete(&request, from + " (its data)");
+    }
+    if (!staging.empty()) tensor.CopyFromHost(staging.data());
     return tensor;
   }
 
@@ -121,13 +158,35 @@ class MpiPipelineComm : public PipelineComm {
     });
   }
 
-  void AllReduceSumDp(float* data, int64_t count) override {
+  void AllReduceSumDp(memory::Tensor* tensor) override {
     if (topology_.dp_size() == 1) return;
+    const memory::DType dtype = tensor->dtype();
+    const int64_t count = tensor->numel();
+    // MPI sums f32 and f64 on the host; bf16 is summed in f32.
+    std::vector<char> staging;
+    void* data = tensor->raw();
+    if (dtype == memory::DType::kBF16 || tensor->device()->backend() != device::Backend::kCpu) {
+      const memory::DType wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
+      memory::Tensor host_copy(tensor->device(), tensor->shape(), wide);
+      host_copy.ConvertFrom(*tensor);
+      staging.resize(host_copy.bytes());
+      host_copy.CopyToHost(staging.data());
+      data = staging.data();
+    }
+    const bool f64 = dtype == memory::DType::kF64;
+    const int64_t element = f64 ? 8 : 4;
     for (int64_t offset = 0; offset < count; offset += kDpBucketFloats) {
       const int n = static_cast<int>(std::min(kDpBucketFloats, count - offset));
       MPI_Request request;
-      MPI_Iallreduce(MPI_IN_PLACE, data + offset, n, MPI_FLOAT, MPI_SUM, comms_.dp, &request);
+      MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + offset * element, n,
+                     f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &request);
       Complete(&request, "ReduceDp: all-reduce of gradients over the data-parallel group");
+    }
+    if (!staging.empty()) {
+      memory::Tensor wide(tensor->device(), tensor->shape(),
+                          dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype);
+      wide.CopyFromHost(staging.data());
+      tensor->ConvertFrom(wide);
     }
   }
 
@@ -185,9 +244,13 @@ class MpiPipelineComm : public PipelineComm {
   }
 
  private:
+  // One send in flight: its header, the tensor it owns (or its host staging copy) and the
+  // requests of the header and the data messages.
   struct Pending {
-    std::vector<char> buffer;
-    MPI_Request request = MPI_REQUEST_NULL;
+    std::array<int64_t, kHeaderWords> header{};
+    memory::Tensor tensor;
+    std::vector<char> staging;
+    std::vector<MPI_Request> requests;
   };
 
   int PeerWorldRank(int pp_peer) const {
@@ -218,7 +281,8 @@ class MpiPipelineComm : public PipelineComm {
   void Reap() {
     for (auto it = pending_.begin(); it != pending_.end();) {
       int done = 0;
-      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done,
+                  MPI_STATUSES_IGNORE);
       it = done ? pending_.erase(it) : std::next(it);
     }
   }
@@ -257,6 +321,7 @@ class MpiPipelineComm : public PipelineComm {
   double deadline_;
   double spin_;
   Coords coords_;
+  const int64_t max_message_bytes_ = MaxMessageBytes();
   std::list<Pending> pending_;
 };
 

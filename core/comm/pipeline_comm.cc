@@ -8,6 +8,15 @@ namespace bigmac::comm {
 int ActivationTag(int stage, int microbatch) { return (stage % 32) * 256 + microbatch % 256; }
 int GradientTag(int stage, int microbatch) { return (32 + stage % 32) * 256 + microbatch % 256; }
 
+std::vector<memory::Tensor> PipelineComm::Exchange(std::vector<Outgoing> sends,
+                                                   const std::vector<Incoming>& receives) {
+  for (Outgoing& send : sends) Send(std::move(send.tensor), send.peer, send.tag, send.what);
+  std::vector<memory::Tensor> received;
+  for (const Incoming& in : receives)
+    received.push_back(Receive(in.peer, in.tag, in.shape, in.dtype, in.device, in.what));
+  return received;
+}
+
 namespace {
 
 class LocalPipelineComm : public PipelineComm {
@@ -18,11 +27,12 @@ class LocalPipelineComm : public PipelineComm {
   int dp_size() const override { return 1; }
   int world_rank() const override { return 0; }
 
-  void Send(const memory::Tensor& tensor, int, int tag, const std::string&) override {
-    queues_[tag].push_back(tensor.Clone());
+  void Send(memory::Tensor tensor, int, int tag, const std::string&) override {
+    CountSent(tag, tensor.bytes());
+    queues_[tag].push_back(std::move(tensor));
   }
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
-                         memory::DeviceAllocator*, const std::string& what) override {
+                         device::Device*, const std::string& what) override {
     auto it = queues_.find(tag);
     if (it == queues_.end() || it->second.empty()) {
       throw DeadlineError(what + " from rank " + std::to_string(peer) +
@@ -36,7 +46,7 @@ class LocalPipelineComm : public PipelineComm {
     return tensor;
   }
   void FinishSends() override {}
-  void AllReduceSumDp(float*, int64_t) override {}
+  void AllReduceSumDp(memory::Tensor*) override {}
   double AllReduceSumPp(double value) override { return value; }
   double SumToRoot(double value) override { return value; }
   double MaxToRoot(double value) override { return value; }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device/device.h"
 #include "core/memory/tensor.h"
 
 namespace bigmac::comm {
@@ -31,12 +32,34 @@ int GradientTag(int stage, int microbatch);
 inline constexpr int kTiedGradientTag = 16384;
 inline constexpr int kTiedWeightTag = 16385;
 
+// A tensor to send; the transport owns it until it is delivered.
+struct Outgoing {
+  memory::Tensor tensor;
+  int peer = 0;
+  int tag = 0;
+  std::string what;
+};
+
+// A tensor to receive: where from, what it must be (checked), and the device it goes to.
+struct Incoming {
+  int peer = 0;
+  int tag = 0;
+  std::vector<int64_t> shape;
+  memory::DType dtype = memory::DType::kF32;
+  device::Device* device = nullptr;
+  std::string what;
+};
+
 // What the executor needs from the machines: point-to-point tensors within one pipeline (peers are
 // pp ranks), reductions over the data-parallel group and the pipeline, and a little gathering for
-// logs. Implementations: MPI over host memory (MakeMpiPipelineComm) and a single-process one
-// (MakeLocalPipelineComm) for one rank without MPI.
+// logs. Implementations: MPI (MakeMpiPipelineComm; device memory is staged through the host) and
+// a single-process one (MakeLocalPipelineComm) for one rank without MPI. Tensors of any dtype
+// travel; the receiver states the dtype it expects. The devices outlive the transport.
 class PipelineComm {
  public:
+  PipelineComm() = default;
+  PipelineComm(const PipelineComm&) = delete;
+  PipelineComm& operator=(const PipelineComm&) = delete;
   virtual ~PipelineComm() = default;
   virtual int pp_rank() const = 0;
   virtual int pp_size() const = 0;
@@ -44,17 +67,29 @@ class PipelineComm {
   virtual int dp_size() const = 0;
   virtual int world_rank() const = 0;
 
-  // Non-blocking: the tensor is copied into a buffer that lives until delivery.
-  virtual void Send(const memory::Tensor& tensor, int peer, int tag, const std::string& what) = 0;
+  // Non-blocking: the transport keeps `tensor` (no copy on the CPU) until it is delivered.
+  virtual void Send(memory::Tensor tensor, int peer, int tag, const std::string& what) = 0;
   // Waits up to the deadline for the message, then checks its dtype and shape against the
   // expected ones. Throws DeadlineError or TransportError.
   virtual memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape,
-                                 memory::DType dtype, memory::DeviceAllocator* allocator,
+                                 memory::DType dtype, device::Device* device,
                                  const std::string& what) = 0;
+  // One batched exchange with neighbours: every send and every receive is posted before any is
+  // waited for (NCCL's ncclGroupStart/End; an ncclSend blocks until its peer posts the receive,
+  // so sends and receives issued one by one can deadlock). Returns the received tensors in the
+  // order of `receives`. The default posts the sends, then waits for each receive, which is
+  // the same thing for a transport whose sends never block.
+  virtual std::vector<memory::Tensor> Exchange(std::vector<Outgoing> sends,
+                                               const std::vector<Incoming>& receives);
   // Waits (with the deadline) until every send has been delivered.
   virtual void FinishSends() = 0;
 
-  virtual void AllReduceSumDp(float* data, int64_t count) = 0;
+  // Payload bytes of activations and gradients sent to pipeline neighbours so far (tags below
+  // kTiedGradientTag), the traffic bf16 halves.
+  int64_t activation_bytes_sent() const { return activation_bytes_sent_; }
+
+  // Sums `tensor` (f32, f64 or bf16, summed in f32) over the data-parallel group, in place.
+  virtual void AllReduceSumDp(memory::Tensor* tensor) = 0;
   virtual double AllReduceSumPp(double value) = 0;
   virtual double SumToRoot(double value) = 0;  // over all ranks; the result is valid on rank 0
   virtual double MaxToRoot(double value) = 0;
@@ -62,6 +97,15 @@ class PipelineComm {
   virtual std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) = 0;
   // True on every rank iff every rank passed true (a barrier that also agrees on success).
   virtual bool AllOk(bool ok) = 0;
+
+ protected:
+  // Implementations call this for every Send.
+  void CountSent(int tag, int64_t bytes) {
+    if (tag < kTiedGradientTag) activation_bytes_sent_ += bytes;
+  }
+
+ private:
+  int64_t activation_bytes_sent_ = 0;
 };
 
 // One process, one rank: sends to oneself are queued, reductions are identities.

@@ -249,10 +249,10 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
   check_range("optim.weight_decay", optim.weight_decay(), 0, false, 1e9, false, ">= 0");
   check_range("optim.grad_clip", optim.grad_clip(), 0, false, 1e18, false,
               ">= 0 (0 turns clipping off)");
-  if (values.precision().dtype() != "fp32" && values.device().backend() == "cpu") {
-    problems.push_back(describe("precision.dtype", values.precision().dtype()) + " needs " +
-                       describe("device.backend", std::string("cpu")) +
-                       " to be cuda: the CPU backend computes in fp32 only");
+  if (values.precision().dtype() == "fp16") {
+    problems.push_back(describe("precision.dtype", values.precision().dtype()) +
+                       " needs loss scaling, which BigMac does not have yet: use bf16 (fp32's "
+                       "range, no scaling needed) or fp32");
   }
   return problems;
 }

@@ -10,9 +10,11 @@ using schedule::Op;
 
 namespace {
 
-bool IsPerStep(Op op) {
-  return op == Op::kReduceTied || op == Op::kReduceDp || op == Op::kOptimizerStep;
+bool IsCommunication(Op op) {
+  return op == Op::kSendAct || op == Op::kRecvAct || op == Op::kSendGrad || op == Op::kRecvGrad;
 }
+
+bool IsReceive(Op op) { return op == Op::kRecvAct || op == Op::kRecvGrad; }
 
 std::string Category(Op op) {
   switch (op) {
@@ -53,9 +55,14 @@ Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
 
 }  // namespace
 
-Executor::Executor(Stage* stage, comm::PipelineComm* comm, std::vector<Action> actions,
-                   int hidden_size)
-    : stage_(stage), comm_(comm), actions_(std::move(actions)), hidden_size_(hidden_size) {}
+Executor::Executor(Stage* stage, comm::PipelineComm* comm, std::vector<Action> flush,
+                   std::vector<Action> tail, int hidden_size)
+    : stage_(stage),
+      comm_(comm),
+      flush_(std::move(flush)),
+      tail_(std::move(tail)),
+      hidden_size_(hidden_size),
+      loss_(stage->device(), {1}, memory::DType::kF64) {}
 
 std::vector<int64_t> Executor::ActivationShape(const layer::MicroBatch& mb) const {
   return {mb.batch, mb.seq, hidden_size_};
@@ -66,54 +73,103 @@ std::string Executor::Describe(const Action& a) const {
          std::to_string(a.stage) + ")";
 }
 
-double Executor::RunFlush(const std::function<const layer::MicroBatch&(int)>& batch,
-                          bool last_flush, const std::function<void()>& optimizer_step) {
-  double loss = 0;
-  for (const Action& a : actions_) {
-    const auto start = metrics::Timeline::Clock::now();
-    RunAction(a, batch, last_flush, optimizer_step, &loss);
-    if (timeline_ && (last_flush || !IsPerStep(a.op))) {
-      timeline_->Record(schedule::ShortName(a), Category(a.op), start,
-                        metrics::Timeline::Clock::now());
-    }
-  }
-  return loss;
+double Executor::RunFlush(const Batch& batch) {
+  loss_.Zero();
+  Run(flush_, batch, [] {});
+  return loss_.Scalar();
 }
 
-void Executor::RunAction(const Action& a, const std::function<const layer::MicroBatch&(int)>& batch,
-                         bool last_flush, const std::function<void()>& optimizer_step,
-                         double* loss_sum) {
-  double& loss = *loss_sum;
-  switch (a.op) {
-    case Op::kRecvAct: {
-      const layer::MicroBatch& mb = batch(a.microbatch);
-      inbox_[{a.microbatch, a.stage}] =
-          comm_->Receive(a.peer, comm::ActivationTag(a.stage, a.microbatch), ActivationShape(mb),
-                         memory::DType::kF32, stage_->allocator(), Describe(a) + " activation");
-      break;
+void Executor::RunTail(const std::function<void()>& optimizer_step) {
+  Run(tail_, [](int) -> const layer::MicroBatch& {
+    throw std::logic_error("executor: a per-step action asked for a micro-batch");
+  }, optimizer_step);
+}
+
+void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
+                   const std::function<void()>& optimizer_step) {
+  for (size_t i = 0; i < actions.size();) {
+    const auto start = metrics::Timeline::Clock::now();
+    size_t end = i + 1;
+    std::string name = schedule::ShortName(actions[i]);
+    std::string category = Category(actions[i].op);
+    if (IsCommunication(actions[i].op)) {
+      // Adjacent communication with the same neighbour goes out as one exchange.
+      while (end < actions.size() && IsCommunication(actions[end].op) &&
+             actions[end].peer == actions[i].peer) {
+        name += "+" + schedule::ShortName(actions[end]);
+        if (IsReceive(actions[end].op)) category = "wait";
+        ++end;
+      }
+      RunExchange(actions, i, end, batch);
+    } else {
+      RunCompute(actions[i], batch, optimizer_step);
     }
+    if (timeline_) timeline_->Record(name, category, start, metrics::Timeline::Clock::now());
+    i = end;
+  }
+}
+
+void Executor::Deliver(const Action& a, Tensor tensor) {
+  auto [it, inserted] = inbox_.try_emplace({a.microbatch, a.stage}, std::move(tensor));
+  if (!inserted) {
+    throw std::logic_error("executor: " + Describe(a) +
+                           ": a second receive for this (micro-batch, stage) while the first is "
+                           "still unused; the schedule is wrong");
+  }
+}
+
+void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, size_t end,
+                           const Batch& batch) {
+  std::vector<comm::Outgoing> sends;
+  std::vector<comm::Incoming> receives;
+  std::vector<const Action*> receive_actions;
+  for (size_t i = begin; i < end; ++i) {
+    const Action& a = actions[i];
+    switch (a.op) {
+      case Op::kSendAct:
+        sends.push_back({Take(outbox_, a.microbatch, a.stage, "activation to send"), a.peer,
+                         comm::ActivationTag(a.stage + 1, a.microbatch), Describe(a)});
+        break;
+      case Op::kSendGrad:
+        sends.push_back({Take(outbox_, a.microbatch, a.stage, "gradient to send"), a.peer,
+                         comm::GradientTag(a.stage - 1, a.microbatch), Describe(a)});
+        break;
+      case Op::kRecvAct:
+      case Op::kRecvGrad: {
+        const bool act = a.op == Op::kRecvAct;
+        if (inbox_.count({a.microbatch, a.stage})) Deliver(a, Tensor());  // throws: a duplicate
+        receives.push_back({a.peer,
+                            act ? comm::ActivationTag(a.stage, a.microbatch)
+                                : comm::GradientTag(a.stage, a.microbatch),
+                            ActivationShape(batch(a.microbatch)), stage_->activation_dtype(),
+                            stage_->device(), Describe(a) + (act ? " activation" : " gradient")});
+        receive_actions.push_back(&a);
+        break;
+      }
+      default:
+        throw std::logic_error("executor: " + Describe(a) + " is not communication");
+    }
+  }
+  std::vector<Tensor> received = comm_->Exchange(std::move(sends), receives);
+  for (size_t i = 0; i < received.size(); ++i) Deliver(*receive_actions[i], std::move(received[i]));
+}
+
+void Executor::RunCompute(const Action& a, const Batch& batch,
+                          const std::function<void()>& optimizer_step) {
+  switch (a.op) {
     case Op::kForward: {
       const layer::MicroBatch& mb = batch(a.microbatch);
       Tensor input =
           a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
       Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input));
       if (stage_->is_last_stage(a.stage)) {
-        loss += output.Scalar();
+        // The loss stays on the device until the flush ends.
+        Tensor wide(stage_->device(), {1}, memory::DType::kF64);
+        wide.ConvertFrom(output);
+        loss_.device()->AddInto(loss_.raw(), wide.raw(), memory::DType::kF64, 1);
       } else {
         outbox_[{a.microbatch, a.stage}] = std::move(output);
       }
-      break;
-    }
-    case Op::kSendAct: {
-      Tensor output = Take(outbox_, a.microbatch, a.stage, "activation to send");
-      comm_->Send(output, a.peer, comm::ActivationTag(a.stage + 1, a.microbatch), Describe(a));
-      break;
-    }
-    case Op::kRecvGrad: {
-      const layer::MicroBatch& mb = batch(a.microbatch);
-      inbox_[{a.microbatch, a.stage}] =
-          comm_->Receive(a.peer, comm::GradientTag(a.stage, a.microbatch), ActivationShape(mb),
-                         memory::DType::kF32, stage_->allocator(), Describe(a) + " gradient");
       break;
     }
     case Op::kBackward:
@@ -130,54 +186,22 @@ void Executor::RunAction(const Action& a, const std::function<const layer::Micro
     case Op::kBackwardWeight:
       stage_->BackwardWeightStage(a.stage, batch(a.microbatch));
       break;
-    case Op::kSendGrad: {
-      Tensor dx = Take(outbox_, a.microbatch, a.stage, "gradient to send");
-      comm_->Send(dx, a.peer, comm::GradientTag(a.stage - 1, a.microbatch), Describe(a));
-      break;
-    }
     case Op::kReduceTied:
-      if (last_flush) ReduceTied();
+      for (TiedWeight& tie : stage_->tied()) tie.ReduceGradient(comm_);
       break;
     case Op::kReduceDp:
-      if (last_flush) ReduceDp();
+      ReduceDp();
       break;
     case Op::kOptimizerStep:
-      if (last_flush) optimizer_step();
+      optimizer_step();
       break;
-  }
-}
-
-void Executor::ReduceTied() {
-  layer::Param* owner = stage_->TiedOwner();
-  layer::Param* copy = stage_->TiedCopy();
-  if (owner && copy) {
-    stage_->ReduceTiedGradients();
-  } else if (copy) {
-    comm_->Send(copy->grad, 0, comm::kTiedGradientTag, "tied gradient");
-    copy->grad.Zero();
-  } else if (owner) {
-    const Tensor grad =
-        comm_->Receive(comm_->pp_size() - 1, comm::kTiedGradientTag, owner->grad.shape(),
-                       owner->grad.dtype(), stage_->allocator(), "ReduceTied gradient of wte");
-    float* into = owner->grad.data<float>();
-    const float* from = grad.data<float>();
-    for (int64_t i = 0; i < grad.numel(); ++i) into[i] += from[i];
+    default:
+      throw std::logic_error("executor: " + Describe(a) + " is communication");
   }
 }
 
 void Executor::SendTiedWeight() {
-  layer::Param* owner = stage_->TiedOwner();
-  layer::Param* copy = stage_->TiedCopy();
-  if (owner && copy) {
-    stage_->SyncTiedCopies();
-  } else if (owner) {
-    comm_->Send(owner->value, comm_->pp_size() - 1, comm::kTiedWeightTag, "tied weight");
-  } else if (copy) {
-    const Tensor value =
-        comm_->Receive(0, comm::kTiedWeightTag, copy->value.shape(), copy->value.dtype(),
-                       stage_->allocator(), "OptimizerStep updated wte from its owner");
-    copy->value.CopyFrom(value);
-  }
+  for (TiedWeight& tie : stage_->tied()) tie.SyncValue(comm_);
 }
 
 void Executor::ReduceDp() {
@@ -186,18 +210,24 @@ void Executor::ReduceDp() {
   std::vector<Stage::NamedParam> params = stage_->OwnedParams();
   int64_t total = 0;
   for (const auto& named : params) total += named.param->grad.numel();
+  if (total == 0) return;
+  const memory::DType dtype = params.front().param->grad.dtype();
+  const int64_t element = memory::DTypeSize(dtype);
   // Staged in one buffer from the device allocator, so it counts against the capacity.
-  Tensor flat_tensor(stage_->allocator(), {total}, memory::DType::kF32);
-  float* flat = flat_tensor.data<float>();
+  Tensor flat(stage_->device(), {total}, dtype);
+  device::Device* device = stage_->device();
   int64_t offset = 0;
   for (const auto& named : params) {
-    std::copy_n(named.param->grad.data<float>(), named.param->grad.numel(), flat + offset);
+    device->CopyDeviceToDevice(static_cast<char*>(flat.raw()) + offset * element,
+                               named.param->grad.raw(), named.param->grad.bytes());
     offset += named.param->grad.numel();
   }
-  comm_->AllReduceSumDp(flat, total);
+  comm_->AllReduceSumDp(&flat);
   offset = 0;
   for (const auto& named : params) {
-    std::copy_n(flat + offset, named.param->grad.numel(), named.param->grad.data<float>());
+    device->CopyDeviceToDevice(named.param->grad.raw(),
+                               static_cast<const char*>(flat.raw()) + offset * element,
+                               named.param->grad.bytes());
     offset += named.param->grad.numel();
   }
 }
@@ -210,14 +240,14 @@ double Executor::Evaluate(const layer::MicroBatch& mb) {
     Tensor input;
     if (s > 0) {
       input = comm_->Receive((s - 1) % pp, comm::ActivationTag(s, mb.index), ActivationShape(mb),
-                             memory::DType::kF32, stage_->allocator(),
+                             stage_->activation_dtype(), stage_->device(),
                              "evaluation activation (stage " + std::to_string(s) + ")");
     }
     Tensor output = stage_->ForwardStage(s, mb, std::move(input), /*keep=*/false);
     if (stage_->is_last_stage(s)) {
       loss += output.Scalar();
     } else {
-      comm_->Send(output, (s + 1) % pp, comm::ActivationTag(s + 1, mb.index),
+      comm_->Send(std::move(output), (s + 1) % pp, comm::ActivationTag(s + 1, mb.index),
                   "evaluation activation");
     }
   }

@@ -12,45 +12,59 @@
 
 namespace bigmac::engine {
 
-// Runs one rank's action list (core/schedule) against its Stage and the PipelineComm: it owns the
-// activations and gradients in transit between actions, hands the tied weight's gradient to its
-// owner and all-reduces gradients over the data-parallel group.
+// Runs one rank's action lists (core/schedule) against its Stage and the PipelineComm: it owns
+// the activations and gradients in transit between actions, batches adjacent communication with
+// one neighbour into one exchange, hands the tied weight's gradient to its owner and all-reduces
+// gradients over the data-parallel group. The stage and the transport outlive the executor.
 class Executor {
  public:
-  Executor(Stage* stage, comm::PipelineComm* comm, std::vector<schedule::Action> actions,
-           int hidden_size);
+  // `flush` runs once per pipeline flush, `tail` (ReduceTied, ReduceDp, OptimizerStep) once per
+  // step after the last flush.
+  Executor(Stage* stage, comm::PipelineComm* comm, std::vector<schedule::Action> flush,
+           std::vector<schedule::Action> tail, int hidden_size);
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // One pipeline flush. `batch(mb)` gives micro-batch mb of this flush (it must stay valid until
-  // the flush ends). The per-step actions run only when `last_flush`; OptimizerStep calls
-  // `optimizer_step`. Returns the sum of this rank's scaled losses (non-zero on the last stage).
-  double RunFlush(const std::function<const layer::MicroBatch&(int)>& batch, bool last_flush,
-                  const std::function<void()>& optimizer_step);
+  // the flush ends). Returns the sum of this rank's scaled losses (non-zero on the last stage),
+  // accumulated on the device and read once.
+  double RunFlush(const std::function<const layer::MicroBatch&(int)>& batch);
+  // The per-step tail; OptimizerStep calls `optimizer_step`.
+  void RunTail(const std::function<void()>& optimizer_step);
 
   // Forward only, for evaluation: micro-batch `mb` through this rank's stages in order.
   // Returns the scaled loss on the rank holding the last stage, 0 elsewhere.
   double Evaluate(const layer::MicroBatch& mb);
 
-  // After the owner's optimizer step: its tied weight to the consumer's copy.
+  // After the owner's optimizer step (or a skipped one): the tied weights to their copies.
   void SendTiedWeight();
 
   // Where every action's span goes (null: nowhere).
   void set_timeline(metrics::Timeline* timeline) { timeline_ = timeline; }
 
  private:
-  void RunAction(const schedule::Action& action,
-                 const std::function<const layer::MicroBatch&(int)>& batch, bool last_flush,
-                 const std::function<void()>& optimizer_step, double* loss);
-  void ReduceTied();
+  using Batch = std::function<const layer::MicroBatch&(int)>;
+  // Runs actions [begin, end) of `actions`, one action or one batch of communication at a time.
+  void Run(const std::vector<schedule::Action>& actions, const Batch& batch,
+           const std::function<void()>& optimizer_step);
+  void RunCompute(const schedule::Action& action, const Batch& batch,
+                  const std::function<void()>& optimizer_step);
+  // Actions [begin, end): adjacent sends and receives with one peer, as one exchange.
+  void RunExchange(const std::vector<schedule::Action>& actions, size_t begin, size_t end,
+                   const Batch& batch);
   void ReduceDp();
+  void Deliver(const schedule::Action& action, memory::Tensor tensor);
   std::string Describe(const schedule::Action& action) const;
   std::vector<int64_t> ActivationShape(const layer::MicroBatch& mb) const;
 
   Stage* stage_;
   comm::PipelineComm* comm_;
-  std::vector<schedule::Action> actions_;
+  std::vector<schedule::Action> flush_;
+  std::vector<schedule::Action> tail_;
   int hidden_size_;
   std::map<std::pair<int, int>, memory::Tensor> inbox_;   // received, keyed by (mb, stage)
   std::map<std::pair<int, int>, memory::Tensor> outbox_;  // produced, waiting for their send
+  memory::Tensor loss_;                                   // f64[1]: this flush's loss sum
   metrics::Timeline* timeline_ = nullptr;
 };
 

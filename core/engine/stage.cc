@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
 
 namespace bigmac::engine {
@@ -13,14 +12,21 @@ using memory::Tensor;
 
 Stage::Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank)
     : options_(options) {
-  auto add = [&](const std::string& type, int layer_id, int stage) {
+  if (options_.model.empty())
+    options_.model = GptModel(options_.dims.num_layers, options_.block_types);
+  const ModelDescription& model = options_.model;
+  const int head_id = layer::HeadLayerId(options.dims.num_layers);
+  auto add = [&](int layer_id, int stage) {
+    const std::string& type = model.TypeOf(layer_id);
+    const bool block = layer_id != layer::kEmbeddingLayerId && layer_id != head_id;
     LayerSpec spec;
     spec.type = type;
     spec.layer_id = layer_id;
     spec.dims = options.dims;
     spec.dtype = options.dtype;
-    spec.allocator = options.allocator;
-    spec.activation_checkpointing = options.activation_checkpointing && type == "gpt_block";
+    spec.bf16 = options.bf16;
+    spec.device = options.device;
+    spec.activation_checkpointing = options.activation_checkpointing && block;
     try {
       layers_.push_back(layer::CreateLayer(spec));
     } catch (const memory::OutOfMemoryError&) {
@@ -29,17 +35,35 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
       throw std::invalid_argument(layer::LayerIdName(layer_id, options.dims.num_layers) +
                                   " (layer type " + type + "): " + error.what());
     }
+    stage_checkpointed_.push_back(spec.activation_checkpointing &&
+                                  !layers_.back()->checkpoints_activations());
     layers_.back()->InitParams(options.seed);
     layers_of_stage_[stage].push_back(static_cast<int>(layers_.size()) - 1);
   };
   last_stage_ = static_cast<int>(partition.stages.size()) - 1;
   ranges_ = partition.StagesOfRank(pp_rank);
   for (const partition::StageRange& range : ranges_) {
-    if (range.has_embedding) add("gpt_embedding", layer::kEmbeddingLayerId, range.stage);
-    for (int id = range.first_layer; id < range.end_layer(); ++id)
-      add(options.block_types.empty() ? "gpt_block" : options.block_types.at(id), id, range.stage);
-    if (range.has_head) add("gpt_head", layer::HeadLayerId(options.dims.num_layers), range.stage);
+    if (range.has_embedding) add(layer::kEmbeddingLayerId, range.stage);
+    for (int id = range.first_layer; id < range.end_layer(); ++id) add(id, range.stage);
+    if (range.has_head) add(head_id, range.stage);
   }
+  // The pp rank that holds a layer_id: the rank of the stage whose range contains it.
+  auto rank_of = [&](int layer_id) {
+    for (const partition::StageRange& range : partition.stages) {
+      if ((layer_id == layer::kEmbeddingLayerId && range.has_embedding) ||
+          (layer_id == head_id && range.has_head) ||
+          (layer_id >= range.first_layer && layer_id < range.end_layer()))
+        return range.pp_rank;
+    }
+    throw std::logic_error("layer_id " + std::to_string(layer_id) + " is in no stage");
+  };
+  for (const TiedWeightSpec& tie : model.tied) {
+    tied_.emplace_back(
+        layer::LayerIdName(tie.owner.layer_id, options.dims.num_layers) + "/" + tie.owner.name,
+        FindParam(tie.owner.layer_id, tie.owner.name), FindParam(tie.copy.layer_id, tie.copy.name),
+        rank_of(tie.owner.layer_id), rank_of(tie.copy.layer_id));
+  }
+  RefreshComputeCopies();
   SyncTiedCopies();
 }
 
@@ -76,11 +100,35 @@ Tensor Stage::ForwardStage(int stage, const layer::MicroBatch& mb, Tensor input,
   Tensor activation = std::move(input);
   for (size_t i = 0; i < indices.size(); ++i) {
     Tensor next;
-    layers_[indices[i]]->Forward(mb, activation, &next, saved ? &(*saved)[i] : &scratch);
+    if (saved) {
+      ForwardLayer(indices[i], mb, activation, &next, &(*saved)[i]);
+    } else {
+      layers_[indices[i]]->Forward(mb, activation, &next, &scratch);
+    }
     activation = std::move(next);
   }
   if (keep) RecordActivations();
   return activation;
+}
+
+void Stage::ForwardLayer(int index, const layer::MicroBatch& mb, const Tensor& x, Tensor* y,
+                         layer::Saved* saved) {
+  Layer& layer = *layers_[index];
+  if (!stage_checkpointed_[index]) {
+    layer.Forward(mb, x, y, saved);
+    return;
+  }
+  layer::Saved scratch;
+  layer.Forward(mb, x, y, &scratch);
+  saved->Clear();
+  saved->tensors.push_back(x.Clone());
+}
+
+void Stage::Recompute(int index, const layer::MicroBatch& mb, layer::Saved* saved) {
+  if (!stage_checkpointed_[index]) return;
+  const Tensor input = std::move(saved->tensors.at(0));
+  Tensor discarded;
+  layers_[index]->Forward(mb, input, &discarded, saved);
 }
 
 Tensor Stage::BackwardInputStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
@@ -99,6 +147,7 @@ Tensor Stage::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool
   for (size_t i = indices.size(); i-- > 0;) {
     Tensor dx;
     Layer& layer = *layers_[indices[i]];
+    Recompute(indices[i], mb, &it->second[i]);
     layer.BackwardInput(mb, grad, layer.layer_id() == layer::kEmbeddingLayerId ? nullptr : &dx,
                         &it->second[i]);
     // Weight gradients right away free this layer's (possibly recomputed) activations before the
@@ -182,33 +231,26 @@ layer::Param* Stage::FindParam(int layer_id, const std::string& name) {
   return nullptr;
 }
 
-layer::Param* Stage::TiedOwner() { return FindParam(layer::kEmbeddingLayerId, "wte"); }
-
-layer::Param* Stage::TiedCopy() {
-  return FindParam(layer::HeadLayerId(options_.dims.num_layers), "wte");
+void Stage::RefreshComputeCopies() {
+  for (auto& layer : layers_) {
+    for (layer::Param* param : layer->Params()) layer::RefreshComputeCopy(param);
+  }
 }
 
+layer::Param* Stage::TiedOwner() { return tied_.empty() ? nullptr : tied_.front().owner(); }
+
+layer::Param* Stage::TiedCopy() { return tied_.empty() ? nullptr : tied_.front().copy(); }
+
 void Stage::ReduceTiedGradients() {
-  layer::Param* owner = TiedOwner();
-  layer::Param* copy = TiedCopy();
-  if (!owner || !copy) return;
-  const int64_t n = owner->grad.numel();
-  if (owner->grad.dtype() == memory::DType::kF64) {
-    double* into = owner->grad.data<double>();
-    const double* from = copy->grad.data<double>();
-    for (int64_t i = 0; i < n; ++i) into[i] += from[i];
-  } else {
-    float* into = owner->grad.data<float>();
-    const float* from = copy->grad.data<float>();
-    for (int64_t i = 0; i < n; ++i) into[i] += from[i];
+  for (TiedWeight& tie : tied_) {
+    if (tie.local()) tie.ReduceGradient(nullptr);
   }
-  copy->grad.Zero();
 }
 
 void Stage::SyncTiedCopies() {
-  layer::Param* owner = TiedOwner();
-  layer::Param* copy = TiedCopy();
-  if (owner && copy) copy->value.CopyFrom(owner->value);
+  for (TiedWeight& tie : tied_) {
+    if (tie.local()) tie.SyncValue(nullptr);
+  }
 }
 
 std::vector<Stage::NamedParam> Stage::OwnedParams() {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/model.h"
+#include "core/engine/tied_weight.h"
 #include "core/layer/layer.h"
 #include "core/partition/partition.h"
 
@@ -14,24 +16,36 @@ namespace bigmac::engine {
 
 struct StageOptions {
   layer::ModelDims dims;
-  memory::DType dtype = memory::DType::kF32;
-  memory::DeviceAllocator* allocator = nullptr;
-  bool activation_checkpointing = false;  // gpt_block only
+  memory::DType dtype = memory::DType::kF32;  // masters and gradients
+  bool bf16 = false;                  // bf16 compute copies and activations (LayerSpec::bf16)
+  device::Device* device = nullptr;   // outlives the stage
+  bool activation_checkpointing = false;  // every block
   uint64_t seed = 1337;
-  // Layer type of each block (config::ResolvedConfig::block_types); empty: all gpt_block.
+  // What to build (GptModel(config) for the trainer); empty: GPT-2 with block_types.
+  ModelDescription model;
+  // Layer type of each block when `model` is empty; empty: all gpt_block.
   std::vector<std::string> block_types;
 };
 
-// The layers of one pipeline rank, built from the registry in layer_id order: for each pipeline
-// stage the rank hosts (several with virtual stages), the embedding if it is stage 0, its blocks,
-// the head if it is the last stage. Activations kept between forward and backward are held per
-// (micro-batch, stage).
+// The layers of one pipeline rank, built from the registry in layer_id order, for the device's
+// backend: for each pipeline stage the rank hosts (several with virtual stages), the embedding if
+// it is stage 0, its blocks, the head if it is the last stage, with the model's tied weights.
+// Activations kept between forward and backward are held per (micro-batch, stage). With
+// activation checkpointing, a block that cannot recompute itself keeps only its input here and
+// is run forward again before its backward (bitwise the same results).
+// Owns its layers; the device outlives it. Not copyable.
 class Stage {
  public:
   Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank);
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
 
   const std::vector<std::unique_ptr<layer::Layer>>& layers() const { return layers_; }
-  memory::DeviceAllocator* allocator() const { return options_.allocator; }
+  device::Device* device() const { return options_.device; }
+  // What travels between stages: bf16, or the masters' dtype.
+  memory::DType activation_dtype() const {
+    return options_.bf16 ? memory::DType::kBF16 : options_.dtype;
+  }
   // The pipeline stages this rank hosts, in model order.
   const std::vector<partition::StageRange>& ranges() const { return ranges_; }
   std::vector<int> LayerIds() const;
@@ -61,11 +75,16 @@ class Stage {
   std::string FirstNonFiniteLayer(const layer::MicroBatch& mb);
 
   void ZeroGrads();
-  // Tied weights when owner and copy live on this rank: add the copy's gradient into the owner's
-  // and clear it (after the backward); copy the owner's value into the copy (after the step).
+  // Every parameter's compute copy re-rounded from its master (after init, a load, a step).
+  void RefreshComputeCopies();
+  // The model's tied weights as this rank holds them.
+  std::vector<TiedWeight>& tied() { return tied_; }
+  // Tied weights whose owner and copy live on this rank: add the copy's gradient into the
+  // owner's and clear it (after the backward); copy the owner's value into the copy (after the
+  // step, a load or an import).
   void ReduceTiedGradients();
   void SyncTiedCopies();
-  // The owner's (embedding) or the copy's (head) tied parameter on this rank, or null.
+  // The first tied weight's owner or copy parameter on this rank, or null.
   layer::Param* TiedOwner();
   layer::Param* TiedCopy();
 
@@ -87,12 +106,19 @@ class Stage {
  private:
   memory::Tensor Backward(int stage, const layer::MicroBatch& mb, memory::Tensor grad,
                           bool with_weights);
+  // Runs layer `index` forward; a layer the stage checkpoints keeps only its input in `saved`.
+  void ForwardLayer(int index, const layer::MicroBatch& mb, const memory::Tensor& x,
+                    memory::Tensor* y, layer::Saved* saved);
+  // Before the backward of a layer the stage checkpoints: its forward again, from the input.
+  void Recompute(int index, const layer::MicroBatch& mb, layer::Saved* saved);
   // Indices into layers_ of stage `stage`'s layers.
   const std::vector<int>& LayersOf(int stage) const;
   layer::Param* FindParam(int layer_id, const std::string& name);
 
   StageOptions options_;
   std::vector<std::unique_ptr<layer::Layer>> layers_;
+  std::vector<bool> stage_checkpointed_;  // per layer: the stage recomputes it
+  std::vector<TiedWeight> tied_;
   std::vector<partition::StageRange> ranges_;
   std::map<int, std::vector<int>> layers_of_stage_;
   int last_stage_ = 0;

@@ -25,6 +25,7 @@
 #include "core/schedule/schedule.h"
 #include "core/util/format.h"
 #include "core/util/stop_signal.h"
+#include "nlohmann/json.hpp"
 
 namespace bigmac::engine {
 using util::Format;
@@ -44,16 +45,19 @@ void DumpWeights(Stage& stage, const std::string& dir) {
   std::filesystem::create_directories(dir);
   // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
   if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
+    std::vector<char> host(copy->value.bytes());
+    copy->value.CopyToHost(host.data());
     std::ofstream(dir + "/tied_copy.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(copy->value.data<float>()), copy->value.bytes());
+        .write(host.data(), static_cast<std::streamsize>(host.size()));
   }
   std::map<int, std::ofstream> files;
   for (const Stage::NamedParam& named : stage.OwnedParams()) {
     auto [it, inserted] = files.try_emplace(named.layer_id);
     if (inserted)
       it->second.open(dir + "/layer_" + std::to_string(named.layer_id) + ".f32", std::ios::binary);
-    it->second.write(reinterpret_cast<const char*>(named.param->value.data<float>()),
-                     named.param->value.bytes());
+    std::vector<char> host(named.param->value.bytes());
+    named.param->value.CopyToHost(host.data());
+    it->second.write(host.data(), static_cast<std::streamsize>(host.size()));
   }
 }
 
@@ -102,396 +106,544 @@ int64_t ResidentBytes() {
   return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
-}  // namespace
+// The pp stages this rank hosts, "0,4".
+std::string StageList(const Stage& stage) {
+  std::string stages;
+  for (const partition::StageRange& range : stage.ranges())
+    stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
+  return stages;
+}
 
-TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
-                  const TrainOptions& options) {
-  const config::Config& cfg = resolved.values();
-  const config::Train& train = cfg.train();
-  const int batch = train.micro_batch_size();
-  const int seq = train.seq_length();
-  const int accum = train.gradient_accumulation_steps();
-  const int m = resolved.batch.num_microbatches;
-  const int flushes = resolved.batch.flushes_per_step;
-  const bool root = comm.world_rank() == 0;
-  auto log = [&](const std::string& line) {
-    if (root) options.log(line);
-  };
+// What one step produced, for the progress line and metrics.jsonl.
+struct StepOutcome {
+  double loss = 0;  // rank 0: mean per token over the global batch
+  double norm = 0;
+  double lr = 0;
+  bool skipped = false;
+  double ms = 0;
+  int64_t activation_bytes = 0;  // sent by this rank during the step
+  double peak = 0;               // rank 0: the largest allocator peak of any rank
+};
 
-  memory::DeviceAllocator allocator(
-      "cpu:" + std::to_string(comm.world_rank()),
-      memory::CpuCapacity(cfg.device().memory_limit(), options.ranks_on_node));
-  StageOptions stage_options;
-  stage_options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(),
-                        cfg.model().num_heads(), cfg.model().num_layers(), seq};
-  stage_options.allocator = &allocator;
-  stage_options.activation_checkpointing = train.activation_checkpointing();
-  stage_options.seed = static_cast<uint64_t>(train.seed());
-  stage_options.block_types = resolved.block_types;
-  Stage stage(stage_options, resolved.partition, comm.pp_rank());
+// One training run on one rank: built from the config (device, stage, executor, data, optimizer),
+// then driven step by step by Run(). Owns everything but the transport and a device the CLI
+// passed in, which outlive it.
+class Trainer {
+ public:
+  Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
+          const TrainOptions& options);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrainResult Run();
+
+ private:
+  void Log(const std::string& line) const {
+    if (root_) options_.log(line);
+  }
+  void LogModel();
+  void Resume();
+  void OpenMetrics();
+  void Evaluate(int step);
+  void FillBatches(int step, int flush);
+  StepOutcome RunStep(int step);
+  // The optimizer step of `step` (0-based): norm, non-finite diagnosis, clipping, AdamW, the tied
+  // weight back to its copy.
+  void OptimizerStep(int step, StepOutcome* outcome);
+  // Every rank sees the same non-finite norm: report where, then skip (returns) or throw.
+  void DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* outcome);
+  void WriteMetrics(int step, const StepOutcome& outcome);
+  void ReportProgress(int step, const StepOutcome& outcome);
+  void Save(int step);
+  // After step `step` (0-based): true if a stop signal ends the run here (every rank agrees).
+  bool StopRequested(int step);
+  void Report(int steps_run);
+  void WriteTraceAndDump();
+
+  const config::ResolvedConfig& resolved_;
+  const config::Config& cfg_;
+  const config::Train& train_;
+  comm::PipelineComm& comm_;
+  const TrainOptions& options_;
+  const bool root_;
+  const int batch_, seq_, accum_, microbatches_, flushes_;
+  const double tokens_per_step_;
+  std::unique_ptr<device::Device> owned_device_;  // when the CLI passed none
+  device::Device* device_;
+  StageOptions stage_options_;
+  std::unique_ptr<Stage> stage_;
+  std::unique_ptr<Executor> executor_;
+  std::optional<data::TokenDataset> train_data_, val_data_;
+  metrics::Timeline timeline_;
+  std::ofstream metrics_file_;
+  optim::AdamW adamw_;
+  optim::LrSchedule lr_schedule_;
+  std::vector<layer::Param*> params_;
+  std::vector<BatchSlot> slots_;
+  const FaultHooks hooks_ = FaultHooks::FromEnvironment();
+  TrainResult result_;
+  int start_step_ = 0;
+  int skipped_steps_ = 0;
+  int last_saved_step_ = -1;
+  int stopped_at_ = -1;
+};
+
+Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
+                 const TrainOptions& options)
+    : resolved_(resolved),
+      cfg_(resolved.values()),
+      train_(cfg_.train()),
+      comm_(comm),
+      options_(options),
+      root_(comm.world_rank() == 0),
+      batch_(train_.micro_batch_size()),
+      seq_(train_.seq_length()),
+      accum_(train_.gradient_accumulation_steps()),
+      microbatches_(resolved.batch.num_microbatches),
+      flushes_(resolved.batch.flushes_per_step),
+      // Every token loss is scaled by 1/(tokens per optimizer step over all replicas), so the
+      // summed gradient is the mean over the global batch, whatever the pp/dp split.
+      tokens_per_step_(double(batch_) * seq_ * accum_ * resolved.dp),
+      device_(options.device),
+      adamw_({cfg_.optim().beta1(), cfg_.optim().beta2(), cfg_.optim().eps(),
+              cfg_.optim().weight_decay()}),
+      lr_schedule_{cfg_.optim().lr(), cfg_.optim().min_lr(), cfg_.optim().warmup_steps(),
+                   train_.max_steps()},
+      slots_(microbatches_) {
+  if (device_ == nullptr) {
+    owned_device_ = device::MakeCpuDevice(
+        comm.world_rank(),
+        memory::CpuCapacity(cfg_.device().memory_limit(), options.ranks_on_node));
+    device_ = owned_device_.get();
+  }
+  stage_options_.dims = {cfg_.model().vocab_size(), cfg_.model().hidden_size(),
+                         cfg_.model().num_heads(), cfg_.model().num_layers(), seq_};
+  stage_options_.bf16 = cfg_.precision().dtype() == "bf16";  // fp16 is refused at start-up
+  stage_options_.device = device_;
+  stage_options_.activation_checkpointing = train_.activation_checkpointing();
+  stage_options_.seed = static_cast<uint64_t>(train_.seed());
+  stage_options_.model = GptModel(resolved);
+  stage_ = std::make_unique<Stage>(stage_options_, resolved.partition, comm.pp_rank());
 
   // The ranks' layers together must cover every layer_id once.
   if (std::string problem =
-          CheckLayerCoverage(comm.AllGatherPp(stage.LayerIds()), cfg.model().num_layers());
+          CheckLayerCoverage(comm.AllGatherPp(stage_->LayerIds()), cfg_.model().num_layers());
       !problem.empty()) {
     throw std::logic_error("stage layout: " + problem);
   }
 
   // Only the ranks with the embedding (tokens) or the head (targets) read data.
-  std::optional<data::TokenDataset> train_data, val_data;
-  if (stage.has_embedding() || stage.has_head()) {
-    train_data.emplace(cfg.data().dir(), "train");
-    val_data.emplace(cfg.data().dir(), "val");
-    train_data->CheckFits(seq, cfg.model().vocab_size());
-    val_data->CheckFits(seq, cfg.model().vocab_size());
+  if (stage_->has_embedding() || stage_->has_head()) {
+    train_data_.emplace(cfg_.data().dir(), "train");
+    val_data_.emplace(cfg_.data().dir(), "val");
+    train_data_->CheckFits(seq_, cfg_.model().vocab_size());
+    val_data_->CheckFits(seq_, cfg_.model().vocab_size());
   }
 
   schedule::Kind kind = schedule::Kind::k1F1B;
-  schedule::ParseKind(cfg.parallel().schedule(), &kind);
-  const schedule::ScheduleSpec spec{kind, comm.pp_size(), m, cfg.parallel().virtual_stages()};
-  metrics::Timeline timeline;
-  Executor executor(&stage, &comm, schedule::BuildRankActions(spec, comm.pp_rank()),
-                    cfg.model().hidden_size());
-  executor.set_timeline(&timeline);
-  const std::string& output_dir = train.output_dir();
-  std::ofstream metrics_file;  // opened once the inputs (data, checkpoint) have been read
+  schedule::ParseKind(cfg_.parallel().schedule(), &kind);
+  const schedule::ScheduleSpec spec{kind, comm.pp_size(), microbatches_,
+                                    cfg_.parallel().virtual_stages()};
+  std::vector<schedule::Action> flush, tail;
+  for (const schedule::Action& action : schedule::BuildRankActions(spec, comm.pp_rank())) {
+    const bool per_step = action.op == schedule::Op::kReduceTied ||
+                          action.op == schedule::Op::kReduceDp ||
+                          action.op == schedule::Op::kOptimizerStep;
+    (per_step ? tail : flush).push_back(action);
+  }
+  executor_ = std::make_unique<Executor>(stage_.get(), &comm, std::move(flush), std::move(tail),
+                                         cfg_.model().hidden_size());
+  executor_->set_timeline(&timeline_);
+  for (const Stage::NamedParam& named : stage_->OwnedParams()) params_.push_back(named.param);
+  result_.parameter_count = stage_->OwnedParameterCount();
+}
 
-  std::vector<layer::Param*> params;
-  for (const Stage::NamedParam& named : stage.OwnedParams()) params.push_back(named.param);
-  TrainResult result;
-  result.parameter_count = stage.OwnedParameterCount();
+void Trainer::LogModel() {
   const double total_params =
-      comm.SumToRoot(comm.dp_rank() == 0 ? double(result.parameter_count) : 0.0);
-  log(
-      Format("[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
-             "flush(es) of %d "
-             "micro-batches per step",
-             total_params, cfg.model().num_layers(), cfg.model().hidden_size(),
-             cfg.model().num_heads(), cfg.model().vocab_size(),
-             train_data ? train_data->description().c_str() : "(data on other ranks)", flushes, m));
+      comm_.SumToRoot(comm_.dp_rank() == 0 ? double(result_.parameter_count) : 0.0);
+  Log(Format(
+      "[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
+      "flush(es) of %d "
+      "micro-batches per step",
+      total_params, cfg_.model().num_layers(), cfg_.model().hidden_size(),
+      cfg_.model().num_heads(), cfg_.model().vocab_size(),
+      train_data_ ? train_data_->description().c_str() : "(data on other ranks)", flushes_,
+      microbatches_));
+  if (stage_options_.bf16) {
+    Log("[train] precision: bf16 compute copies and activations, fp32 masters, gradients, "
+        "AdamW moments, loss and norm (" +
+        device::BackendName(device_->backend()) + " backend)");
+  }
+}
 
-  optim::AdamW adamw(
-      {cfg.optim().beta1(), cfg.optim().beta2(), cfg.optim().eps(), cfg.optim().weight_decay()});
-  const optim::LrSchedule lr_schedule{cfg.optim().lr(), cfg.optim().min_lr(),
-                                      cfg.optim().warmup_steps(), train.max_steps()};
-  // Every token loss is scaled by 1/(tokens per optimizer step over all replicas), so the summed
-  // gradient is the mean over the global batch, whatever the pp/dp split.
-  const double tokens_per_step = double(batch) * seq * accum * resolved.dp;
-  std::vector<BatchSlot> slots(m);
+void Trainer::Resume() {
+  if (options_.resume.empty()) return;
+  const std::string& checkpoint_root = cfg_.checkpoint().dir();
+  const std::string step_dir = checkpoint::ResolveStepDir(options_.resume, checkpoint_root);
+  if (step_dir.empty()) {
+    Log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
+    return;
+  }
+  const auto load_start = std::chrono::steady_clock::now();
+  start_step_ = static_cast<int>(checkpoint::Load(step_dir, resolved_, *stage_, adamw_, comm_));
+  stage_->RefreshComputeCopies();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const double bytes = comm_.SumToRoot(
+      comm_.dp_rank() == 0 ? double(3 * result_.parameter_count * sizeof(float)) : 0.0);
+  Log(Format("[ckpt] resumed from %s at step %d: read %.2f MB in %.3f s (%.1f MB/s)",
+             step_dir.c_str(), start_step_, bytes / 1e6, seconds,
+             bytes / 1e6 / std::max(seconds, 1e-9)));
+}
 
-  auto evaluate = [&](int step) {
-    double local = 0;
-    BatchSlot slot;
-    slot.tokens.resize(int64_t{batch} * seq);
+void Trainer::OpenMetrics() {
+  const std::string& output_dir = train_.output_dir();
+  if (!root_ || output_dir.empty()) return;
+  // Metrics are a convenience: a directory that cannot be written costs a warning, not the run.
+  std::error_code error;
+  std::filesystem::create_directories(output_dir, error);
+  metrics_file_.open(output_dir + "/metrics.jsonl", std::ios::trunc);
+  if (!metrics_file_.is_open()) {
+    Log("[train] warning: cannot write " + output_dir +
+        "/metrics.jsonl; no metrics or trace this run");
+  }
+}
+
+void Trainer::Evaluate(int step) {
+  double local = 0;
+  BatchSlot slot;
+  slot.tokens.resize(int64_t{batch_} * seq_);
+  slot.targets.resize(slot.tokens.size());
+  for (int i = comm_.dp_rank(); i < train_.eval_batches(); i += comm_.dp_size()) {
+    if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
+    slot.mb = {batch_, seq_, slot.tokens.data(), slot.targets.data(),
+               1.0 / (double(batch_) * seq_), i};
+    local += executor_->Evaluate(slot.mb);
+  }
+  comm_.FinishSends();
+  const double loss = comm_.SumToRoot(local) / train_.eval_batches();
+  if (root_) result_.val_losses.emplace_back(step, loss);
+  Log(Format("[val] step %d | val_loss %.4f | %d batches of %dx%d", step, loss,
+             train_.eval_batches(), batch_, seq_));
+}
+
+void Trainer::FillBatches(int step, int flush) {
+  for (int mb = 0; mb < microbatches_; ++mb) {
+    BatchSlot& slot = slots_[mb];
+    slot.tokens.resize(int64_t{batch_} * seq_);
     slot.targets.resize(slot.tokens.size());
-    for (int i = comm.dp_rank(); i < train.eval_batches(); i += comm.dp_size()) {
-      if (val_data) val_data->EvalBatch(i, batch, seq, slot.tokens.data(), slot.targets.data());
-      slot.mb = {batch, seq, slot.tokens.data(), slot.targets.data(), 1.0 / (double(batch) * seq),
-                 i};
-      local += executor.Evaluate(slot.mb);
+    // The sample key is the micro-batch's global index in the step, so any pp/dp layout of the
+    // same global batch reads the same samples.
+    const int global_microbatch = comm_.dp_rank() * accum_ + flush * microbatches_ + mb;
+    if (train_data_) {
+      train_data_->TrainBatch(stage_options_.seed, step, 0, global_microbatch, batch_, seq_,
+                              slot.tokens.data(), slot.targets.data());
     }
-    comm.FinishSends();
-    const double loss = comm.SumToRoot(local) / train.eval_batches();
-    if (root) result.val_losses.emplace_back(step, loss);
-    log(Format("[val] step %d | val_loss %.4f | %d batches of %dx%d", step, loss,
-               train.eval_batches(), batch, seq));
-  };
-
-  int start_step = 0;
-  const std::string& checkpoint_root = cfg.checkpoint().dir();
-  if (!options.resume.empty()) {
-    const std::string step_dir = checkpoint::ResolveStepDir(options.resume, checkpoint_root);
-    if (step_dir.empty()) {
-      log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
-    } else {
-      const auto load_start = std::chrono::steady_clock::now();
-      start_step = static_cast<int>(checkpoint::Load(step_dir, resolved, stage, adamw, comm));
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-      const double bytes = comm.SumToRoot(
-          comm.dp_rank() == 0 ? double(3 * result.parameter_count * sizeof(float)) : 0.0);
-      log(Format("[ckpt] resumed from %s at step %d: read %.2f MB in %.3f s (%.1f MB/s)",
-                 step_dir.c_str(), start_step, bytes / 1e6, seconds,
-                 bytes / 1e6 / std::max(seconds, 1e-9)));
-    }
+    slot.mb = {batch_, seq_, slot.tokens.data(), slot.targets.data(), 1.0 / tokens_per_step_, mb};
   }
-  if (root && !output_dir.empty()) {
-    // Metrics are a convenience: a directory that cannot be written costs a warning, not the run.
-    std::error_code error;
-    std::filesystem::create_directories(output_dir, error);
-    metrics_file.open(output_dir + "/metrics.jsonl", std::ios::trunc);
-    if (!metrics_file.is_open()) {
-      log("[train] warning: cannot write " + output_dir +
-          "/metrics.jsonl; no metrics or trace this run");
-    }
-  }
-  auto save = [&](int step) {
-    const checkpoint::SaveStats stats = checkpoint::Save(checkpoint_root, step, resolved, stage,
-                                                         adamw, comm, cfg.checkpoint().keep_last());
-    log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
-               double(stats.bytes) / 1e6, stats.seconds,
-               double(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
-  };
+}
 
-  evaluate(start_step);  // the starting point: about ln(vocab_size) for a fresh model
-  const FaultHooks hooks = FaultHooks::FromEnvironment();
-  const bool skip_nan = train.nan_policy() == "skip";
-  int skipped_steps = 0;
-  int last_saved_step = -1;
-  int stopped_at = -1;
-  adamw.InitState(params);
-  int64_t system_allocations_after_first_step = -1;
-  for (int step = start_step; step < train.max_steps(); ++step) {
-    if (step == start_step + 1)
-      system_allocations_after_first_step = allocator.system_allocations();
-    // Testing hook: the named rank stops responding, so that tests can show a peer's deadline
-    // firing with a diagnostic instead of a hang.
-    if (hooks.stall_rank == comm.world_rank() && hooks.stall_step <= step + 1) {
-      std::this_thread::sleep_for(std::chrono::hours(1));
+StepOutcome Trainer::RunStep(int step) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t bytes_before = comm_.activation_bytes_sent();
+  StepOutcome outcome;
+  timeline_.set_recording(step - start_step_ < train_.trace_steps());
+  timeline_.ResetWindow();
+  stage_->ZeroGrads();
+  double local_loss = 0;
+  for (int flush = 0; flush < flushes_; ++flush) {
+    FillBatches(step, flush);
+    local_loss +=
+        executor_->RunFlush([&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; });
+  }
+  executor_->RunTail([&] { OptimizerStep(step, &outcome); });
+  comm_.FinishSends();
+  outcome.loss = comm_.SumToRoot(local_loss);
+  if (root_) {
+    if (!std::isfinite(outcome.loss) && !outcome.skipped) {
+      throw NumericalError(Format("step %d: the loss is %f", step + 1, outcome.loss));
     }
-    const auto start = std::chrono::steady_clock::now();
-    bool skipped = false;
-    timeline.set_recording(step - start_step < train.trace_steps());
-    timeline.ResetWindow();
-    stage.ZeroGrads();
-    double local_loss = 0;
-    double norm = 0;
-    double lr = 0;
-    for (int flush = 0; flush < flushes; ++flush) {
-      for (int mb = 0; mb < m; ++mb) {
-        BatchSlot& slot = slots[mb];
-        slot.tokens.resize(int64_t{batch} * seq);
-        slot.targets.resize(slot.tokens.size());
-        // The sample key is the micro-batch's global index in the step, so any pp/dp layout
-        // of the same global batch reads the same samples.
-        const int global_microbatch = comm.dp_rank() * accum + flush * m + mb;
-        if (train_data) {
-          train_data->TrainBatch(stage_options.seed, step, 0, global_microbatch, batch, seq,
-                                 slot.tokens.data(), slot.targets.data());
-        }
-        slot.mb = {batch, seq, slot.tokens.data(), slot.targets.data(), 1.0 / tokens_per_step, mb};
-      }
-      local_loss += executor.RunFlush(
-          [&](int mb) -> const layer::MicroBatch& { return slots[mb].mb; }, flush == flushes - 1,
-          [&] {
-            if (hooks.nan_step == step + 1) {
-              // Every replica holding the layer: as a NaN from the backward would be after the
-              // data-parallel all-reduce.
-              for (const Stage::NamedParam& named : stage.OwnedParams()) {
-                if (named.layer_id != hooks.nan_layer) continue;
-                named.param->grad.data<float>()[0] = std::nanf("");
-                break;
-              }
-            }
-            if (hooks.kill_rank == comm.world_rank() && hooks.kill_step == step + 1) {
-              std::fflush(stdout);
-              std::raise(SIGKILL);
-            }
-            // Each parameter is owned by one rank of the pipeline and is
-            // identical across dp replicas: sum over the pipeline only.
-            double local_sumsq = 0;
-            std::string bad;
-            for (const Stage::NamedParam& named : stage.OwnedParams()) {
-              const double sq = optim::GlobalGradNorm({named.param});
-              if (!std::isfinite(sq) && bad.empty()) bad = named.name;
-              local_sumsq += sq * sq;
-            }
-            norm = std::sqrt(comm.AllReduceSumPp(local_sumsq));
-            if (!std::isfinite(norm)) {
-              // Every rank of every replica sees the non-finite norm. Gather where each found
-              // non-finite gradients; rank 0 reports them all before any rank stops.
-              std::string origin;
-              if (stage.has_embedding() && stage.has_head()) {
-                origin = stage.FirstNonFiniteLayer(slots[0].mb);
-                if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
-              }
-              std::string stages;
-              for (const partition::StageRange& range : stage.ranges())
-                stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
-              const std::vector<std::string> found = comm.GatherToRoot(
-                  bad.empty()
-                      ? ""
-                      : Format("rank %d (stage %s, dp %d): %s%s", comm.world_rank(), stages.c_str(),
-                               comm.dp_rank(), bad.c_str(), origin.c_str()));
-              std::string report;
-              for (const std::string& where : found) {
-                if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
-              }
-              std::string message =
-                  Format("step %d: non-finite gradient norm; non-finite gradients in %s", step + 1,
-                         report.empty() ? "(none found)" : report.c_str());
-              if (skip_nan && skipped_steps < train.max_skipped_steps()) {
-                // Every rank saw the same norm, so all skip together: no update, the tied copy
-                // gets the unchanged weight, and the next step starts from zeroed gradients.
-                skipped = true;
-                ++skipped_steps;
-                log(
-                    Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at "
-                           "most %d skipped steps)",
-                           message.c_str(), skipped_steps, train.max_skipped_steps()));
-                lr = optim::LearningRate(lr_schedule, step);
-                executor.SendTiedWeight();
-                return;
-              }
-              if (skip_nan) {
-                message += Format(
-                    "; train.nan_policy=skip, but %d steps were skipped already "
-                    "(train.max_skipped_steps=%d)",
-                    skipped_steps, train.max_skipped_steps());
-              } else {
-                message += " (train.nan_policy=stop; skip would drop this step's update)";
-              }
-              if (root) std::fprintf(stderr, "bigmac: rank 0: %s\n", message.c_str());
-              comm.AllOk(false);
-              throw NumericalError(message, /*reported=*/true);
-            }
-            if (cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip()) {
-              optim::ScaleGradients(params, cfg.optim().grad_clip() / norm);
-            }
-            lr = optim::LearningRate(lr_schedule, step);
-            adamw.Step(params, lr, step + 1);
-            executor.SendTiedWeight();
-          });
-    }
-    comm.FinishSends();
-    const double loss = comm.SumToRoot(local_loss);
-    const double peak = comm.MaxToRoot(double(allocator.peak_bytes()));
-    if (root) {
-      if (!std::isfinite(loss) && !skipped) {
-        throw NumericalError(Format("step %d: the loss is %f", step + 1, loss));
-      }
-      result.train_losses.push_back(loss);
-    }
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    // Per-rank milliseconds in compute and waiting this step, for metrics.jsonl.
-    const auto& w = timeline.window_ms();
-    auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
-    const std::vector<std::string> per_rank = comm.GatherToRoot(
-        Format("{\"rank\":%d,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"wait_"
-               "ms\":%.3f,\"allreduce_ms\":%.3f,\"peak_bytes\":%lld,\"rss_bytes\":%lld}",
-               comm.world_rank(), get("forward"),
-               get("backward") + get("backward_input") + get("backward_weight"), get("wait"),
-               get("allreduce"), static_cast<long long>(allocator.peak_bytes()),
-               static_cast<long long>(ResidentBytes())));
-    if (metrics_file.is_open()) {
-      std::string ranks;
-      for (const std::string& r : per_rank) ranks += (ranks.empty() ? "" : ",") + r;
-      metrics_file
-          << Format(
-                 "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,\"clipped\":%s,"
-                 "\"skipped\":%s,"
-                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,\"micro_batch_size\":%"
-                 "d,"
-                 "\"num_microbatches\":%d,\"ranks\":[",
-                 step + 1, loss, lr, norm,
-                 cfg.optim().grad_clip() > 0 && norm > cfg.optim().grad_clip() ? "true" : "false",
-                 skipped ? "true" : "false", ms, tokens_per_step / (ms / 1000.0), peak, batch, m)
-          << ranks << "]}\n";
-      metrics_file.flush();
-    }
-    if ((step + 1) % train.log_interval() == 0 || step == 0 || step + 1 == train.max_steps()) {
-      log(Format(
-          "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f MiB%s",
-          step + 1, train.max_steps(), loss, lr, norm, tokens_per_step / (ms / 1000.0), ms,
-          peak / (1 << 20),
-          skipped_steps > 0 ? Format(" | skipped %d", skipped_steps).c_str() : ""));
-    }
-    if (train.eval_interval() > 0 && (step + 1) % train.eval_interval() == 0 &&
-        step + 1 != train.max_steps()) {
-      evaluate(step + 1);
-    }
-    const int interval = cfg.checkpoint().interval();
-    if (!checkpoint_root.empty() &&
-        ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train.max_steps())) {
-      save(step + 1);
-      last_saved_step = step + 1;
-    }
-    // SIGTERM/SIGINT on any rank stops every rank after this step (they agree first, so no rank
-    // is left waiting for a peer that stopped).
-    const int signal_number = util::StopSignalReceived();
-    if (!comm.AllOk(signal_number == 0)) {
-      stopped_at = step + 1;
-      std::string saved = "no checkpoint (checkpoint.dir is empty)";
-      if (!checkpoint_root.empty() && !cfg.checkpoint().save_on_signal()) {
-        saved = "no checkpoint (checkpoint.save_on_signal=false)";
-      } else if (!checkpoint_root.empty()) {
-        if (last_saved_step != step + 1) save(step + 1);
-        saved = Format("the checkpoint of step %d in %s", step + 1, checkpoint_root.c_str());
-      }
-      log(Format("[signal] %s: stopping after step %d with %s. Continue with --resume auto.",
-                 signal_number ? util::SignalName(signal_number) : "stop signal on another rank",
-                 step + 1, saved.c_str()));
+    result_.train_losses.push_back(outcome.loss);
+  }
+  outcome.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  outcome.peak = comm_.MaxToRoot(double(device_->allocator().peak_bytes()));
+  outcome.activation_bytes = comm_.activation_bytes_sent() - bytes_before;
+  result_.activation_bytes_per_step = outcome.activation_bytes;
+  return outcome;
+}
+
+void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
+  if (hooks_.nan_step == step + 1) {
+    // Every replica holding the layer: as a NaN from the backward would be after the
+    // data-parallel all-reduce.
+    for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+      if (named.layer_id != hooks_.nan_layer) continue;
+      const float nan = std::nanf("");
+      device_->CopyHostToDevice(named.param->grad.raw(), &nan, sizeof(nan));
       break;
     }
   }
-  // Steady state: after the first step every buffer comes from the allocator's cache.
-  result.steady_state_system_allocations =
-      system_allocations_after_first_step < 0
-          ? 0
-          : allocator.system_allocations() - system_allocations_after_first_step;
-  if (stopped_at < 0) evaluate(train.max_steps());
-  result.skipped_steps = skipped_steps;
-  result.stopped_at_step = stopped_at;
-
-  result.peak_bytes = allocator.peak_bytes();
-  result.max_in_flight = stage.max_in_flight();
-  std::string stages;
-  for (const partition::StageRange& range : stage.ranges())
-    stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
-  const std::vector<std::string> memory_lines = comm.GatherToRoot(
-      Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
-             "activations peak "
-             "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
-             "optimizer state for %lld; %lld system allocations after the first step",
-             comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(),
-             double(result.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
-             double(stage.max_activation_bytes()) / (1 << 20), result.max_in_flight,
-             static_cast<long long>(result.parameter_count),
-             static_cast<long long>(OptimizerStateCount(stage, adamw)),
-             static_cast<long long>(result.steady_state_system_allocations)));
-  for (const std::string& line : memory_lines) log(line);
-  std::string layer_ranges;
-  for (const partition::StageRange& range : stage.ranges()) {
-    layer_ranges += (layer_ranges.empty() ? "" : ", ") +
-                    partition::FormatRange(range, resolved.partition.origin);
+  if (hooks_.kill_rank == comm_.world_rank() && hooks_.kill_step == step + 1) {
+    std::fflush(stdout);
+    std::raise(SIGKILL);
   }
-  const auto& totals = timeline.total_ms();
+  // Each parameter is owned by one rank of the pipeline and is identical across dp replicas:
+  // sum over the pipeline only.
+  double local_sumsq = 0;
+  std::string bad;
+  for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+    const double norm = optim::GlobalGradNorm({named.param});
+    if (!std::isfinite(norm) && bad.empty()) bad = named.name;
+    local_sumsq += norm * norm;
+  }
+  outcome->norm = std::sqrt(comm_.AllReduceSumPp(local_sumsq));
+  outcome->lr = optim::LearningRate(lr_schedule_, step);
+  if (!std::isfinite(outcome->norm)) {
+    DiagnoseNonFinite(step, bad, outcome);  // throws unless the step is skipped
+    executor_->SendTiedWeight();
+    return;
+  }
+  if (cfg_.optim().grad_clip() > 0 && outcome->norm > cfg_.optim().grad_clip()) {
+    optim::ScaleGradients(params_, cfg_.optim().grad_clip() / outcome->norm);
+  }
+  adamw_.Step(params_, outcome->lr, step + 1);
+  executor_->SendTiedWeight();
+}
+
+void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* outcome) {
+  // Gather where each rank found non-finite gradients; rank 0 reports them all before any rank
+  // stops.
+  std::string origin;
+  if (stage_->has_embedding() && stage_->has_head()) {
+    origin = stage_->FirstNonFiniteLayer(slots_[0].mb);
+    if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
+  }
+  const std::vector<std::string> found = comm_.GatherToRoot(
+      bad.empty() ? ""
+                  : Format("rank %d (stage %s, dp %d): %s%s", comm_.world_rank(),
+                           StageList(*stage_).c_str(), comm_.dp_rank(), bad.c_str(),
+                           origin.c_str()));
+  std::string report;
+  for (const std::string& where : found) {
+    if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
+  }
+  std::string message = Format("step %d: non-finite gradient norm; non-finite gradients in %s",
+                               step + 1, report.empty() ? "(none found)" : report.c_str());
+  const bool skip = train_.nan_policy() == "skip";
+  if (skip && skipped_steps_ < train_.max_skipped_steps()) {
+    // Every rank saw the same norm, so all skip together: no update, the tied copy gets the
+    // unchanged weight, and the next step starts from zeroed gradients.
+    outcome->skipped = true;
+    ++skipped_steps_;
+    Log(Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at most %d skipped "
+               "steps)",
+               message.c_str(), skipped_steps_, train_.max_skipped_steps()));
+    return;
+  }
+  if (skip) {
+    message += Format(
+        "; train.nan_policy=skip, but %d steps were skipped already (train.max_skipped_steps=%d)",
+        skipped_steps_, train_.max_skipped_steps());
+  } else {
+    message += " (train.nan_policy=stop; skip would drop this step's update)";
+  }
+  if (root_) std::fprintf(stderr, "bigmac: rank 0: %s\n", message.c_str());
+  comm_.AllOk(false);
+  throw NumericalError(message, /*reported=*/true);
+}
+
+void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
+  const double peak = outcome.peak;
+  // Per-rank milliseconds in compute and waiting this step.
+  const auto& w = timeline_.window_ms();
+  auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
+  const nlohmann::json rank = {
+      {"rank", comm_.world_rank()},
+      {"forward_ms", get("forward")},
+      {"backward_ms", get("backward") + get("backward_input") + get("backward_weight")},
+      {"wait_ms", get("wait")},
+      {"allreduce_ms", get("allreduce")},
+      {"peak_bytes", device_->allocator().peak_bytes()},
+      {"rss_bytes", ResidentBytes()},
+      {"activation_bytes_sent", outcome.activation_bytes}};
+  const std::vector<std::string> per_rank = comm_.GatherToRoot(rank.dump());
+  if (!metrics_file_.is_open()) return;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const std::string& text : per_rank) ranks.push_back(nlohmann::json::parse(text));
+  const bool clipped = cfg_.optim().grad_clip() > 0 && outcome.norm > cfg_.optim().grad_clip();
+  const nlohmann::json line = {{"step", step + 1},
+                               {"loss", outcome.loss},
+                               {"lr", outcome.lr},
+                               {"grad_norm", outcome.norm},
+                               {"clipped", clipped},
+                               {"skipped", outcome.skipped},
+                               {"step_ms", outcome.ms},
+                               {"tokens_per_s", tokens_per_step_ / (outcome.ms / 1000.0)},
+                               {"peak_bytes", peak},
+                               {"micro_batch_size", batch_},
+                               {"num_microbatches", microbatches_},
+                               {"precision", cfg_.precision().dtype()},
+                               {"ranks", ranks}};
+  metrics_file_ << line.dump() << "\n";
+  metrics_file_.flush();
+}
+
+void Trainer::ReportProgress(int step, const StepOutcome& outcome) {
+  if ((step + 1) % train_.log_interval() != 0 && step != 0 && step + 1 != train_.max_steps())
+    return;
+  Log(Format("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f "
+             "MiB%s",
+             step + 1, train_.max_steps(), outcome.loss, outcome.lr, outcome.norm,
+             tokens_per_step_ / (outcome.ms / 1000.0), outcome.ms, outcome.peak / (1 << 20),
+             skipped_steps_ > 0 ? Format(" | skipped %d", skipped_steps_).c_str() : ""));
+}
+
+void Trainer::Save(int step) {
+  const checkpoint::SaveStats stats =
+      checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, *stage_, adamw_, comm_,
+                       cfg_.checkpoint().keep_last());
+  last_saved_step_ = step;
+  Log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
+             double(stats.bytes) / 1e6, stats.seconds,
+             double(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
+}
+
+bool Trainer::StopRequested(int step) {
+  // SIGTERM/SIGINT on any rank stops every rank after this step (they agree first, so no rank is
+  // left waiting for a peer that stopped).
+  const int signal_number = util::StopSignalReceived();
+  if (comm_.AllOk(signal_number == 0)) return false;
+  stopped_at_ = step + 1;
+  const std::string& checkpoint_root = cfg_.checkpoint().dir();
+  std::string saved = "no checkpoint (checkpoint.dir is empty)";
+  if (!checkpoint_root.empty() && !cfg_.checkpoint().save_on_signal()) {
+    saved = "no checkpoint (checkpoint.save_on_signal=false)";
+  } else if (!checkpoint_root.empty()) {
+    if (last_saved_step_ != step + 1) Save(step + 1);
+    saved = Format("the checkpoint of step %d in %s", step + 1, checkpoint_root.c_str());
+  }
+  Log(Format("[signal] %s: stopping after step %d with %s. Continue with --resume auto.",
+             signal_number ? util::SignalName(signal_number) : "stop signal on another rank",
+             step + 1, saved.c_str()));
+  return true;
+}
+
+void Trainer::Report(int steps_run) {
+  const std::string stages = StageList(*stage_);
+  const memory::DeviceAllocator& allocator = device_->allocator();
+  const std::vector<std::string> memory_lines = comm_.GatherToRoot(Format(
+      "[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
+      "activations peak "
+      "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
+      "optimizer state for %lld; %lld system allocations after the first step",
+      comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank(), stages.c_str(),
+      double(result_.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
+      double(stage_->max_activation_bytes()) / (1 << 20), result_.max_in_flight,
+      static_cast<long long>(result_.parameter_count),
+      static_cast<long long>(OptimizerStateCount(*stage_, adamw_)),
+      static_cast<long long>(result_.steady_state_system_allocations)));
+  for (const std::string& line : memory_lines) Log(line);
+  std::string layer_ranges;
+  for (const partition::StageRange& range : stage_->ranges()) {
+    layer_ranges += (layer_ranges.empty() ? "" : ", ") +
+                    partition::FormatRange(range, resolved_.partition.origin);
+  }
+  const auto& totals = timeline_.total_ms();
   auto total = [&totals](const char* key) { return totals.count(key) ? totals.at(key) : 0.0; };
-  const std::vector<std::string> stage_lines = comm.GatherToRoot(Format(
+  const std::vector<std::string> stage_lines = comm_.GatherToRoot(Format(
       "[stage] rank %d (pp %d, dp %d, stage %s, %s): forward %.1f ms, backward %.1f ms, waiting "
       "%.1f ms, "
-      "all-reduce %.1f ms, optimizer %.1f ms over %d step(s)",
-      comm.world_rank(), comm.pp_rank(), comm.dp_rank(), stages.c_str(), layer_ranges.c_str(),
+      "all-reduce %.1f ms, optimizer %.1f ms over %d step(s); %.2f MB of activations and "
+      "gradients sent per step (%s)",
+      comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank(), stages.c_str(), layer_ranges.c_str(),
       total("forward"), total("backward") + total("backward_input") + total("backward_weight"),
-      total("wait"), total("allreduce"), total("optimizer"),
-      (stopped_at > 0 ? stopped_at : train.max_steps()) - start_step));
-  for (const std::string& line : stage_lines) log(line);
+      total("wait"), total("allreduce"), total("optimizer"), steps_run,
+      double(result_.activation_bytes_per_step) / 1e6,
+      memory::DTypeName(stage_->activation_dtype()).c_str()));
+  for (const std::string& line : stage_lines) Log(line);
+}
+
+void Trainer::WriteTraceAndDump() {
+  const std::string& output_dir = train_.output_dir();
   if (!output_dir.empty()) {
-    const std::vector<std::string> events = comm.GatherToRoot(timeline.TraceEvents(
-        comm.world_rank(),
-        Format("rank %d (pp %d, dp %d)", comm.world_rank(), comm.pp_rank(), comm.dp_rank())));
-    if (root && metrics_file.is_open()) {
+    const std::vector<std::string> events = comm_.GatherToRoot(timeline_.TraceEvents(
+        comm_.world_rank(),
+        Format("rank %d (pp %d, dp %d)", comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank())));
+    if (root_ && metrics_file_.is_open()) {
       std::ofstream(output_dir + "/trace.json", std::ios::trunc) << metrics::MergeTraces(events);
-      log("[train] wrote " + output_dir + "/metrics.jsonl and " + output_dir +
+      Log("[train] wrote " + output_dir + "/metrics.jsonl and " + output_dir +
           "/trace.json (open it at https://ui.perfetto.dev)");
     }
   }
-  for (layer::Param* param : params) {
-    for (int64_t i = 0; i < param->value.numel(); ++i) {
-      result.final_parameters.push_back(param->value.dtype() == memory::DType::kF64
-                                            ? param->value.data<double>()[i]
-                                            : param->value.data<float>()[i]);
+  for (layer::Param* param : params_) {
+    // Host copies in double, whatever the master dtype.
+    memory::Tensor wide(device_, param->value.shape(), memory::DType::kF64);
+    wide.ConvertFrom(param->value);
+    std::vector<double> host(wide.numel());
+    wide.CopyToHost(host.data());
+    result_.final_parameters.insert(result_.final_parameters.end(), host.begin(), host.end());
+  }
+  if (!options_.dump_dir.empty()) {
+    if (comm_.dp_rank() == 0) DumpWeights(*stage_, options_.dump_dir);
+    if (root_) {
+      std::ofstream losses(options_.dump_dir + "/losses.txt");
+      for (double loss : result_.train_losses) losses << Format("%.17g\n", loss);
     }
   }
-  if (!options.dump_dir.empty()) {
-    if (comm.dp_rank() == 0) DumpWeights(stage, options.dump_dir);
-    if (root) {
-      std::ofstream losses(options.dump_dir + "/losses.txt");
-      for (double loss : result.train_losses) losses << Format("%.17g\n", loss);
+}
+
+TrainResult Trainer::Run() {
+  LogModel();
+  Resume();
+  OpenMetrics();  // once the inputs (data, checkpoint) have been read
+  Evaluate(start_step_);  // the starting point: about ln(vocab_size) for a fresh model
+  adamw_.InitState(params_);
+  memory::DeviceAllocator& allocator = device_->allocator();
+  int64_t system_allocations_after_first_step = -1;
+  const std::string& checkpoint_root = cfg_.checkpoint().dir();
+  for (int step = start_step_; step < train_.max_steps(); ++step) {
+    if (step == start_step_ + 1) system_allocations_after_first_step = allocator.system_allocations();
+    // Testing hook: the named rank stops responding, so that tests can show a peer's deadline
+    // firing with a diagnostic instead of a hang.
+    if (hooks_.stall_rank == comm_.world_rank() && hooks_.stall_step <= step + 1) {
+      std::this_thread::sleep_for(std::chrono::hours(1));
     }
+    const StepOutcome outcome = RunStep(step);
+    WriteMetrics(step, outcome);
+    ReportProgress(step, outcome);
+    if (train_.eval_interval() > 0 && (step + 1) % train_.eval_interval() == 0 &&
+        step + 1 != train_.max_steps()) {
+      Evaluate(step + 1);
+    }
+    const int interval = cfg_.checkpoint().interval();
+    if (!checkpoint_root.empty() &&
+        ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train_.max_steps())) {
+      Save(step + 1);
+    }
+    if (StopRequested(step)) break;
   }
-  return result;
+  // Steady state: after the first step every buffer comes from the allocator's cache.
+  result_.steady_state_system_allocations =
+      system_allocations_after_first_step < 0
+          ? 0
+          : allocator.system_allocations() - system_allocations_after_first_step;
+  if (stopped_at_ < 0) Evaluate(train_.max_steps());
+  result_.skipped_steps = skipped_steps_;
+  result_.stopped_at_step = stopped_at_;
+  result_.peak_bytes = allocator.peak_bytes();
+  result_.max_in_flight = stage_->max_in_flight();
+  Report((stopped_at_ > 0 ? stopped_at_ : train_.max_steps()) - start_step_);
+  WriteTraceAndDump();
+  return std::move(result_);
+}
+
+}  // namespace
+
+TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
+                  const TrainOptions& options) {
+  Trainer trainer(resolved, comm, options);
+  return trainer.Run();
 }
 
 TrainResult TrainSingleRank(const config::ResolvedConfig& config,

@@ -9,6 +9,7 @@
 
 #include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
+#include "core/device/device.h"
 
 namespace bigmac::engine {
 
@@ -25,6 +26,9 @@ class NumericalError : public std::runtime_error {
 };
 
 struct TrainOptions {
+  // The device the CLI chose for this rank (it outlives the call). Null: a CPU device with
+  // device.memory_limit, or the host's memory shared by `ranks_on_node`.
+  device::Device* device = nullptr;
   int ranks_on_node = 1;  // shares the host's memory when device.memory_limit is unset
   std::string dump_dir;   // if set: final weights per layer_id and per-step losses, to compare runs
   std::string resume;     // "auto", a checkpoint step directory or root, or "" (start fresh)
@@ -42,13 +46,18 @@ struct TrainResult {
   int stopped_at_step = -1;  // the step after which SIGTERM/SIGINT stopped training, or -1
   // Buffers the allocator had to get from the system after the first step (0: steady state).
   int64_t steady_state_system_allocations = 0;
+  // Activation and gradient bytes this rank sent to its pipeline neighbours per step (the last
+  // step), as counted by the transport.
+  int64_t activation_bytes_per_step = 0;
 };
 
 // Trains with the configured schedule on this rank's stages: for each optimizer step,
-// gradient_accumulation_steps / num_microbatches flushes of the rank's action list, then the tied
-// gradient to its owner, the data-parallel all-reduce, global-norm clipping (each parameter
-// counted once), AdamW with warm-up and cosine decay, and the updated tied weight back to its
-// consumer. Rank 0 logs the progress line (loss from the last stage) and validation losses.
+// gradient_accumulation_steps / num_microbatches flushes of the rank's action list, then the
+// per-step tail: the tied gradient to its owner, the data-parallel all-reduce, global-norm
+// clipping (each parameter counted once), AdamW with warm-up and cosine decay, and the updated
+// tied weight back to its consumer. precision.dtype=bf16 keeps fp32 masters, gradients and
+// moments, computes from bf16 copies and sends bf16 activations. Rank 0 logs the progress line
+// (loss from the last stage) and validation losses.
 // Saves checkpoints every checkpoint.interval steps and at the end when checkpoint.dir is set, and
 // resumes from options.resume. Throws memory::OutOfMemoryError, data::DataError, NumericalError,
 // comm::DeadlineError, comm::TransportError, checkpoint::CheckpointError.

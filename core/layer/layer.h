@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device/device.h"
 #include "core/memory/tensor.h"
 #include "core/registry/registry.h"
 
@@ -30,20 +31,31 @@ struct ModelDims {
   int max_seq_length = 64;  // rows of the position embedding
 };
 
-// What a layer is built from. The allocator outlives the layer.
+// What a layer is built from. The device outlives the layer.
 struct LayerSpec {
   std::string type;
   int layer_id = 0;
   ModelDims dims;
+  // The masters' and gradients' dtype (f32; f64 in gradient checks). CPU kernels compute in it.
   DType dtype = DType::kF32;
-  memory::DeviceAllocator* allocator = nullptr;
+  // precision.dtype=bf16: what crosses layer boundaries, and the parameters' compute copies, are
+  // bf16 (masters and gradients stay `dtype`).
+  bool bf16 = false;
+  // What crosses layer boundaries: bf16, or `dtype`.
+  DType activation_dtype() const { return bf16 ? DType::kBF16 : dtype; }
+  device::Device* device = nullptr;
   bool activation_checkpointing = false;  // keep only the input; recompute the rest in backward
 };
 
 struct Param {
   std::string name;  // unique within the layer, e.g. "attn.qkv.weight"
-  Tensor value;
-  Tensor grad;
+  Tensor value;      // the master (what the optimizer updates and checkpoints hold)
+  Tensor grad;       // of the master's dtype; backward passes accumulate into it
+  // The copy layers compute from when the activation dtype differs from the master's (bf16),
+  // else empty. RefreshComputeCopy writes it after init, load, each optimizer step and each
+  // tied-weight exchange; compute_version counts those refreshes so layers can cache views.
+  Tensor compute;
+  int64_t compute_version = 0;
   bool weight_decay = false;  // matrices decay; biases and norms do not (GPT-2 convention)
   // A read-only copy of a weight another layer owns (the head's view of the tied token
   // embedding). Its gradient is sent to the owner and it receives the owner's value after each
@@ -51,6 +63,9 @@ struct Param {
   bool tied_copy = false;
   std::string tied_owner;  // "embedding/wte" for the head's copy
 };
+
+// Re-rounds `param`'s compute copy from its master (nothing when it has none).
+void RefreshComputeCopy(Param* param);
 
 // One micro-batch as every layer sees it. Tokens and targets are (batch, seq) row-major.
 struct MicroBatch {
@@ -71,8 +86,10 @@ struct Saved {
   int64_t bytes() const;
 };
 
-// A model layer: a stage plugin builds it from the registry by type name.
-// Activations between layers are (batch, seq, hidden) tensors of the layer's dtype. The
+// A model layer: a stage plugin builds it from the registry by (type name, backend).
+// Activations between layers are (batch, seq, width) tensors of the spec's activation dtype;
+// on CUDA every tensor, token and target pointer is a device pointer, valid in stream order on
+// the device's compute stream. The
 // embedding reads tokens instead of `x`; the head writes its loss as a 1-element tensor.
 // The backward is split (the zero-bubble schedule needs it): BackwardInput computes dx and keeps
 // what BackwardWeight needs; BackwardWeight accumulates the parameter gradients and clears
@@ -87,6 +104,10 @@ class Layer {
   const LayerSpec& spec() const { return spec_; }
 
   virtual std::vector<Param*> Params() = 0;
+  // Whether the layer honours spec().activation_checkpointing itself (keeps only its input and
+  // recomputes in BackwardInput). If not, the stage does it for the layer: it keeps the input
+  // and reruns Forward before the backward.
+  virtual bool checkpoints_activations() const { return false; }
   // Deterministic from (seed, layer_id): the same model on any partition.
   virtual void InitParams(uint64_t seed) = 0;
 
@@ -99,7 +120,7 @@ class Layer {
   virtual int64_t ActivationBytes(int batch, int seq) const = 0;
 
  protected:
-  // A (batch, seq, hidden) tensor of this layer's dtype.
+  // A (batch, seq, width) tensor of this layer's compute dtype (`dtype`).
   Tensor NewActivation(int batch, int seq, int width) const;
   LayerSpec spec_;
 };
@@ -107,7 +128,7 @@ class Layer {
 using LayerRegistry = registry::Registry<Layer, const LayerSpec&>;
 
 // Builds LayerClass<float> or LayerClass<double> for the spec's dtype (the CPU kernels' types);
-// the factory of the built-in GPT layers and of the example plugin.
+// the CPU factory of the built-in GPT layers and of the example plugin.
 template <template <typename> class LayerClass>
 std::unique_ptr<Layer> MakeForDType(const LayerSpec& spec) {
   if (spec.dtype == memory::DType::kF64) return std::make_unique<LayerClass<double>>(spec);
@@ -116,7 +137,10 @@ std::unique_ptr<Layer> MakeForDType(const LayerSpec& spec) {
                               memory::DTypeName(spec.dtype));
 }
 
-// Builds a layer by type name; an unknown name lists the known types.
+// Builds a layer by type name for the spec's device's backend; an unknown name lists the known
+// types, a type without this backend names the backends it has. A CPU layer computes in `dtype`:
+// when the activation dtype differs (bf16), its inputs are widened and its (batch, seq, width)
+// outputs rounded at the boundary, so every CPU layer, a plugin's too, trains in bf16.
 std::unique_ptr<Layer> CreateLayer(const LayerSpec& spec);
 
 }  // namespace bigmac::layer

@@ -29,7 +29,8 @@ bool ValidTypeName(const char* name) {
   return true;
 }
 
-int RegisterFromPlugin(void* host, const char* type_name, bigmac_layer_factory factory) {
+int RegisterFromPlugin(void* host, const char* type_name, const char* backend_name,
+                       bigmac_layer_factory factory) {
   auto* state = static_cast<HostState*>(host);
   if (!ValidTypeName(type_name) || factory == nullptr) {
     state->errors.push_back("registers a layer type with an invalid name or no factory: '" +
@@ -38,6 +39,14 @@ int RegisterFromPlugin(void* host, const char* type_name, bigmac_layer_factory f
     return 1;
   }
   const std::string name = type_name;
+  device::Backend parsed;
+  if (backend_name == nullptr || !device::ParseBackend(backend_name, &parsed)) {
+    state->errors.push_back("registers layer type '" + name + "' for backend '" +
+                            std::string(backend_name ? backend_name : "(null)") +
+                            "' (backends: cpu, cuda)");
+    return 1;
+  }
+  const std::string backend = backend_name;
   auto make = [factory, name](const LayerSpec& spec) -> std::unique_ptr<Layer> {
     void* made = factory(&spec);
     if (made == nullptr) {
@@ -47,14 +56,15 @@ int RegisterFromPlugin(void* host, const char* type_name, bigmac_layer_factory f
     return std::unique_ptr<Layer>(static_cast<Layer*>(made));
   };
   try {
-    LayerRegistry::Global().Register(name, make, state->path);
+    LayerRegistry::Global().Register(name, backend, make, state->path);
   } catch (const std::logic_error& error) {
     state->errors.push_back(std::string("layer type '") + name + "' is already registered by " +
-                            LayerRegistry::Global().Origin(name) +
+                            LayerRegistry::Global().Origin(name, backend) +
                             "; layer type names must be unique across bigmac and its plugins");
     return 1;
   }
-  state->registered.push_back(name);
+  if (state->registered.empty() || state->registered.back() != name)
+    state->registered.push_back(name);
   return 0;
 }
 
@@ -115,6 +125,14 @@ std::vector<std::string> LoadPlugin(const std::string& path) {
   } catch (const std::exception& error) {
     state.errors.push_back(std::string("its entry point threw: ") + error.what());
     status = 1;
+  }
+  for (std::string& error : state.errors) {
+    // An older plugin's own version check: say what changed, so its author knows what to port.
+    if (error.find("built for plugin ABI version") != std::string::npos &&
+        error.find("speaks version " + std::to_string(BIGMAC_PLUGIN_ABI_VERSION)) !=
+            std::string::npos) {
+      error += ". " BIGMAC_PLUGIN_ABI_CHANGES;
+    }
   }
   if (status != 0 || !state.errors.empty()) {
     // The library stays loaded: a factory it registered before failing may still be referenced.

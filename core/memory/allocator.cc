@@ -29,19 +29,24 @@ OutOfMemoryError::OutOfMemoryError(const std::string& device, int64_t requested,
                          " free (" + FormatMiB(in_use) + " in use)"),
       requested_(requested) {}
 
-DeviceAllocator::DeviceAllocator(std::string device, int64_t capacity_bytes)
-    : device_(std::move(device)), capacity_(capacity_bytes) {
+SystemMemory SystemMemory::Host() {
+  return {[](int64_t bytes) { return std::aligned_alloc(kAlignment, bytes); },
+          [](void* pointer) { std::free(pointer); }};
+}
+
+DeviceAllocator::DeviceAllocator(std::string device, int64_t capacity_bytes, SystemMemory system)
+    : device_(std::move(device)), capacity_(capacity_bytes), system_(std::move(system)) {
   if (capacity_bytes <= 0) throw std::invalid_argument(device_ + ": capacity must be > 0 bytes");
 }
 
 DeviceAllocator::~DeviceAllocator() {
-  for (auto& [pointer, block] : live_) std::free(pointer);
+  for (auto& [pointer, block] : live_) system_.free(pointer);
   ReleaseCacheLocked();
 }
 
 void DeviceAllocator::ReleaseCacheLocked() {
   for (auto& [rounded, blocks] : free_by_size_) {
-    for (void* pointer : blocks) std::free(pointer);
+    for (void* pointer : blocks) system_.free(pointer);
   }
   free_by_size_.clear();
   cached_ = 0;
@@ -61,9 +66,9 @@ void* DeviceAllocator::Allocate(int64_t bytes) {
   } else {
     // Live and cached memory together stay within the capacity: drop the cache if they would not.
     if (rounded > capacity_ - current_ - cached_) ReleaseCacheLocked();
-    pointer = std::aligned_alloc(kAlignment, rounded);
-    // The host itself ran out before our capacity did: report it the same way.
-    if (!pointer) throw OutOfMemoryError(device_ + " (host)", bytes, capacity_, current_);
+    pointer = system_.allocate(rounded);
+    // The system itself ran out before our capacity did: report it the same way.
+    if (!pointer) throw OutOfMemoryError(device_ + " (system)", bytes, capacity_, current_);
     ++system_allocations_;
   }
   live_[pointer] = {bytes, rounded};

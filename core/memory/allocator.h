@@ -2,6 +2,7 @@
 #define BIGMAC_CORE_MEMORY_ALLOCATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -21,13 +22,23 @@ class OutOfMemoryError : public std::runtime_error {
   int64_t requested_;
 };
 
-// The one allocator of a device: every tensor's memory comes from here. It tracks current and peak
-// bytes and enforces a capacity (the card's memory on CUDA; device.memory_limit on CPU), which
-// makes out-of-memory behaviour, and the micro-batch search built on it, testable on a CPU.
-// Thread-safe. This CPU implementation hands out 64-byte-aligned host memory.
+// Where a device's memory comes from when the cache cannot serve a request: aligned host memory on
+// the CPU (the default), cudaMalloc/cudaFree on CUDA. `allocate` returns null when the system has
+// no memory left; it must return at least 64-byte-aligned memory.
+struct SystemMemory {
+  std::function<void*(int64_t bytes)> allocate;
+  std::function<void(void* pointer)> free;
+  static SystemMemory Host();
+};
+
+// The one allocator of a device (owned by its device::Device): every tensor's memory comes from
+// here. It tracks current and peak bytes and enforces a capacity (the card's memory on CUDA;
+// device.memory_limit on CPU), which makes out-of-memory behaviour, and the micro-batch search
+// built on it, testable on a CPU. Thread-safe.
 class DeviceAllocator {
  public:
-  DeviceAllocator(std::string device, int64_t capacity_bytes);
+  DeviceAllocator(std::string device, int64_t capacity_bytes,
+                  SystemMemory system = SystemMemory::Host());
   ~DeviceAllocator();
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
@@ -56,6 +67,7 @@ class DeviceAllocator {
 
   const std::string device_;
   const int64_t capacity_;
+  const SystemMemory system_;
   mutable std::mutex mutex_;
   int64_t current_ = 0;
   int64_t peak_ = 0;

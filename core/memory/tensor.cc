@@ -5,38 +5,14 @@
 
 namespace bigmac::memory {
 
-int64_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 4;
-    case DType::kF64:
-      return 8;
-    case DType::kI32:
-      return 4;
-  }
-  return 0;
-}
-
-std::string DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF64:
-      return "f64";
-    case DType::kI32:
-      return "i32";
-  }
-  return "?";
-}
-
-Tensor::Tensor(DeviceAllocator* allocator, std::vector<int64_t> shape, DType dtype)
-    : allocator_(allocator), shape_(std::move(shape)), numel_(1), dtype_(dtype) {
+Tensor::Tensor(device::Device* device, std::vector<int64_t> shape, DType dtype)
+    : device_(device), shape_(std::move(shape)), numel_(1), dtype_(dtype) {
   for (int64_t extent : shape_) {
     if (extent <= 0) throw std::invalid_argument("tensor extent must be > 0: " + ShapeString());
     numel_ *= extent;
   }
-  data_ = allocator_->Allocate(bytes());
-  std::memset(data_, 0, bytes());
+  data_ = device_->allocator().Allocate(bytes());
+  device_->Memset(data_, bytes());
 }
 
 Tensor::~Tensor() { Release(); }
@@ -46,7 +22,7 @@ Tensor::Tensor(Tensor&& other) noexcept { *this = std::move(other); }
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
   if (this != &other) {
     Release();
-    allocator_ = std::exchange(other.allocator_, nullptr);
+    device_ = std::exchange(other.device_, nullptr);
     data_ = std::exchange(other.data_, nullptr);
     shape_ = std::move(other.shape_);
     numel_ = std::exchange(other.numel_, 0);
@@ -56,7 +32,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
 }
 
 void Tensor::Release() {
-  if (data_) allocator_->Free(data_);
+  if (data_) device_->allocator().Free(data_);
   data_ = nullptr;
 }
 
@@ -67,22 +43,42 @@ std::string Tensor::ShapeString() const {
 }
 
 double Tensor::Scalar() const {
-  return dtype_ == DType::kF64 ? data<double>()[0] : data<float>()[0];
+  if (dtype_ == DType::kF64) {
+    double value = 0;
+    device_->CopyDeviceToHost(&value, data_, sizeof(value));
+    return value;
+  }
+  float value = 0;
+  CheckType(DType::kF32);
+  device_->CopyDeviceToHost(&value, data_, sizeof(value));
+  return value;
 }
 
 void Tensor::Zero() {
-  if (data_) std::memset(data_, 0, bytes());
+  if (data_) device_->Memset(data_, bytes());
 }
+
+void Tensor::ConvertFrom(const Tensor& other) {
+  if (other.shape_ != shape_) {
+    throw std::invalid_argument("tensor conversion " + other.ShapeString() + " -> " +
+                                ShapeString());
+  }
+  device_->Convert(data_, dtype_, other.data_, other.dtype_, numel_);
+}
+
+void Tensor::CopyToHost(void* host) const { device_->CopyDeviceToHost(host, data_, bytes()); }
+
+void Tensor::CopyFromHost(const void* host) { device_->CopyHostToDevice(data_, host, bytes()); }
 
 void Tensor::CopyFrom(const Tensor& other) {
   if (other.shape_ != shape_ || other.dtype_ != dtype_) {
     throw std::invalid_argument("tensor copy " + other.ShapeString() + " -> " + ShapeString());
   }
-  std::memcpy(data_, other.data_, bytes());
+  device_->CopyDeviceToDevice(data_, other.data_, bytes());
 }
 
 Tensor Tensor::Clone() const {
-  Tensor copy(allocator_, shape_, dtype_);
+  Tensor copy(device_, shape_, dtype_);
   copy.CopyFrom(*this);
   return copy;
 }

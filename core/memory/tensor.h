@@ -4,38 +4,22 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "core/device/device.h"
 #include "core/memory/allocator.h"
+#include "core/memory/dtype.h"
 
 namespace bigmac::memory {
 
-// fp32 is the training dtype on CPU; fp64 exists so that gradient checks run the very same layer
-// code in double precision; int32 holds tokens.
-enum class DType { kF32, kF64, kI32 };
-
-int64_t DTypeSize(DType dtype);
-std::string DTypeName(DType dtype);
-
-template <typename T>
-constexpr DType DTypeOf() {
-  if constexpr (std::is_same_v<T, float>) {
-    return DType::kF32;
-  } else if constexpr (std::is_same_v<T, double>) {
-    return DType::kF64;
-  } else {
-    static_assert(std::is_same_v<T, int32_t>, "unsupported tensor element type");
-    return DType::kI32;
-  }
-}
-
-// A dense, row-major, zero-initialised array whose memory comes from a DeviceAllocator (so every
-// byte counts against the device's capacity). Move-only; frees on destruction.
+// A dense, row-major, zero-initialised array in a device's memory (from its allocator, so every
+// byte counts against the device's capacity). data() is a device pointer: host code reads it only
+// on the CPU backend, or through CopyToHost. Move-only; frees on destruction. The device outlives
+// the tensor.
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(DeviceAllocator* allocator, std::vector<int64_t> shape, DType dtype);
+  Tensor(device::Device* device, std::vector<int64_t> shape, DType dtype);
   ~Tensor();
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
@@ -53,6 +37,10 @@ class Tensor {
     return static_cast<const T*>(data_);
   }
 
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  device::Device* device() const { return device_; }
+
   bool empty() const { return data_ == nullptr; }
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -61,18 +49,24 @@ class Tensor {
   std::string ShapeString() const;  // "f32[4, 64, 128]"
 
   void Zero();
-  // The first element as a double (the loss a head writes), whatever the float dtype.
+  // The first element as a double (the loss a head writes), whatever the float dtype; on a GPU
+  // this waits for the stream.
   double Scalar() const;
   // Same shape and dtype required.
   void CopyFrom(const Tensor& other);
-  // A new tensor with the same shape, dtype and values, from the same allocator.
+  // Same shape required; converts the dtype (f32 <-> bf16 rounds to nearest even).
+  void ConvertFrom(const Tensor& other);
+  // A new tensor with the same shape, dtype and values, on the same device.
   Tensor Clone() const;
+  // bytes() bytes between host memory and this tensor.
+  void CopyToHost(void* host) const;
+  void CopyFromHost(const void* host);
 
  private:
   void CheckType(DType wanted) const;
   void Release();
 
-  DeviceAllocator* allocator_ = nullptr;
+  device::Device* device_ = nullptr;
   void* data_ = nullptr;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;

@@ -2,39 +2,8 @@
 
 #include <cmath>
 
-#include "core/util/simd.h"
 
 namespace bigmac::optim {
-namespace {
-
-// The arithmetic is in T (float for training, as PyTorch's AdamW; double for the checks), with
-// the step's scalars rounded to T once, so the loop vectorises fully.
-template <typename T>
-BIGMAC_SIMD_CLONES void UpdateTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1,
-                                    double b2, double eps, double wd, double bias1, double bias2) {
-  const T beta1 = static_cast<T>(b1), one_minus_beta1 = static_cast<T>(1 - b1);
-  const T beta2 = static_cast<T>(b2), one_minus_beta2 = static_cast<T>(1 - b2);
-  const T inv_bias1 = static_cast<T>(1 / bias1), inv_bias2 = static_cast<T>(1 / bias2);
-  const T step = static_cast<T>(lr), decay = static_cast<T>(wd), epsilon = static_cast<T>(eps);
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    m[i] = beta1 * m[i] + one_minus_beta1 * g[i];
-    v[i] = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
-    const T m_hat = m[i] * inv_bias1;
-    const T v_hat = v[i] * inv_bias2;
-    p[i] = p[i] - step * (m_hat / (std::sqrt(v_hat) + epsilon) + decay * p[i]);
-  }
-}
-
-template <typename T>
-double SumSquares(const T* g, int64_t n) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * g[i];
-  return sum;
-}
-
-}  // namespace
-
 void AdamW::InitState(const std::vector<layer::Param*>& params) {
   for (layer::Param* param : params) {
     State& state = state_[param];
@@ -52,17 +21,22 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
   InitState(params);
   for (layer::Param* param : params) {
     State& state = state_[param];
-    const double wd = param->weight_decay ? options_.weight_decay : 0.0;
-    const int64_t n = param->value.numel();
-    if (param->value.dtype() == memory::DType::kF64) {
-      UpdateTyped(param->value.data<double>(), param->grad.data<double>(), state.m.data<double>(),
-                  state.v.data<double>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd,
-                  bias1, bias2);
-    } else {
-      UpdateTyped(param->value.data<float>(), param->grad.data<float>(), state.m.data<float>(),
-                  state.v.data<float>(), n, lr, options_.beta1, options_.beta2, options_.eps, wd,
-                  bias1, bias2);
-    }
+    device::AdamWArgs args;
+    args.p = param->value.raw();
+    args.g = param->grad.raw();
+    args.m = state.m.raw();
+    args.v = state.v.raw();
+    args.n = param->value.numel();
+    args.dtype = param->value.dtype();
+    args.lr = lr;
+    args.beta1 = options_.beta1;
+    args.beta2 = options_.beta2;
+    args.eps = options_.eps;
+    args.weight_decay = param->weight_decay ? options_.weight_decay : 0.0;
+    args.bias_correction1 = bias1;
+    args.bias_correction2 = bias2;
+    param->value.device()->AdamWUpdate(args);
+    layer::RefreshComputeCopy(param);
   }
 }
 
@@ -92,40 +66,21 @@ double LearningRate(const LrSchedule& s, int64_t step) {
 double GlobalGradNorm(const std::vector<layer::Param*>& params) {
   double sum = 0;
   for (const layer::Param* param : params) {
-    sum += param->grad.dtype() == memory::DType::kF64
-               ? SumSquares(param->grad.data<double>(), param->grad.numel())
-               : SumSquares(param->grad.data<float>(), param->grad.numel());
+    sum += param->grad.device()->SumSquares(param->grad.raw(), param->grad.dtype(),
+                                            param->grad.numel());
   }
   return std::sqrt(sum);
 }
 
 void ScaleGradients(const std::vector<layer::Param*>& params, double factor) {
   for (layer::Param* param : params) {
-    const int64_t n = param->grad.numel();
-    if (param->grad.dtype() == memory::DType::kF64) {
-      double* g = param->grad.data<double>();
-      for (int64_t i = 0; i < n; ++i) g[i] *= factor;
-    } else {
-      float* g = param->grad.data<float>();
-      const float f = static_cast<float>(factor);
-      for (int64_t i = 0; i < n; ++i) g[i] *= f;
-    }
+    param->grad.device()->Scale(param->grad.raw(), param->grad.dtype(), param->grad.numel(),
+                                factor);
   }
 }
 
 bool AllFinite(const memory::Tensor& tensor) {
-  if (tensor.dtype() == memory::DType::kF64) {
-    const double* v = tensor.data<double>();
-    for (int64_t i = 0; i < tensor.numel(); ++i) {
-      if (!std::isfinite(v[i])) return false;
-    }
-  } else {
-    const float* v = tensor.data<float>();
-    for (int64_t i = 0; i < tensor.numel(); ++i) {
-      if (!std::isfinite(v[i])) return false;
-    }
-  }
-  return true;
+  return tensor.device()->AllFinite(tensor.raw(), tensor.dtype(), tensor.numel());
 }
 
 }  // namespace bigmac::optim

@@ -25,7 +25,9 @@ class AdamW {
  public:
   explicit AdamW(const AdamWOptions& options) : options_(options) {}
 
-  // `step` is 1-based. Tied copies must not be passed (their owner is updated instead).
+  // `step` is 1-based. Tied copies must not be passed (their owner is updated instead). Each
+  // parameter's compute copy is refreshed from the updated master. The arithmetic runs on the
+  // parameters' device.
   void Step(const std::vector<layer::Param*>& params, double lr, int64_t step);
 
   // Creates zero moments for every parameter that has none yet: the persistent buffers are then

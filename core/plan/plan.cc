@@ -53,15 +53,15 @@ LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats) 
   const config::Config& cfg = config.values();
   const int b = cfg.train().micro_batch_size();
   const int t = cfg.train().seq_length();
-  memory::DeviceAllocator allocator("cpu:profile",
-                                    memory::CpuCapacity(cfg.device().memory_limit(), 1));
+  const std::unique_ptr<device::Device> device =
+      device::MakeCpuDevice(0, memory::CpuCapacity(cfg.device().memory_limit(), 1));
   // A model of one block: its embedding, block and head are timed one at a time.
   partition::PartitionSpec spec;
   spec.num_layers = 1;
   engine::StageOptions options;
   options.dims = DimsOf(cfg);
   options.dims.num_layers = 1;
-  options.allocator = &allocator;
+  options.device = device.get();
   options.activation_checkpointing = cfg.train().activation_checkpointing();
   engine::Stage stage(options, partition::MakePartition(spec), 0);
   std::vector<int32_t> tokens(int64_t{b} * t), targets(tokens.size());

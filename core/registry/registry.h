@@ -6,15 +6,17 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bigmac::registry {
 
-// Name -> factory for one kind of object (layers, ...). Filled at static-initialisation time by
-// Registrar objects; the targets that hold them must be `alwayslink = True`, or the linker drops
-// them from static archives and the names silently vanish (Caffe's lesson). Plugin libraries
-// loaded at run time add to it through core/layer/plugin_loader.
-// This is the project's only global state.
+// (name, backend) -> factory for one kind of object (layers, ...). A model config names types
+// only; the backend (device.backend: "cpu", "cuda") picks the implementation. Filled at
+// static-initialisation time by Registrar objects; the targets that hold them must be
+// `alwayslink = True`, or the linker drops them from static archives and the names silently
+// vanish (Caffe's lesson). Plugin libraries loaded at run time add to it through
+// core/layer/plugin_loader. This is the project's only global state.
 inline constexpr char kBuiltIn[] = "built-in";
 
 template <typename Base, typename... Args>
@@ -28,55 +30,88 @@ class Registry {
   }
 
   // `origin` says where the factory came from ("built-in", or a plugin library's path), for
-  // listings and for the duplicate error. Throws std::logic_error on a duplicate name.
-  void Register(const std::string& name, Factory factory, const std::string& origin = kBuiltIn) {
-    if (factories_.count(name)) {
-      throw std::logic_error("duplicate registration of '" + name + "' by " + origin +
-                             ": already registered by " + origins_[name]);
+  // listings and for the duplicate error. Throws std::logic_error on a duplicate (name, backend).
+  void Register(const std::string& name, const std::string& backend, Factory factory,
+                const std::string& origin = kBuiltIn) {
+    const Key key{name, backend};
+    if (factories_.count(key)) {
+      throw std::logic_error("duplicate registration of '" + name + "' (backend " + backend +
+                             ") by " + origin + ": already registered by " + origins_[key]);
     }
-    factories_[name] = std::move(factory);
-    origins_[name] = origin;
+    factories_[key] = std::move(factory);
+    origins_[key] = origin;
   }
 
-  // Where `name` came from, or "" if it is not registered.
-  std::string Origin(const std::string& name) const {
-    auto it = origins_.find(name);
+  // Where (`name`, `backend`) came from, or "" if it is not registered.
+  std::string Origin(const std::string& name, const std::string& backend) const {
+    auto it = origins_.find({name, backend});
     return it == origins_.end() ? "" : it->second;
   }
 
-  bool Has(const std::string& name) const { return factories_.count(name) > 0; }
+  // Where `name` came from, for any backend (one library registers all of a type's backends),
+  // or "".
+  std::string Origin(const std::string& name) const {
+    const std::vector<std::string> backends = Backends(name);
+    return backends.empty() ? "" : Origin(name, backends.front());
+  }
 
-  // Throws std::invalid_argument listing the known names if `name` is unknown.
-  std::unique_ptr<Base> Create(const std::string& name, Args... args) const {
-    auto it = factories_.find(name);
+  // Whether `name` is registered for any backend.
+  bool Has(const std::string& name) const { return !Backends(name).empty(); }
+
+  // The backends `name` is registered for, sorted.
+  std::vector<std::string> Backends(const std::string& name) const {
+    std::vector<std::string> backends;
+    for (const auto& entry : factories_) {
+      if (entry.first.first == name) backends.push_back(entry.first.second);
+    }
+    return backends;
+  }
+
+  // Throws std::invalid_argument listing the known names if `name` is unknown, or naming the
+  // backends it has if it has no `backend` implementation.
+  std::unique_ptr<Base> Create(const std::string& name, const std::string& backend,
+                               Args... args) const {
+    auto it = factories_.find({name, backend});
     if (it == factories_.end()) {
-      throw std::invalid_argument("unknown type '" + name + "'; known types: " + KnownNames());
+      const std::vector<std::string> has = Backends(name);
+      if (has.empty())
+        throw std::invalid_argument("unknown type '" + name + "'; known types: " + KnownNames());
+      std::string list;
+      for (const std::string& b : has) list += (list.empty() ? "" : ", ") + b;
+      throw std::invalid_argument(name + " has no " + backend + " implementation (has: " + list +
+                                  ")");
     }
     return it->second(std::forward<Args>(args)...);
   }
 
+  // Registered names, each once, sorted.
   std::vector<std::string> Names() const {
     std::vector<std::string> names;
-    for (const auto& entry : factories_) names.push_back(entry.first);
+    for (const auto& entry : factories_) {
+      if (names.empty() || names.back() != entry.first.first) names.push_back(entry.first.first);
+    }
     return names;
   }
 
   std::string KnownNames() const {
     std::string text;
-    for (const auto& entry : factories_) text += (text.empty() ? "" : ", ") + entry.first;
+    for (const std::string& name : Names()) text += (text.empty() ? "" : ", ") + name;
     return text.empty() ? "(none: is the plugin target alwayslink?)" : text;
   }
 
  private:
-  std::map<std::string, Factory> factories_;
-  std::map<std::string, std::string> origins_;
+  using Key = std::pair<std::string, std::string>;  // (name, backend)
+  std::map<Key, Factory> factories_;
+  std::map<Key, std::string> origins_;
 };
 
-// A static instance registers a factory: `static Registrar<Layer, ...> r("name", factory);`.
+// A static instance registers a factory:
+// `static Registrar<Layer, ...> r("name", "cpu", factory);`.
 template <typename Base, typename... Args>
 struct Registrar {
-  Registrar(const std::string& name, typename Registry<Base, Args...>::Factory factory) {
-    Registry<Base, Args...>::Global().Register(name, std::move(factory));
+  Registrar(const std::string& name, const std::string& backend,
+            typename Registry<Base, Args...>::Factory factory) {
+    Registry<Base, Args...>::Global().Register(name, backend, std::move(factory));
   }
 };
 

@@ -208,7 +208,7 @@ class Block : public GptLayer<T> {
       fcproj_b_;
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block",
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block", "cpu",
                                                                     layer::MakeForDType<Block>);
 
 }  // namespace

@@ -60,7 +60,7 @@ class Embedding : public GptLayer<T> {
   int wpe_ = 0;
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding",
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding", "cpu",
                                                                     layer::MakeForDType<Embedding>);
 
 }  // namespace

@@ -92,7 +92,7 @@ class Head : public GptLayer<T> {
   int wte_ = 0;
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_head",
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_head", "cpu",
                                                                     layer::MakeForDType<Head>);
 
 }  // namespace

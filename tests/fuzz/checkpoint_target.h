@@ -35,11 +35,11 @@ class CheckpointTarget {
     resolved_ =
         std::make_unique<config::ResolvedConfig>(config::Resolve(std::move(loaded), 1, "fuzz"));
     const config::Config& cfg = resolved_->values();
-    allocator_ = std::make_unique<memory::DeviceAllocator>("cpu:0", int64_t{1} << 30);
+    device_ = device::MakeCpuDevice(0, int64_t{1} << 30);
     engine::StageOptions options;
     options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
                     cfg.model().num_layers(), cfg.train().seq_length()};
-    options.allocator = allocator_.get();
+    options.device = device_.get();
     stage_ = std::make_unique<engine::Stage>(options, resolved_->partition, 0);
     adamw_ = std::make_unique<optim::AdamW>(optim::AdamWOptions{});
     comm_ = comm::MakeLocalPipelineComm();
@@ -60,7 +60,7 @@ class CheckpointTarget {
  private:
   std::string step_dir_;
   std::unique_ptr<config::ResolvedConfig> resolved_;
-  std::unique_ptr<memory::DeviceAllocator> allocator_;
+  std::unique_ptr<device::Device> device_;
   std::unique_ptr<engine::Stage> stage_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<comm::PipelineComm> comm_;

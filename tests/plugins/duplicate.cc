@@ -4,7 +4,7 @@
 namespace {
 void* NoLayer(const void*) { return nullptr; }
 bool Register(bigmac_registry* registry) {
-  return bigmac::plugin::RegisterLayer(registry, "gpt_block", &NoLayer);
+  return bigmac::plugin::RegisterLayer(registry, "gpt_block", "cpu", &NoLayer);
 }
 }  // namespace
 

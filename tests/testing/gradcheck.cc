@@ -49,13 +49,13 @@ Batch MakeBatch(int b, int t, int vocab) {
 }
 
 layer::LayerSpec GradcheckSpec(const std::string& type, int layer_id, DType dtype,
-                               memory::DeviceAllocator* allocator, bool checkpointing) {
+                               device::Device* device, bool checkpointing) {
   layer::LayerSpec spec;
   spec.type = type;
   spec.layer_id = layer_id;
   spec.dims = GradcheckDims();
   spec.dtype = dtype;
-  spec.allocator = allocator;
+  spec.device = device;
   spec.activation_checkpointing = checkpointing;
   return spec;
 }
@@ -85,24 +85,24 @@ void CheckAllElements(const std::string& what, Tensor* value, const Tensor& anal
 }
 
 void CheckLayerGradients(const std::string& type, int layer_id, bool checkpointing) {
-  memory::DeviceAllocator allocator("cpu:0", int64_t{1} << 30);
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
   const layer::LayerSpec spec =
-      GradcheckSpec(type, layer_id, DType::kF64, &allocator, checkpointing);
+      GradcheckSpec(type, layer_id, DType::kF64, cpu.get(), checkpointing);
   const bool is_embedding = layer_id == layer::kEmbeddingLayerId;
   const bool is_head = layer_id == layer::HeadLayerId(spec.dims.num_layers);
   auto layer = layer::CreateLayer(spec);
   layer->InitParams(42);
   // Perturb every parameter off its initial value (norm weights start at exactly 1, ...).
   for (layer::Param* param : layer->Params()) {
-    Tensor noise(&allocator, param->value.shape(), DType::kF64);
+    Tensor noise(cpu.get(), param->value.shape(), DType::kF64);
     stages::gpt::FillNormal(&noise, 0.1, 7, spec.layer_id, param->name);
     for (int64_t i = 0; i < noise.numel(); ++i)
       param->value.data<double>()[i] += noise.data<double>()[i];
   }
   Batch batch = MakeBatch(2, 5, spec.dims.vocab_size);
-  Tensor x(&allocator, {2, 5, spec.dims.hidden_size}, DType::kF64);
+  Tensor x(cpu.get(), {2, 5, spec.dims.hidden_size}, DType::kF64);
   stages::gpt::FillNormal(&x, 1.0, 3, 0, "x");
-  Tensor r(&allocator, {2, 5, spec.dims.hidden_size}, DType::kF64);
+  Tensor r(cpu.get(), {2, 5, spec.dims.hidden_size}, DType::kF64);
   stages::gpt::FillNormal(&r, 1.0, 5, 0, "r");
 
   auto objective = [&] {

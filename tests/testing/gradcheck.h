@@ -24,9 +24,9 @@ struct Batch {
 // Seeded tokens and targets, loss scale 1/(b*t).
 Batch MakeBatch(int b, int t, int vocab);
 
-// A layer of the check's model (the allocator outlives it).
+// A layer of the check's model (the device outlives it).
 layer::LayerSpec GradcheckSpec(const std::string& type, int layer_id, memory::DType dtype,
-                               memory::DeviceAllocator* allocator, bool checkpointing = false);
+                               device::Device* device, bool checkpointing = false);
 
 // Compares `analytic` with central differences of `objective` over every element of `value`
 // (gtest failures for the first five mismatches).

@@ -54,9 +54,6 @@ class RmsSwigluBlock : public bigmac::stages::gpt::GptLayer<T> {
                                   " not divisible by num_heads " +
                                   std::to_string(spec.dims.num_heads));
     }
-    if (spec.activation_checkpointing) {
-      throw std::invalid_argument("rms_swiglu_block: activation checkpointing is not implemented");
-    }
     f_ = FfnWidth(c);
     norm1_ = this->AddParam("norm1.weight", {c}, false);
     qkv_ = this->AddParam("attn.qkv.weight", {3 * c, c}, true);
@@ -186,7 +183,7 @@ class RmsSwigluBlock : public bigmac::stages::gpt::GptLayer<T> {
 };
 
 bool RegisterLayers(bigmac_registry* registry) {
-  return bigmac::plugin::RegisterLayer(registry, "rms_swiglu_block",
+  return bigmac::plugin::RegisterLayer(registry, "rms_swiglu_block", "cpu",
                                        &bigmac::plugin::DTypeFactory<RmsSwigluBlock>);
 }
 

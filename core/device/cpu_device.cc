@@ -1,0 +1,188 @@
+// CpuDevice: host memory, and the engine's elementwise operations as OpenMP loops (static
+// schedules, no cross-thread reductions: bitwise reproducible run to run).
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/device/device.h"
+#include "core/util/simd.h"
+
+namespace bigmac::device {
+namespace {
+
+using memory::BFloat16;
+
+// The arithmetic is in T (float for training, as PyTorch's AdamW; double for the checks), with
+// the step's scalars rounded to T once, so the loop vectorises fully.
+template <typename T>
+BIGMAC_SIMD_CLONES void AdamWTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1,
+                                   double b2, double eps, double wd, double bias1, double bias2) {
+  const T beta1 = static_cast<T>(b1), one_minus_beta1 = static_cast<T>(1 - b1);
+  const T beta2 = static_cast<T>(b2), one_minus_beta2 = static_cast<T>(1 - b2);
+  const T inv_bias1 = static_cast<T>(1 / bias1), inv_bias2 = static_cast<T>(1 / bias2);
+  const T step = static_cast<T>(lr), decay = static_cast<T>(wd), epsilon = static_cast<T>(eps);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = beta1 * m[i] + one_minus_beta1 * g[i];
+    v[i] = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
+    const T m_hat = m[i] * inv_bias1;
+    const T v_hat = v[i] * inv_bias2;
+    p[i] = p[i] - step * (m_hat / (std::sqrt(v_hat) + epsilon) + decay * p[i]);
+  }
+}
+
+template <typename T>
+double SumSquaresTyped(const T* g, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * g[i];
+  return sum;
+}
+
+template <typename T>
+bool AllFiniteTyped(const T* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return false;
+  }
+  return true;
+}
+
+BIGMAC_SIMD_CLONES void RoundToBf16(BFloat16* to, const float* from, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) to[i] = memory::ToBFloat16(from[i]);
+}
+
+BIGMAC_SIMD_CLONES void WidenBf16(float* to, const BFloat16* from, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) to[i] = memory::ToFloat(from[i]);
+}
+
+template <typename To, typename From>
+void Cast(To* to, const From* from, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) to[i] = static_cast<To>(from[i]);
+}
+
+[[noreturn]] void Unsupported(const std::string& what, DType dtype) {
+  throw std::logic_error("cpu device: " + what + " of " + memory::DTypeName(dtype) +
+                         " is not supported");
+}
+
+class CpuDevice : public Device {
+ public:
+  CpuDevice(int index, int64_t capacity) : Device("cpu:" + std::to_string(index), capacity) {}
+
+  Backend backend() const override { return Backend::kCpu; }
+
+  void Memset(void* data, int64_t bytes) override { std::memset(data, 0, bytes); }
+  void CopyHostToDevice(void* data, const void* host, int64_t bytes) override {
+    std::memcpy(data, host, bytes);
+  }
+  void CopyDeviceToHost(void* host, const void* data, int64_t bytes) override {
+    std::memcpy(host, data, bytes);
+  }
+  void CopyDeviceToDevice(void* to, const void* from, int64_t bytes) override {
+    std::memcpy(to, from, bytes);
+  }
+
+  Stream compute_stream() override { return {}; }
+  Event RecordEvent(Stream) override { return {}; }
+  void WaitEvent(Stream, Event) override {}
+  void DestroyEvent(Event) override {}
+  void Synchronize() override {}
+
+  void Convert(void* to, DType to_dtype, const void* from, DType from_dtype, int64_t n) override {
+    if (to_dtype == from_dtype) {
+      std::memcpy(to, from, n * memory::DTypeSize(to_dtype));
+    } else if (to_dtype == DType::kBF16 && from_dtype == DType::kF32) {
+      RoundToBf16(static_cast<BFloat16*>(to), static_cast<const float*>(from), n);
+    } else if (to_dtype == DType::kF32 && from_dtype == DType::kBF16) {
+      WidenBf16(static_cast<float*>(to), static_cast<const BFloat16*>(from), n);
+    } else if (to_dtype == DType::kF64 && from_dtype == DType::kF32) {
+      Cast(static_cast<double*>(to), static_cast<const float*>(from), n);
+    } else if (to_dtype == DType::kF32 && from_dtype == DType::kF64) {
+      Cast(static_cast<float*>(to), static_cast<const double*>(from), n);
+    } else {
+      Unsupported("conversion to " + memory::DTypeName(to_dtype), from_dtype);
+    }
+  }
+
+  void AddInto(void* into, const void* from, DType dtype, int64_t n) override {
+    if (dtype == DType::kF64) {
+      double* a = static_cast<double*>(into);
+      const double* b = static_cast<const double*>(from);
+      for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+    } else if (dtype == DType::kF32) {
+      float* a = static_cast<float*>(into);
+      const float* b = static_cast<const float*>(from);
+      for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+    } else {
+      Unsupported("AddInto", dtype);
+    }
+  }
+
+  void Scale(void* data, DType dtype, int64_t n, double factor) override {
+    if (dtype == DType::kF64) {
+      double* g = static_cast<double*>(data);
+      for (int64_t i = 0; i < n; ++i) g[i] *= factor;
+    } else if (dtype == DType::kF32) {
+      float* g = static_cast<float*>(data);
+      const float f = static_cast<float>(factor);
+      for (int64_t i = 0; i < n; ++i) g[i] *= f;
+    } else {
+      Unsupported("Scale", dtype);
+    }
+  }
+
+  double SumSquares(const void* data, DType dtype, int64_t n) override {
+    if (dtype == DType::kF64) return SumSquaresTyped(static_cast<const double*>(data), n);
+    if (dtype == DType::kF32) return SumSquaresTyped(static_cast<const float*>(data), n);
+    Unsupported("SumSquares", dtype);
+  }
+
+  bool AllFinite(const void* data, DType dtype, int64_t n) override {
+    if (dtype == DType::kF64) return AllFiniteTyped(static_cast<const double*>(data), n);
+    if (dtype == DType::kF32) return AllFiniteTyped(static_cast<const float*>(data), n);
+    if (dtype == DType::kBF16) {
+      const BFloat16* v = static_cast<const BFloat16*>(data);
+      for (int64_t i = 0; i < n; ++i) {
+        if ((v[i].bits & 0x7f80u) == 0x7f80u) return false;
+      }
+      return true;
+    }
+    Unsupported("AllFinite", dtype);
+  }
+
+  void AdamWUpdate(const AdamWArgs& a) override {
+    if (a.dtype == DType::kF64) {
+      AdamWTyped(static_cast<double*>(a.p), static_cast<const double*>(a.g),
+                 static_cast<double*>(a.m), static_cast<double*>(a.v), a.n, a.lr, a.beta1, a.beta2,
+                 a.eps, a.weight_decay, a.bias_correction1, a.bias_correction2);
+    } else if (a.dtype == DType::kF32) {
+      AdamWTyped(static_cast<float*>(a.p), static_cast<const float*>(a.g),
+                 static_cast<float*>(a.m), static_cast<float*>(a.v), a.n, a.lr, a.beta1, a.beta2,
+                 a.eps, a.weight_decay, a.bias_correction1, a.bias_correction2);
+    } else {
+      Unsupported("AdamW", a.dtype);
+    }
+  }
+};
+
+}  // namespace
+
+std::string BackendName(Backend backend) { return backend == Backend::kCuda ? "cuda" : "cpu"; }
+
+bool ParseBackend(const std::string& name, Backend* backend) {
+  if (name == "cpu") {
+    *backend = Backend::kCpu;
+  } else if (name == "cuda") {
+    *backend = Backend::kCuda;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Device> MakeCpuDevice(int index, int64_t capacity_bytes) {
+  return std::make_unique<CpuDevice>(index, capacity_bytes);
+}
+
+}  // namespace bigmac::device

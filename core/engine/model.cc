@@ -1,0 +1,32 @@
+#include "core/engine/model.h"
+
+#include <stdexcept>
+
+#include "core/layer/layer.h"
+
+namespace bigmac::engine {
+
+const std::string& ModelDescription::TypeOf(int layer_id) const {
+  if (layer_id == layer::kEmbeddingLayerId) return embedding_type;
+  if (layer_id == layer::HeadLayerId(static_cast<int>(block_types.size()))) return head_type;
+  if (layer_id < 0 || layer_id >= static_cast<int>(block_types.size()))
+    throw std::out_of_range("layer_id " + std::to_string(layer_id) + " is not in the model");
+  return block_types[layer_id];
+}
+
+ModelDescription GptModel(int num_layers, const std::vector<std::string>& block_types) {
+  ModelDescription model;
+  model.embedding_type = "gpt_embedding";
+  model.block_types =
+      block_types.empty() ? std::vector<std::string>(num_layers, "gpt_block") : block_types;
+  model.head_type = "gpt_head";
+  model.tied.push_back(
+      {{layer::kEmbeddingLayerId, "wte"}, {layer::HeadLayerId(num_layers), "wte"}});
+  return model;
+}
+
+ModelDescription GptModel(const config::ResolvedConfig& config) {
+  return GptModel(config.values().model().num_layers(), config.block_types);
+}
+
+}  // namespace bigmac::engine
