@@ -18,7 +18,17 @@ bazel-bin/bigmac data prep --input $corpus --output data/fortunes
 
 step "train configs/tiny.yaml on one rank (a few minutes on 2 cores)" \
   bazel-bin/bigmac train --config configs/tiny.yaml
-bazel-bin/bigmac train --config configs/tiny.yaml "$@" | grep -v '^\[cfg\]   '
+bazel-bin/bigmac train --config configs/tiny.yaml "$@" | grep -v '^\[cfg\]   ' | tee data/demo_fp32.log
+
+step "the same model in bf16: fp32 masters, bf16 compute copies and activations (CPU numerics)" \
+  bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=bf16
+bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=bf16 "$@" |
+  grep -E '^(step|\[val\]|\[train\] precision)' | tee data/demo_bf16.log
+echo "final losses:"
+for p in fp32 bf16; do
+  printf '  %s: %s | %s\n' "$p" "$(grep '^step' "data/demo_$p.log" | tail -1 | cut -d'|' -f1-2)" \
+    "$(grep '^\[val\]' "data/demo_$p.log" | tail -1 | cut -d'|' -f2)"
+done
 
 step "pipeline schedules, simulated: the grid, the bubble, a Perfetto trace" \
   "bazel-bin/bigmac schedule --kind {1f1b,zb_h1} --pp 4 --microbatches 8"

@@ -368,7 +368,7 @@ const InvalidCase kInvalidCases[] = {
      "precision:\n  dtype: fp16\n",
      {},
      8,
-     "precision.dtype=fp16 (config.yaml:2) needs loss scaling, which BigMac does not have yet"},
+     "needs loss scaling, which BigMac does not have yet"},
     {"bad_memory_limit",
      "",
      {"device.memory_limit=lots"},

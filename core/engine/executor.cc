@@ -109,13 +109,14 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
   }
 }
 
+void Executor::DuplicateReceive(const Action& a) const {
+  throw std::logic_error("executor: " + Describe(a) +
+                         ": a second receive for this (micro-batch, stage) while the first is "
+                         "still unused; the schedule is wrong");
+}
+
 void Executor::Deliver(const Action& a, Tensor tensor) {
-  auto [it, inserted] = inbox_.try_emplace({a.microbatch, a.stage}, std::move(tensor));
-  if (!inserted) {
-    throw std::logic_error("executor: " + Describe(a) +
-                           ": a second receive for this (micro-batch, stage) while the first is "
-                           "still unused; the schedule is wrong");
-  }
+  if (!inbox_.try_emplace({a.microbatch, a.stage}, std::move(tensor)).second) DuplicateReceive(a);
 }
 
 void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, size_t end,
@@ -137,7 +138,11 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
       case Op::kRecvAct:
       case Op::kRecvGrad: {
         const bool act = a.op == Op::kRecvAct;
-        if (inbox_.count({a.microbatch, a.stage})) Deliver(a, Tensor());  // throws: a duplicate
+        for (const Action* earlier : receive_actions) {
+          if (earlier->microbatch == a.microbatch && earlier->stage == a.stage)
+            DuplicateReceive(a);
+        }
+        if (inbox_.count({a.microbatch, a.stage})) DuplicateReceive(a);
         receives.push_back({a.peer,
                             act ? comm::ActivationTag(a.stage, a.microbatch)
                                 : comm::GradientTag(a.stage, a.microbatch),

@@ -53,7 +53,9 @@ class Executor {
   void RunExchange(const std::vector<schedule::Action>& actions, size_t begin, size_t end,
                    const Batch& batch);
   void ReduceDp();
+  // A received tensor into the inbox; a second one for the same (micro-batch, stage) is an error.
   void Deliver(const schedule::Action& action, memory::Tensor tensor);
+  [[noreturn]] void DuplicateReceive(const schedule::Action& action) const;
   std::string Describe(const schedule::Action& action) const;
   std::vector<int64_t> ActivationShape(const layer::MicroBatch& mb) const;
 
