@@ -2,6 +2,7 @@
 // Each test runs the real binary (under mpirun where it needs several ranks).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -31,7 +32,7 @@ std::string DataDir() {
   return dir;
 }
 
-struct Run {
+struct TrainRun {
   int exit_code = 0;
   std::string output;
   std::vector<double> losses;
@@ -39,12 +40,12 @@ struct Run {
 };
 
 // A small model (tiny.yaml's shape, narrower) for `steps` steps on `ranks` ranks.
-Run Train(int ranks, const std::string& dtype, int steps, const std::string& extra,
-          const std::string& name) {
+TrainRun Train(int ranks, const std::string& dtype, int steps, const std::string& extra,
+          const std::string& name, const std::string& environment = "") {
   const std::string dump = TempDir() + "/precision_" + name;
   std::filesystem::remove_all(dump);
   const std::string command =
-      (ranks > 1 ? testutil::Mpirun(ranks) + " " : std::string()) + Bigmac() +
+      environment + (ranks > 1 ? testutil::Mpirun(ranks) + " " : std::string()) + Bigmac() +
       " train --config " + Runfile("configs/tiny.yaml") + " --dump " + dump +
       " --set data.dir=" + DataDir() + " --set precision.dtype=" + dtype +
       " --set model.num_layers=4 --set model.hidden_size=32 --set model.num_heads=2" +
@@ -54,7 +55,7 @@ Run Train(int ranks, const std::string& dtype, int steps, const std::string& ext
       " --set optim.warmup_steps=2 --set optim.lr=3e-3 --set train.output_dir=" + dump +
       "/out --set parallel.pp_size=" + std::to_string(ranks) + " " + extra;
   const testutil::RunResult r = RunCommand(command, 300);
-  Run run{r.exit_code, r.output, {}, {}};
+  TrainRun run{r.exit_code, r.output, {}, {}};
   std::ifstream losses(dump + "/losses.txt");
   for (double loss; losses >> loss;) run.losses.push_back(loss);
   std::ifstream metrics(dump + "/out/metrics.jsonl");
@@ -68,23 +69,23 @@ TEST(Bf16, FourStagesEqualOneRankBitwise) {
   const std::string extra =
       "--set optim.grad_clip=0 --set parallel.num_microbatches=4 "
       "--set train.gradient_accumulation_steps=4 --set parallel.schedule=1f1b";
-  const Run one = Train(1, "bf16", 10, extra, "pp1");
+  const TrainRun one = Train(1, "bf16", 10, extra, "pp1");
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  const Run four = Train(4, "bf16", 10, extra, "pp4");
+  const TrainRun four = Train(4, "bf16", 10, extra, "pp4");
   ASSERT_EQ(four.exit_code, 0) << four.output;
   ASSERT_EQ(one.losses.size(), 10u);
   EXPECT_EQ(four.losses, one.losses);
   // And bf16 is really on: the fp32 run differs.
-  const Run fp32 = Train(1, "fp32", 10, extra, "pp1_fp32");
+  const TrainRun fp32 = Train(1, "fp32", 10, extra, "pp1_fp32");
   ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
   EXPECT_NE(fp32.losses, one.losses);
 }
 
 // The activations and gradients between stages are bf16: the transport counts half the bytes.
 TEST(Bf16, BytesBetweenStagesHalve) {
-  const Run fp32 = Train(2, "fp32", 3, "", "bytes_fp32");
+  const TrainRun fp32 = Train(2, "fp32", 3, "", "bytes_fp32");
   ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
-  const Run bf16 = Train(2, "bf16", 3, "", "bytes_bf16");
+  const TrainRun bf16 = Train(2, "bf16", 3, "", "bytes_bf16");
   ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
   ASSERT_EQ(fp32.metrics.size(), 3u);
   ASSERT_EQ(bf16.metrics.size(), 3u);
@@ -109,15 +110,15 @@ TEST(Bf16, ResumeAcrossPrecisions) {
   const std::string ckpt = TempDir() + "/precision_ckpt";
   std::filesystem::remove_all(ckpt);
   const std::string save = "--set checkpoint.dir=" + ckpt + " --set checkpoint.interval=3";
-  const Run bf16 = Train(2, "bf16", 6, save, "resume_bf16");
+  const TrainRun bf16 = Train(2, "bf16", 6, save, "resume_bf16");
   ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
   const std::string step3 = " --resume " + ckpt + "/step_000003";
-  const Run again = Train(2, "bf16", 6, step3, "resume_bf16_again");
+  const TrainRun again = Train(2, "bf16", 6, step3, "resume_bf16_again");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   ASSERT_EQ(again.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(again.losses[i], bf16.losses[3 + i]) << "step " << 4 + i;
 
-  const Run as_fp32 = Train(2, "fp32", 6, step3, "resume_as_fp32");
+  const TrainRun as_fp32 = Train(2, "fp32", 6, step3, "resume_as_fp32");
   ASSERT_EQ(as_fp32.exit_code, 0) << as_fp32.output;
   ASSERT_EQ(as_fp32.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) {
@@ -128,24 +129,48 @@ TEST(Bf16, ResumeAcrossPrecisions) {
 
   const std::string fp32_ckpt = TempDir() + "/precision_ckpt_fp32";
   std::filesystem::remove_all(fp32_ckpt);
-  const Run fp32 = Train(1, "fp32", 6, "--set checkpoint.dir=" + fp32_ckpt, "resume_fp32");
+  const TrainRun fp32 = Train(1, "fp32", 6, "--set checkpoint.dir=" + fp32_ckpt, "resume_fp32");
   ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
-  const Run as_bf16 =
+  const TrainRun as_bf16 =
       Train(1, "bf16", 8, "--resume " + fp32_ckpt + "/step_000006", "resume_as_bf16");
   ASSERT_EQ(as_bf16.exit_code, 0) << as_bf16.output;
   ASSERT_EQ(as_bf16.losses.size(), 2u);
   for (double loss : as_bf16.losses) EXPECT_TRUE(std::isfinite(loss));
 }
 
+// MPI counts are ints, so the transport sends a payload as messages of at most 1 GiB. A test
+// limit of 1000 bytes splits every activation (4096 bytes in fp32, 2048 in bf16) into several
+// messages: the losses are bitwise those of unsplit messages.
+TEST(Transport, PayloadsSplitIntoSeveralMessagesArriveWhole) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const TrainRun whole = Train(2, dtype, 3, "", std::string("whole_") + dtype);
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const TrainRun split = Train(2, dtype, 3, "", std::string("split_") + dtype,
+                            "BIGMAC_TEST_MAX_MESSAGE_BYTES=1000 ");
+    ASSERT_EQ(split.exit_code, 0) << split.output;
+    ASSERT_EQ(whole.losses.size(), 3u);
+    EXPECT_EQ(split.losses, whole.losses) << dtype;
+  }
+}
+
 // The tolerance: over 200 steps of configs/tiny.yaml's model (4 blocks, 128 wide, 4 heads) on
 // real English text, the bf16 run ends within 2% of the fp32 loss. (Micro-batches of 8x64 tokens
 // instead of 16x128 keep the test under two minutes on 2 cores; the model is unchanged.)
 TEST(Bf16, TinyConfigTracksFp32Within2Percent) {
-  const std::string corpus = "/usr/share/games/fortunes/fortunes";
-  ASSERT_TRUE(std::filesystem::exists(corpus)) << "launch/setup.sh installs the fortunes package";
+  // The demo's corpus: every fortunes file (launch/setup.sh installs the package).
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator("/usr/share/games/fortunes")) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && !entry.is_symlink() && name.find('.') == std::string::npos)
+      files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_GT(files.size(), 10u) << "launch/setup.sh installs the fortunes package";
+  std::string corpus;
+  for (const std::string& file : files) corpus += " " + file;
   const std::string data = TempDir() + "/precision_fortunes";
   std::filesystem::remove_all(data);
-  ASSERT_EQ(RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + data, 60)
+  ASSERT_EQ(RunCommand(Bigmac() + " data prep --input" + corpus + " --output " + data, 60)
                 .exit_code,
             0);
   auto run = [&](const std::string& dtype) {

@@ -32,11 +32,31 @@ using util::Format;
 
 namespace {
 
-// One micro-batch's tokens and the MicroBatch view of them.
+// One micro-batch's tokens (read on the host) and the MicroBatch view of them. On a device
+// without host-visible memory the tokens are uploaded and the view points at the device copies.
 struct BatchSlot {
   std::vector<int32_t> tokens;
   std::vector<int32_t> targets;
+  memory::Tensor device_tokens, device_targets;
   layer::MicroBatch mb;
+
+  // Sets `mb` for `batch` x `seq` tokens on `device`.
+  void View(device::Device* device, int batch, int seq, double loss_scale, int index) {
+    const int32_t* t = tokens.data();
+    const int32_t* y = targets.data();
+    if (device->backend() != device::Backend::kCpu) {
+      const std::vector<int64_t> shape = {batch, seq};
+      if (device_tokens.empty() || device_tokens.shape() != shape) {
+        device_tokens = memory::Tensor(device, shape, memory::DType::kI32);
+        device_targets = memory::Tensor(device, shape, memory::DType::kI32);
+      }
+      device_tokens.CopyFromHost(tokens.data());
+      device_targets.CopyFromHost(targets.data());
+      t = device_tokens.data<int32_t>();
+      y = device_targets.data<int32_t>();
+    }
+    mb = {batch, seq, t, y, loss_scale, index};
+  }
 };
 
 // Writes this rank's owned parameters as <dir>/layer_<id>.f32 (every parameter of the layer, in
@@ -316,8 +336,7 @@ void Trainer::Evaluate(int step) {
   slot.targets.resize(slot.tokens.size());
   for (int i = comm_.dp_rank(); i < train_.eval_batches(); i += comm_.dp_size()) {
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
-    slot.mb = {batch_, seq_, slot.tokens.data(), slot.targets.data(),
-               1.0 / (double(batch_) * seq_), i};
+    slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i);
     local += executor_->Evaluate(slot.mb);
   }
   comm_.FinishSends();
@@ -339,7 +358,7 @@ void Trainer::FillBatches(int step, int flush) {
       train_data_->TrainBatch(stage_options_.seed, step, 0, global_microbatch, batch_, seq_,
                               slot.tokens.data(), slot.targets.data());
     }
-    slot.mb = {batch_, seq_, slot.tokens.data(), slot.targets.data(), 1.0 / tokens_per_step_, mb};
+    slot.View(device_, batch_, seq_, 1.0 / tokens_per_step_, mb);
   }
 }
 
