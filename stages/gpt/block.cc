@@ -80,6 +80,9 @@ class Block : public sdk::CpuLayer<T> {
     }
   }
 
+  // It recomputes in BackwardInput itself: the stage must not rerun Forward as well.
+  bool checkpoints_activations() const override { return true; }
+
   void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
     saved->Clear();
     saved->tensors.push_back(x.Clone());
