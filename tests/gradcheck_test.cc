@@ -10,7 +10,7 @@
 
 #include "core/engine/stage.h"
 #include "core/layer/layer.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/init.h"
 
 namespace bigmac {
 namespace {
@@ -112,7 +112,7 @@ TEST(Numerics, CrossEntropyIsStableForHugeLogits) {
   }
   Batch batch = MakeBatch(2, 6, spec.dims.vocab_size);
   Tensor x(cpu.get(), {2, 6, spec.dims.hidden_size}, DType::kF32);
-  stages::gpt::FillNormal(&x, 1.0, 9, 0, "x");
+  sdk::FillNormal(&x, 1.0, 9, 0, "x");
   layer::Saved saved;
   Tensor loss;
   head->Forward(batch.mb, x, &loss, &saved);

@@ -2,9 +2,13 @@
 // gradients match finite differences; every kind of bad plugin gives an error naming the file.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "core/layer/layer.h"
 #include "core/layer/plugin_loader.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/init.h"
 #include "tests/testing/expect.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/run.h"
@@ -39,6 +43,18 @@ TEST(Plugin, RegistersItsTypesWithTheLibraryAsOrigin) {
   EXPECT_EQ(layer::LoadPlugin(dotted), types);
 }
 
+// The example builds on //plugins/sdk only: it carries none of the built-in layers (their
+// registrations would be a second copy of every kernel and type name in the library).
+TEST(Plugin, ExampleCarriesNoBuiltInLayers) {
+  std::ifstream file(ExamplePlugin(), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 0u);
+  for (const char* name : {"gpt_block", "gpt_embedding", "gpt_head"}) {
+    EXPECT_EQ(bytes.find(name), std::string::npos) << name;
+  }
+  EXPECT_NE(bytes.find("rms_swiglu_block"), std::string::npos);
+}
+
 TEST(Plugin, ExampleBlockGradientsMatchFiniteDifferences) {
   layer::LoadPlugin(ExamplePlugin());
   testutil::CheckLayerGradients("rms_swiglu_block", 1, false);
@@ -53,7 +69,7 @@ TEST(Plugin, ExampleBlockReportsWhatItKeepsAndItsFlops) {
   block->InitParams(1);
   testutil::Batch batch = testutil::MakeBatch(2, 6, spec.dims.vocab_size);
   memory::Tensor x(cpu.get(), {2, 6, spec.dims.hidden_size}, memory::DType::kF32);
-  stages::gpt::FillNormal(&x, 1.0, 3, 0, "x");
+  sdk::FillNormal(&x, 1.0, 3, 0, "x");
   layer::Saved saved;
   memory::Tensor y;
   block->Forward(batch.mb, x, &y, &saved);

@@ -12,7 +12,7 @@
 #include "core/engine/stage.h"
 #include "core/engine/trainer.h"
 #include "core/optim/adamw.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/init.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {

@@ -5,6 +5,7 @@
 
 #include "core/cli/exit_codes.h"
 #include "core/config/errors.h"
+#include "core/engine/model.h"
 #include "core/layer/layer.h"
 #include "core/layer/plugin_loader.h"
 #include "core/util/format.h"
@@ -21,7 +22,65 @@ std::string KnownTypesWithOrigins() {
   return util::Join(entries, ", ");
 }
 
+// The backends the built-in layers implement: the ones this build has.
+std::set<std::string> BuiltInBackends() {
+  const layer::LayerRegistry& registry = layer::LayerRegistry::Global();
+  std::set<std::string> backends;
+  for (const std::string& name : registry.Names()) {
+    for (const std::string& backend : registry.Backends(name)) {
+      if (registry.Origin(name, backend) == registry::kBuiltIn) backends.insert(backend);
+    }
+  }
+  return backends;
+}
+
+// "cpu: built-in, cuda: lib.so", or the one origin when every backend has the same.
+std::string OriginsOf(const std::string& name) {
+  const layer::LayerRegistry& registry = layer::LayerRegistry::Global();
+  std::vector<std::string> origins;
+  std::set<std::string> distinct;
+  for (const std::string& backend : registry.Backends(name)) {
+    origins.push_back(backend + ": " + registry.Origin(name, backend));
+    distinct.insert(registry.Origin(name, backend));
+  }
+  return distinct.size() == 1 ? *distinct.begin() : util::Join(origins, ", ");
+}
+
 }  // namespace
+
+std::vector<std::string> CheckLayerBackends(const config::ResolvedConfig& resolved) {
+  const layer::LayerRegistry& registry = layer::LayerRegistry::Global();
+  const std::string& backend = resolved.values().device().backend();
+  // A backend no built-in layer implements is one this build lacks: training refuses it as not
+  // implemented, while plan and --dry-run still show its layouts. The built-in types come with
+  // the backend, so only the other (plugin) types are held to it then.
+  const bool build_has_backend = BuiltInBackends().count(backend) > 0;
+  const engine::ModelDescription model = engine::GptModel(resolved);
+  // (type, who uses it), in model order, each type once.
+  std::vector<std::pair<std::string, std::string>> uses = {
+      {model.embedding_type, "the model's embedding"}};
+  for (const std::string& type : model.block_types) {
+    uses.emplace_back(
+        type, "model.layer_types (" + resolved.sources().Get("model.layer_types").ToString() + ")");
+  }
+  uses.emplace_back(model.head_type, "the model's head");
+  std::vector<std::string> problems;
+  std::set<std::string> reported;
+  for (const auto& [type, used_by] : uses) {
+    const std::vector<std::string> has = registry.Backends(type);
+    // Unregistered types are CheckLayerTypesRegistered's problem.
+    if (has.empty() || registry.Origin(type, backend) != "" || !reported.insert(type).second)
+      continue;
+    if (!build_has_backend && registry.Origin(type) == registry::kBuiltIn) continue;
+    problems.push_back(type + " has no " + backend +
+                       " implementation (has: " + util::Join(has, ", ") + "): " + used_by +
+                       " uses it with device.backend=" + backend + " (" +
+                       resolved.sources().Get("device.backend").ToString() + "); it comes from " +
+                       OriginsOf(type) + ". Set device.backend to one it " +
+                       "has, or load a plugin that registers " + type + " for " + backend);
+  }
+  return problems;
+}
 
 std::vector<std::string> CheckLayerTypesRegistered(const config::ResolvedConfig& resolved) {
   std::vector<std::string> problems;
@@ -59,9 +118,9 @@ config::ResolvedConfig LoadModelConfig(const std::string& file,
     }
   }
   config::ResolvedConfig resolved = config::Resolve(std::move(loaded), world_size, world_source);
-  if (std::vector<std::string> problems = CheckLayerTypesRegistered(resolved); !problems.empty()) {
-    throw config::ConfigError(std::move(problems));
-  }
+  std::vector<std::string> problems = CheckLayerTypesRegistered(resolved);
+  for (std::string& problem : CheckLayerBackends(resolved)) problems.push_back(std::move(problem));
+  if (!problems.empty()) throw config::ConfigError(std::move(problems));
   return resolved;
 }
 
@@ -73,9 +132,10 @@ int RunLayers(const std::vector<std::string>& plugins) {
     return kExitConfig;
   }
   const layer::LayerRegistry& registry = layer::LayerRegistry::Global();
-  std::printf("%-20s %s\n", "layer type", "from");
+  std::printf("%-20s %-10s %s\n", "layer type", "backends", "from");
   for (const std::string& name : registry.Names()) {
-    std::printf("%-20s %s\n", name.c_str(), registry.Origin(name).c_str());
+    std::printf("%-20s %-10s %s\n", name.c_str(), util::Join(registry.Backends(name), ",").c_str(),
+                OriginsOf(name).c_str());
   }
   return kExitOk;
 }

@@ -1,4 +1,4 @@
-#include "stages/cpu/kernels.h"
+#include "plugins/sdk/cpu_kernels.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -12,7 +12,7 @@
 
 #include "core/util/simd.h"
 
-namespace bigmac::stages::cpu {
+namespace bigmac::sdk::cpu {
 namespace {
 
 void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
@@ -408,4 +408,4 @@ BIGMAC_INSTANTIATE(float)
 BIGMAC_INSTANTIATE(double)
 #undef BIGMAC_INSTANTIATE
 
-}  // namespace bigmac::stages::cpu
+}  // namespace bigmac::sdk::cpu

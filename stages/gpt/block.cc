@@ -4,16 +4,20 @@
 #include <cmath>
 
 #include "core/layer/gpt_cost.h"
-#include "stages/cpu/kernels.h"
-#include "stages/gpt/gpt_layer.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/cpu_kernels.h"
+#include "plugins/sdk/cpu_layer.h"
+#include "plugins/sdk/init.h"
 
 namespace bigmac::stages::gpt {
 namespace {
 
+namespace cpu = sdk::cpu;
+using sdk::FillConstant, sdk::FillNormal, sdk::LayerSpec, sdk::MicroBatch, sdk::Param, sdk::Saved,
+    sdk::Tensor;
+
 template <typename T>
-class Block : public GptLayer<T> {
-  using Base = GptLayer<T>;
+class Block : public sdk::CpuLayer<T> {
+  using Base = sdk::CpuLayer<T>;
   // Saved tensors, in the order Forward (then BackwardInput) appends them.
   enum SavedIndex {
     kX,
@@ -75,6 +79,9 @@ class Block : public GptLayer<T> {
       }
     }
   }
+
+  // It recomputes in BackwardInput itself: the stage must not rerun Forward as well.
+  bool checkpoints_activations() const override { return true; }
 
   void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
     saved->Clear();

@@ -1,16 +1,19 @@
 // GPT-2 embedding: token embedding plus learned position embedding. Owns the tied token
 // embedding `wte` that the head also uses.
 #include "core/layer/gpt_cost.h"
-#include "stages/cpu/kernels.h"
-#include "stages/gpt/gpt_layer.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/cpu_kernels.h"
+#include "plugins/sdk/cpu_layer.h"
+#include "plugins/sdk/init.h"
 
 namespace bigmac::stages::gpt {
 namespace {
 
+namespace cpu = sdk::cpu;
+using sdk::FillNormal, sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
+
 template <typename T>
-class Embedding : public GptLayer<T> {
-  using Base = GptLayer<T>;
+class Embedding : public sdk::CpuLayer<T> {
+  using Base = sdk::CpuLayer<T>;
 
  public:
   explicit Embedding(const LayerSpec& spec) : Base(spec) {

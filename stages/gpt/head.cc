@@ -1,16 +1,19 @@
 // GPT-2 head: final LayerNorm, output projection tied to the token embedding, cross-entropy.
 // The head holds a read-only copy of the embedding's `wte` (the embedding's stage owns it).
 #include "core/layer/gpt_cost.h"
-#include "stages/cpu/kernels.h"
-#include "stages/gpt/gpt_layer.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/cpu_kernels.h"
+#include "plugins/sdk/cpu_layer.h"
+#include "plugins/sdk/init.h"
 
 namespace bigmac::stages::gpt {
 namespace {
 
+namespace cpu = sdk::cpu;
+using sdk::FillConstant, sdk::FillNormal, sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
+
 template <typename T>
-class Head : public GptLayer<T> {
-  using Base = GptLayer<T>;
+class Head : public sdk::CpuLayer<T> {
+  using Base = sdk::CpuLayer<T>;
   enum SavedIndex { kX, kNorm, kMean, kRstd, kLogits, kDLogits, kDNorm };
 
  public:

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "stages/gpt/init.h"
+#include "plugins/sdk/init.h"
 
 namespace bigmac::testutil {
 namespace {
@@ -95,15 +95,15 @@ void CheckLayerGradients(const std::string& type, int layer_id, bool checkpointi
   // Perturb every parameter off its initial value (norm weights start at exactly 1, ...).
   for (layer::Param* param : layer->Params()) {
     Tensor noise(cpu.get(), param->value.shape(), DType::kF64);
-    stages::gpt::FillNormal(&noise, 0.1, 7, spec.layer_id, param->name);
+    sdk::FillNormal(&noise, 0.1, 7, spec.layer_id, param->name);
     for (int64_t i = 0; i < noise.numel(); ++i)
       param->value.data<double>()[i] += noise.data<double>()[i];
   }
   Batch batch = MakeBatch(2, 5, spec.dims.vocab_size);
   Tensor x(cpu.get(), {2, 5, spec.dims.hidden_size}, DType::kF64);
-  stages::gpt::FillNormal(&x, 1.0, 3, 0, "x");
+  sdk::FillNormal(&x, 1.0, 3, 0, "x");
   Tensor r(cpu.get(), {2, 5, spec.dims.hidden_size}, DType::kF64);
-  stages::gpt::FillNormal(&r, 1.0, 5, 0, "r");
+  sdk::FillNormal(&r, 1.0, 5, 0, "r");
 
   auto objective = [&] {
     layer::Saved saved;

@@ -2,32 +2,33 @@
 // with `bigmac train --plugin librms_swiglu.so`. It registers `rms_swiglu_block`:
 //   r = x + proj(attention(qkv(rmsnorm1(x))))        (no biases)
 //   y = r + down(silu(gate(rmsnorm2(r))) * up(rmsnorm2(r)))
-// It reuses bigmac's CPU matmul and attention kernels and brings its own RMSNorm and SwiGLU
-// kernels (rms_swiglu_kernels.h). docs/plugins.md walks through it.
+// It builds against the plugin headers and the SDK only (plugins/sdk: CpuLayer, FillNormal, the
+// public CPU kernels for matmul and attention) and brings its own RMSNorm and SwiGLU kernels
+// (rms_swiglu_kernels.h). docs/plugins.md walks through it.
 #include <cmath>
 
 #include "plugins/bigmac_plugin.h"
 #include "plugins/examples/rms_swiglu/rms_swiglu_kernels.h"
-#include "stages/cpu/kernels.h"
-#include "stages/gpt/gpt_layer.h"
-#include "stages/gpt/init.h"
+#include "plugins/sdk/cpu_kernels.h"
+#include "plugins/sdk/cpu_layer.h"
+#include "plugins/sdk/init.h"
 
 namespace rms_swiglu {
 namespace {
 
-using bigmac::layer::LayerSpec;
-using bigmac::layer::MicroBatch;
-using bigmac::layer::Param;
-using bigmac::layer::Saved;
-using bigmac::memory::Tensor;
-namespace cpu = bigmac::stages::cpu;
+using bigmac::sdk::LayerSpec;
+using bigmac::sdk::MicroBatch;
+using bigmac::sdk::Param;
+using bigmac::sdk::Saved;
+using bigmac::sdk::Tensor;
+namespace cpu = bigmac::sdk::cpu;
 
 // The SwiGLU width: two thirds of GPT's 4C (same parameter count as a GELU MLP), rounded up to 8.
 int FfnWidth(int c) { return (8 * c / 3 + 7) / 8 * 8; }
 
 template <typename T>
-class RmsSwigluBlock : public bigmac::stages::gpt::GptLayer<T> {
-  using Base = bigmac::stages::gpt::GptLayer<T>;
+class RmsSwigluBlock : public bigmac::sdk::CpuLayer<T> {
+  using Base = bigmac::sdk::CpuLayer<T>;
   enum SavedIndex {
     kX,
     kRstd1,
@@ -68,11 +69,11 @@ class RmsSwigluBlock : public bigmac::stages::gpt::GptLayer<T> {
     const double residual_std = 0.02 / std::sqrt(2.0 * this->spec_.dims.num_layers);
     for (Param& param : this->params_) {
       if (param.name.rfind("norm", 0) == 0) {
-        bigmac::stages::gpt::FillConstant(&param.value, 1.0);
+        bigmac::sdk::FillConstant(&param.value, 1.0);
       } else {
         const bool residual = param.name == "attn.proj.weight" || param.name == "mlp.down.weight";
-        bigmac::stages::gpt::FillNormal(&param.value, residual ? residual_std : 0.02, seed,
-                                        this->layer_id(), param.name);
+        bigmac::sdk::FillNormal(&param.value, residual ? residual_std : 0.02, seed,
+                                this->layer_id(), param.name);
       }
     }
   }

@@ -1,15 +1,26 @@
-#ifndef BIGMAC_STAGES_CPU_KERNELS_H_
-#define BIGMAC_STAGES_CPU_KERNELS_H_
+#ifndef BIGMAC_PLUGINS_SDK_CPU_KERNELS_H_
+#define BIGMAC_PLUGINS_SDK_CPU_KERNELS_H_
 
-// CPU kernels of the GPT layers, for T = float (training) and T = double (gradient checks).
+// Plugin SDK: the public CPU kernel library, the kernels of the built-in GPT layers, for
+// T = float (training) and T = double (gradient checks); instantiated for those two only.
+// Target //plugins/sdk:cpu_kernels; implemented in stages/cpu/kernels.cc.
+//
 // Rows are N = batch*seq tokens. Matmuls go to OpenBLAS; the rest are OpenMP loops with static
 // schedules and no cross-thread reductions, so results are bitwise reproducible run to run.
 // Conventions: "Forward" and "BackwardInput" overwrite their outputs unless they say "+=";
 // "BackwardWeight" always accumulates (gradient accumulation over micro-batches).
+//
+// Ownership: every pointer is the caller's host memory (a CPU tensor's data), read or written
+// during the call only; no kernel keeps a pointer or state between calls (small scratch
+// buffers are host heap for the call's duration).
+//
+// Stability: a plugin links this library statically (its .so carries its own copy), so there is
+// no binary dependency on the host's copy. The declarations below are a source API kept for the
+// whole plugin ABI version: within it, kernels are added, never removed or changed in meaning.
 
 #include <cstdint>
 
-namespace bigmac::stages::cpu {
+namespace bigmac::sdk::cpu {
 
 // out(N,OC) = inp(N,C) @ w(OC,C)^T + bias (bias may be null).
 template <typename T>
@@ -68,6 +79,6 @@ template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v,
                           double scale);
 
-}  // namespace bigmac::stages::cpu
+}  // namespace bigmac::sdk::cpu
 
-#endif  // BIGMAC_STAGES_CPU_KERNELS_H_
+#endif  // BIGMAC_PLUGINS_SDK_CPU_KERNELS_H_

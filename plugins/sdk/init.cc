@@ -1,8 +1,9 @@
-#include "stages/gpt/init.h"
+#include "plugins/sdk/init.h"
 
 #include <cmath>
+#include <vector>
 
-namespace bigmac::stages::gpt {
+namespace bigmac::sdk {
 namespace {
 
 uint64_t SplitMix64(uint64_t* state) {
@@ -26,6 +27,26 @@ void Fill(T* data, int64_t n, double std, uint64_t* state) {
   }
 }
 
+// Writes `tensor`'s elements with write(T* host, n): in place on the CPU, else into a host buffer
+// uploaded once (weights are initialised on the host, so every backend starts from the same ones).
+template <typename T, typename Write>
+void WriteElements(memory::Tensor* tensor, Write write) {
+  if (tensor->device() == nullptr || tensor->device()->backend() == device::Backend::kCpu) {
+    write(tensor->data<T>(), tensor->numel());
+    return;
+  }
+  std::vector<T> host(tensor->numel());
+  write(host.data(), tensor->numel());
+  tensor->CopyFromHost(host.data());
+}
+
+template <typename T>
+void FillConstantAs(memory::Tensor* tensor, double value) {
+  WriteElements<T>(tensor, [value](T* data, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(value);
+  });
+}
+
 }  // namespace
 
 void FillNormal(memory::Tensor* tensor, double std, uint64_t seed, int layer_id,
@@ -34,19 +55,18 @@ void FillNormal(memory::Tensor* tensor, double std, uint64_t seed, int layer_id,
       seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(layer_id + 1) * 0xc2b2ae3d27d4eb4fULL;
   for (char ch : name) state = (state ^ static_cast<unsigned char>(ch)) * 0x100000001b3ULL;
   if (tensor->dtype() == memory::DType::kF64) {
-    Fill(tensor->data<double>(), tensor->numel(), std, &state);
+    WriteElements<double>(tensor, [&](double* data, int64_t n) { Fill(data, n, std, &state); });
   } else {
-    Fill(tensor->data<float>(), tensor->numel(), std, &state);
+    WriteElements<float>(tensor, [&](float* data, int64_t n) { Fill(data, n, std, &state); });
   }
 }
 
 void FillConstant(memory::Tensor* tensor, double value) {
   if (tensor->dtype() == memory::DType::kF64) {
-    for (int64_t i = 0; i < tensor->numel(); ++i) tensor->data<double>()[i] = value;
+    FillConstantAs<double>(tensor, value);
   } else {
-    for (int64_t i = 0; i < tensor->numel(); ++i)
-      tensor->data<float>()[i] = static_cast<float>(value);
+    FillConstantAs<float>(tensor, value);
   }
 }
 
-}  // namespace bigmac::stages::gpt
+}  // namespace bigmac::sdk
