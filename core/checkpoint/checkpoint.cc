@@ -170,7 +170,7 @@ std::string LayerFileName(int layer_id, int num_layers) {
 }
 
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
-               engine::Stage& stage, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last) {
   const auto start = std::chrono::steady_clock::now();
   const int num_layers = config.values().model().num_layers();
@@ -205,31 +205,34 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
   Manifest fragment;
   int64_t bytes_written = 0;
   try {
-    std::map<int, std::vector<engine::Stage::NamedParam>> layers;
-    for (const engine::Stage::NamedParam& named : stage.OwnedParams())
-      layers[named.layer_id].push_back(named);
-    for (const auto& [layer_id, params] : layers) {
+    for (const LayerParams& layer : state.layers) {
+      const int layer_id = layer.layer_id;
+      std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
+      for (const layer::Param* param : layer.params) {
+        if (!param->tied_copy) owned.push_back(param);
+      }
+      if (owned.empty()) continue;
       if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() != comm.dp_rank())
         continue;
       const std::string file = LayerFileName(layer_id, num_layers);
       std::string data;
       size_t total = 0;
-      for (const engine::Stage::NamedParam& named : params) total += 3 * named.param->value.bytes();
+      for (const layer::Param* param : owned) total += 3 * param->value.bytes();
       data.reserve(total);
       uint32_t file_crc = 0;
-      for (const engine::Stage::NamedParam& named : params) {
-        const memory::Tensor* moments[3] = {&named.param->value, adamw.FirstMoment(named.param),
-                                            adamw.SecondMoment(named.param)};
+      for (const layer::Param* param : owned) {
+        const memory::Tensor* moments[3] = {&param->value, adamw.FirstMoment(param),
+                                            adamw.SecondMoment(param)};
         for (int k = 0; k < 3; ++k) {
-          const int64_t bytes = named.param->value.bytes();
+          const int64_t bytes = param->value.bytes();
           TensorEntry* entry = fragment.add_tensors();
-          entry->set_name(named.name + "#" + kKinds[k]);
+          entry->set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
           entry->set_layer_id(layer_id);
           entry->set_file(file);
           entry->set_offset(static_cast<int64_t>(data.size()));
           entry->set_bytes(bytes);
-          for (int64_t extent : named.param->value.shape()) entry->add_shape(extent);
-          entry->set_dtype(memory::DTypeName(named.param->value.dtype()));
+          for (int64_t extent : param->value.shape()) entry->add_shape(extent);
+          entry->set_dtype(memory::DTypeName(param->value.dtype()));
           if (moments[k]) {
             data.append(reinterpret_cast<const char*>(moments[k]->data<float>()), bytes);
           } else {
@@ -378,10 +381,17 @@ Manifest ReadManifest(const std::string& step_dir, const config::Config& config)
 }
 
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
-             engine::Stage& stage, optim::AdamW& adamw, comm::PipelineComm& comm) {
+             const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm) {
   const int num_layers = config.values().model().num_layers();
   std::string error;
   int64_t next_step = 0;
+  // What this rank read, applied once every rank has read all it needs.
+  struct Loaded {
+    layer::Param* param;
+    memory::Tensor value, m, v;
+    bool optimizer_state;
+  };
+  std::vector<Loaded> loaded;
   try {
     const Manifest manifest = ReadManifest(step_dir, config.values());
     next_step = manifest.next_step();
@@ -455,41 +465,36 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
       std::memcpy(into->data<float>(), data.data() + entry.offset(), entry.bytes());
     };
     // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
-    struct Loaded {
-      layer::Param* param;
-      memory::Tensor value, m, v;
-      bool optimizer_state;
-    };
-    std::vector<Loaded> loaded;
-    for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
-      auto fresh = [&] {
-        return memory::Tensor(stage.allocator(), named.param->value.shape(),
-                              named.param->value.dtype());
-      };
-      Loaded l{named.param, fresh(), fresh(), fresh(), true};
-      read_tensor(named.name + "#value", named.layer_id, &l.value);
-      read_tensor(named.name + "#exp_avg", named.layer_id, &l.m);
-      read_tensor(named.name + "#exp_avg_sq", named.layer_id, &l.v);
-      loaded.push_back(std::move(l));
+    for (const LayerParams& layer : state.layers) {
+      for (layer::Param* param : layer.params) {
+        if (param->tied_copy) {
+          // A tied copy reads its owner's value: stored once, loaded without a duplicate.
+          const std::string name = param->tied_owner + "#value";
+          auto it = tensors.find(name);
+          Loaded l{param, param->value.Clone(), memory::Tensor(), memory::Tensor(), false};
+          read_tensor(name, it == tensors.end() ? layer.layer_id : it->second->layer_id(),
+                      &l.value);
+          loaded.push_back(std::move(l));
+          continue;
+        }
+        const std::string name = ParamName(state, layer.layer_id, *param);
+        Loaded l{param, param->value.Clone(), param->value.Clone(), param->value.Clone(), true};
+        read_tensor(name + "#value", layer.layer_id, &l.value);
+        read_tensor(name + "#exp_avg", layer.layer_id, &l.m);
+        read_tensor(name + "#exp_avg_sq", layer.layer_id, &l.v);
+        loaded.push_back(std::move(l));
+      }
     }
-    // The tied copy reads its value from the owner's file: stored once, loaded without a duplicate.
-    if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
-      Loaded l{copy, copy->value.Clone(), memory::Tensor(), memory::Tensor(), false};
-      read_tensor(LayerName(layer::kEmbeddingLayerId, num_layers) + "/wte#value",
-                  layer::kEmbeddingLayerId, &l.value);
-      loaded.push_back(std::move(l));
-    }
-    for (Loaded& l : loaded) {
-      l.param->value.CopyFrom(l.value);
-      if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));
-    }
-    stage.SyncTiedCopies();
   } catch (const std::exception& e) {
     error = e.what();
   }
   if (!comm.AllOk(error.empty())) {
     throw CheckpointError(error.empty() ? step_dir + ": another rank could not load its layers"
                                         : error);
+  }
+  for (Loaded& l : loaded) {
+    l.param->value.CopyFrom(l.value);
+    if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));
   }
   return next_step;
 }

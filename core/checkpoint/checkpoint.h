@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/checkpoint/checkpoint.pb.h"
+#include "core/checkpoint/model_state.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
-#include "core/engine/stage.h"
 #include "core/optim/adamw.h"
 
 namespace bigmac::checkpoint {
@@ -33,14 +33,14 @@ struct SaveStats {
   double seconds = 0;
 };
 
-// Collective. Writes step `step` under `root`: every rank writes the files of the layers it owns
+// Collective. Writes step `step` under `root`: every rank writes the files of the layers in `state`
 // (with dp > 1, layer_id k is written by replica k mod dp) into a temporary directory and fsyncs
 // them; rank 0 writes the manifest, fsyncs, renames the directory into place, fsyncs `root`,
 // then replaces the `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A
 // failure anywhere leaves the previous checkpoints untouched and throws CheckpointError on every
 // rank.
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
-               engine::Stage& stage, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last);
 
 // "auto": the step directory `root/latest` names, or "" if there is none yet. Anything else is a
@@ -53,12 +53,13 @@ config::Config ReadManifestConfig(const std::string& step_dir);
 // Reads and checks `step_dir`/manifest.pb (format, model shape against `config`).
 Manifest ReadManifest(const std::string& step_dir, const config::Config& config);
 
-// Collective. Loads this rank's layers (and its tied copy) from `step_dir`, whatever layout the
-// checkpoint was saved with, after checking every file it reads (size, CRC-32, every tensor
-// present with its shape). Nothing on disk changes. Returns the step to continue from. Throws
-// CheckpointError on every rank if any rank failed.
+// Collective. Loads the parameters of `state` (master values and AdamW moments; a tied copy's value
+// from its owner's file) from `step_dir`, whatever layout the checkpoint was saved with, after
+// checking every file it reads (size, CRC-32, every tensor present with its shape). Nothing on
+// disk changes, and nothing in `state` unless every rank read all it needs. Returns the step to
+// continue from. Throws CheckpointError on every rank if any rank failed.
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
-             engine::Stage& stage, optim::AdamW& adamw, comm::PipelineComm& comm);
+             const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm);
 
 // `bigmac ckpt inspect`: the manifest and every file's size and checksum status, one line each.
 // Returns false if anything is damaged or missing.

@@ -51,10 +51,10 @@ std::vector<Mapping> Gpt2Mappings(int num_layers) {
   return mappings;
 }
 
-layer::Param* FindParam(engine::Stage& stage, int layer_id, const std::string& name) {
-  for (const auto& layer : stage.layers()) {
-    if (layer->layer_id() != layer_id) continue;
-    for (layer::Param* param : layer->Params()) {
+layer::Param* FindParam(const ModelState& state, int layer_id, const std::string& name) {
+  for (const LayerParams& layer : state.layers) {
+    if (layer.layer_id != layer_id) continue;
+    for (layer::Param* param : layer.params) {
       if (param->name == name) return param;
     }
   }
@@ -206,10 +206,10 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
 
 }  // namespace
 
-std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers) {
+std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state) {
   std::vector<NamedTensor> tensors;
-  for (const Mapping& m : Gpt2Mappings(num_layers)) {
-    layer::Param* param = FindParam(stage, m.layer_id, m.ours);
+  for (const Mapping& m : Gpt2Mappings(state.num_layers)) {
+    layer::Param* param = FindParam(state, m.layer_id, m.ours);
     if (!param) throw CheckpointError("export needs the whole model; " + m.ours + " is not here");
     const float* data = param->value.data<float>();
     NamedTensor t;
@@ -226,12 +226,14 @@ std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers)
   return tensors;
 }
 
-void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage& stage,
-                         int num_layers, const std::string& source) {
+void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
+                         const std::string& source) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
-  for (const Mapping& m : Gpt2Mappings(num_layers)) {
-    layer::Param* param = FindParam(stage, m.layer_id, m.ours);
+  std::map<std::string, const layer::Param*> set;  // by checkpoint name, for the tied copies
+  for (const Mapping& m : Gpt2Mappings(state.num_layers)) {
+    layer::Param* param = FindParam(state, m.layer_id, m.ours);
+    if (!param) throw CheckpointError("import needs the whole model; " + m.ours + " is not here");
     auto it = by_name.find(m.theirs);
     if (it == by_name.end()) throw CheckpointError(source + ": " + m.theirs + " is missing");
     std::vector<int64_t> want = param->value.shape();
@@ -254,8 +256,19 @@ void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage&
     } else {
       std::copy_n(t.data.data(), param->value.numel(), into);
     }
+    set[ParamName(state, m.layer_id, *param)] = param;
   }
-  stage.SyncTiedCopies();
+  for (const LayerParams& layer : state.layers) {
+    for (layer::Param* param : layer.params) {
+      if (!param->tied_copy) continue;
+      auto owner = set.find(param->tied_owner);
+      if (owner == set.end()) {
+        throw CheckpointError(source + ": the tied copy of " + param->tied_owner +
+                              " needs its owner on this rank");
+      }
+      param->value.CopyFrom(owner->second->value);
+    }
+  }
 }
 
 }  // namespace bigmac::checkpoint

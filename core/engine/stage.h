@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/model_state.h"
 #include "core/layer/layer.h"
 #include "core/partition/partition.h"
 
@@ -76,6 +77,9 @@ class Stage {
     layer::Param* param;
   };
   std::vector<NamedParam> OwnedParams();
+  // Every parameter this rank holds, by layer_id, for checkpoints: a view, valid while this Stage
+  // lives.
+  checkpoint::ModelState State();
   int64_t OwnedParameterCount();
 
   // (micro-batch, stage) pairs holding activations now, and the most at any time.

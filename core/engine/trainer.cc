@@ -205,7 +205,8 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
       log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
     } else {
       const auto load_start = std::chrono::steady_clock::now();
-      start_step = static_cast<int>(checkpoint::Load(step_dir, resolved, stage, adamw, comm));
+      start_step =
+          static_cast<int>(checkpoint::Load(step_dir, resolved, stage.State(), adamw, comm));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
       const double bytes = comm.SumToRoot(
@@ -226,8 +227,8 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
     }
   }
   auto save = [&](int step) {
-    const checkpoint::SaveStats stats = checkpoint::Save(checkpoint_root, step, resolved, stage,
-                                                         adamw, comm, cfg.checkpoint().keep_last());
+    const checkpoint::SaveStats stats = checkpoint::Save(
+        checkpoint_root, step, resolved, stage.State(), adamw, comm, cfg.checkpoint().keep_last());
     log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
                double(stats.bytes) / 1e6, stats.seconds,
                double(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
