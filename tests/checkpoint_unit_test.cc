@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -161,6 +162,204 @@ TEST(ModelState, ARefusedLoadLeavesTheModelAsItWas) {
   const std::string before = Bytes(model.stage->TiedOwner()->value);
   EXPECT_NE(LoadError(model, dir), "");
   EXPECT_EQ(Bytes(model.stage->TiedOwner()->value), before);
+}
+
+// ---------------------------------------------------------------- one verification
+
+std::string InspectText(const std::string& step_dir, bool* ok) {
+  std::vector<std::string> lines;
+  *ok = checkpoint::Inspect(step_dir, &lines);
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  return text;
+}
+
+struct DamageCase {
+  const char* name;
+  std::function<void(const std::string& step_dir)> damage;
+  const char* status;  // Inspect's short form
+  const char* words;   // in Load's message
+};
+
+// Each damage: Load refuses with a message naming the file, and Inspect prints that same message
+// after its short status.
+TEST(VerifyLayerFile, InspectAndLoadReportTheSameProblemInTheSameWords) {
+  Model saved(1);
+  saved.Step();
+  const std::string root = FreshRoot("verify");
+  const std::string dir = saved.Save(root);
+  auto manifest_edit = [](std::function<void(checkpoint::Manifest*)> edit) {
+    return [edit](const std::string& step_dir) {
+      checkpoint::Manifest manifest = ReadManifestFile(step_dir);
+      edit(&manifest);
+      WriteManifestFile(step_dir, manifest);
+    };
+  };
+  auto last_tensor_of = [](checkpoint::Manifest* m, const std::string& file) {
+    checkpoint::TensorEntry* last = nullptr;
+    for (auto& t : *m->mutable_tensors()) {
+      if (t.file() == file) last = &t;
+    }
+    return last;
+  };
+  const std::vector<DamageCase> cases = {
+      {"flip",
+       [](const std::string& d) {
+         std::fstream f(d + "/block_0001.bin", std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(40);
+         f.put('\x7f');
+       },
+       "CHECKSUM MISMATCH", "block_0001.bin: checksum mismatch"},
+      {"truncate", [](const std::string& d) { fs::resize_file(d + "/head.bin", 100); },
+       "SIZE 100 != ", "head.bin: 100 bytes, the manifest says"},
+      {"delete", [](const std::string& d) { fs::remove(d + "/block_0000.bin"); }, "MISSING",
+       "block_0000.bin: missing (cannot open)"},
+      {"tensor_crc", manifest_edit([&](checkpoint::Manifest* m) {
+         checkpoint::TensorEntry* t = last_tensor_of(m, "head.bin");
+         t->set_crc32(t->crc32() ^ 1);
+       }),
+       "BAD TENSOR", "has a checksum mismatch at offset"},
+      {"tensor_dtype", manifest_edit([&](checkpoint::Manifest* m) {
+         last_tensor_of(m, "embedding.bin")->set_dtype("bf16");
+       }),
+       "BAD TENSOR", "embedding.bin: tensor embedding/wpe#exp_avg_sq has dtype 'bf16'"},
+      {"tensor_without_moment", manifest_edit([&](checkpoint::Manifest* m) {
+         last_tensor_of(m, "block_0001.bin")->set_name("block 1/extra#value");
+       }),
+       "BAD TENSOR", "is missing from the manifest"},
+  };
+  for (const DamageCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string copy = root + "/damaged_" + c.name;
+    fs::remove_all(copy);
+    fs::copy(dir, copy);
+    c.damage(copy);
+    Model model(2);
+    const std::string load_error = LoadError(model, copy);
+    EXPECT_NE(load_error.find(c.words), std::string::npos) << load_error;
+    bool ok = true;
+    const std::string inspect = InspectText(copy, &ok);
+    EXPECT_FALSE(ok) << inspect;
+    EXPECT_NE(inspect.find(std::string(c.status)), std::string::npos) << inspect;
+    EXPECT_NE(inspect.find(load_error), std::string::npos) << "Inspect says what Load says:\n"
+                                                           << load_error << "\n"
+                                                           << inspect;
+  }
+  bool ok = false;
+  const std::string intact = InspectText(dir, &ok);
+  EXPECT_TRUE(ok) << intact;
+  EXPECT_NE(intact.find("all checksums verified"), std::string::npos);
+}
+
+// VerifyLayerFile checks what the model needs from the file: present, with its shape.
+TEST(VerifyLayerFile, ChecksTheExpectedTensors) {
+  Model saved(1);
+  const std::string dir = saved.Save(FreshRoot("expected"));
+  const checkpoint::Manifest manifest = ReadManifestFile(dir);
+  const checkpoint::VerifiedLayerFile file =
+      checkpoint::VerifyLayerFile(dir, manifest, layer::kEmbeddingLayerId, {});
+  EXPECT_EQ(file.tensors.size(), 6u) << "wte and wpe, each a value and two moments";
+  const std::vector<int64_t> wte = saved.stage->TiedOwner()->value.shape();
+  EXPECT_NO_THROW(checkpoint::VerifyLayerFile(dir, manifest, layer::kEmbeddingLayerId,
+                                              {{"embedding/wte#value", wte}}));
+  try {
+    checkpoint::VerifyLayerFile(dir, manifest, layer::kEmbeddingLayerId,
+                                {{"embedding/wte#value", {wte[0], wte[1] + 1}}});
+    FAIL();
+  } catch (const checkpoint::LayerFileError& e) {
+    EXPECT_EQ(e.status(), "BAD TENSOR");
+    EXPECT_EQ(std::string(e.what()),
+              dir + "/embedding.bin: tensor embedding/wte#value has shape [256, 16] (16384 " +
+                  "bytes), the model wants f32[256, 17]");
+  }
+  try {
+    checkpoint::VerifyLayerFile(dir, manifest, 0, {{"block 0/nothing#value", {1}}});
+    FAIL();
+  } catch (const checkpoint::LayerFileError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              dir + ": tensor block 0/nothing#value is missing from the manifest");
+  }
+  checkpoint::Manifest without_block = manifest;
+  without_block.mutable_files()->DeleteSubrange(1, 1);
+  try {
+    checkpoint::VerifyLayerFile(dir, without_block, without_block.files(0).layer_id() + 1, {});
+    FAIL();
+  } catch (const checkpoint::LayerFileError& e) {
+    EXPECT_EQ(e.status(), "MISSING");
+    EXPECT_NE(std::string(e.what()).find("the manifest lists no file for it"), std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------- the save report
+
+// A rank's failure reaches rank 0 inside its SaveReport, and every rank throws it.
+TEST(SaveReport, CarriesAWritersErrorToEveryRank) {
+  Model model(1);
+  const std::string root = FreshRoot("report");
+  model.Save(root, 1);
+  setenv("BIGMAC_TEST_FAIL_CHECKPOINT", "2", 1);
+  try {
+    model.Save(root, 2);
+    FAIL() << "the injected full disk must fail the save";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "No space left on device (injected); the previous checkpoint is intact"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("BIGMAC_TEST_FAIL_CHECKPOINT");
+  EXPECT_FALSE(fs::exists(root + "/step_000002"));
+  EXPECT_TRUE(fs::exists(root + "/step_000001"));
+}
+
+// ---------------------------------------------------------------- the masters' dtype
+
+TEST(MasterDType, TheManifestRecordsF32AndLoadRefusesAnythingElse) {
+  Model saved(1);
+  const std::string dir = saved.Save(FreshRoot("dtype"));
+  checkpoint::Manifest manifest = ReadManifestFile(dir);
+  EXPECT_EQ(manifest.master_dtype(), "f32");
+  ASSERT_GT(manifest.tensors_size(), 0);
+  for (const auto& tensor : manifest.tensors()) EXPECT_EQ(tensor.dtype(), "f32") << tensor.name();
+  // Written before the field existed: f32.
+  manifest.clear_master_dtype();
+  WriteManifestFile(dir, manifest);
+  Model model(2);
+  EXPECT_EQ(LoadError(model, dir), "");
+  manifest.set_master_dtype("bf16");
+  WriteManifestFile(dir, manifest);
+  const std::string error = LoadError(model, dir);
+  EXPECT_EQ(error, dir +
+                       "/manifest.pb: master_dtype 'bf16': BigMac loads only f32 master weights "
+                       "and moments (precision.dtype only sets the compute copies)");
+  bool ok = true;
+  EXPECT_NE(InspectText(dir, &ok).find(error), std::string::npos);
+  EXPECT_FALSE(ok);
+}
+
+// precision.dtype sets the compute copies, not the masters: a checkpoint saved under fp32 resumes
+// under bf16, and back.
+TEST(MasterDType, ADifferentPrecisionDTypeIsAccepted) {
+  Model saved(1);
+  saved.Step();
+  const std::string dir = saved.Save(FreshRoot("precision"));
+  config::Config bf16 = saved.resolved->values();
+  bf16.mutable_precision()->set_dtype("bf16");
+  EXPECT_NO_THROW(checkpoint::ReadManifest(dir, bf16)) << "fp32 snapshot, bf16 config";
+  // The snapshot says bf16; this config fp32.
+  checkpoint::Manifest manifest = ReadManifestFile(dir);
+  ASSERT_EQ(manifest.config().precision().dtype(), "fp32");
+  manifest.mutable_config()->mutable_precision()->set_dtype("bf16");
+  WriteManifestFile(dir, manifest);
+  EXPECT_NO_THROW(checkpoint::ReadManifest(dir, saved.resolved->values()))
+      << "bf16 snapshot, fp32 config";
+  Model model(2);
+  EXPECT_EQ(LoadError(model, dir), "");
+  EXPECT_EQ(Bytes(model.stage->TiedOwner()->value), Bytes(saved.stage->TiedOwner()->value));
+  // The model's shape is still checked.
+  config::Config wider = bf16;
+  wider.mutable_model()->set_hidden_size(32);
+  EXPECT_THROW(checkpoint::ReadManifest(dir, wider), checkpoint::CheckpointError);
 }
 
 }  // namespace
