@@ -10,35 +10,9 @@ using schedule::Op;
 
 namespace {
 
-bool IsPerStep(Op op) {
-  return op == Op::kReduceTied || op == Op::kReduceDp || op == Op::kOptimizerStep;
-}
+bool IsPerStep(Op op) { return schedule::Info(op).per_step; }
 
-std::string Category(Op op) {
-  switch (op) {
-    case Op::kForward:
-      return "forward";
-    case Op::kBackward:
-      return "backward";
-    case Op::kBackwardInput:
-      return "backward_input";
-    case Op::kBackwardWeight:
-      return "backward_weight";
-    case Op::kRecvAct:
-    case Op::kRecvGrad:
-      return "wait";
-    case Op::kSendAct:
-    case Op::kSendGrad:
-      return "send";
-    case Op::kReduceTied:
-      return "tied";
-    case Op::kReduceDp:
-      return "allreduce";
-    case Op::kOptimizerStep:
-      return "optimizer";
-  }
-  return "other";
-}
+std::string Category(Op op) { return schedule::Info(op).category; }
 
 Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
             const std::string& what) {
@@ -53,9 +27,22 @@ Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
 
 }  // namespace
 
-Executor::Executor(Stage* stage, comm::PipelineComm* comm, std::vector<Action> actions,
+Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
                    int hidden_size)
-    : stage_(stage), comm_(comm), actions_(std::move(actions)), hidden_size_(hidden_size) {}
+    : stage_(stage),
+      comm_(comm),
+      spec_(spec),
+      flush_(schedule::BuildRankActions(spec, comm->pp_rank())),
+      step_tail_(schedule::BuildStepTail(spec, comm->pp_rank())),
+      hidden_size_(hidden_size) {
+  for (const Action& a : flush_) {
+    if (IsPerStep(a.op))
+      throw std::logic_error("executor: per-step " + ShortName(a) + " in a flush");
+  }
+  for (const Action& a : step_tail_) {
+    if (!IsPerStep(a.op)) throw std::logic_error("executor: " + ShortName(a) + " in the step tail");
+  }
+}
 
 std::vector<int64_t> Executor::ActivationShape(const layer::MicroBatch& mb) const {
   return {mb.batch, mb.seq, hidden_size_};
@@ -68,11 +55,27 @@ std::string Executor::Describe(const Action& a) const {
 
 double Executor::RunFlush(const std::function<const layer::MicroBatch&(int)>& batch,
                           bool last_flush, const std::function<void()>& optimizer_step) {
+  double loss = RunList(flush_, batch, optimizer_step, /*keep=*/true, /*record=*/true);
+  if (last_flush) loss += RunList(step_tail_, batch, optimizer_step, true, true);
+  return loss;
+}
+
+double Executor::Evaluate(const layer::MicroBatch& mb) {
+  // Micro-batch mb.index, so that its messages carry the same tags as before the list existed.
+  return RunList(
+      schedule::BuildForwardOnlyActions(spec_, comm_->pp_rank(), mb.index),
+      [&](int) -> const layer::MicroBatch& { return mb; }, [] {}, /*keep=*/false,
+      /*record=*/false);
+}
+
+double Executor::RunList(const std::vector<Action>& actions,
+                         const std::function<const layer::MicroBatch&(int)>& batch,
+                         const std::function<void()>& optimizer_step, bool keep, bool record) {
   double loss = 0;
-  for (const Action& a : actions_) {
+  for (const Action& a : actions) {
     const auto start = metrics::Timeline::Clock::now();
-    RunAction(a, batch, last_flush, optimizer_step, &loss);
-    if (timeline_ && (last_flush || !IsPerStep(a.op))) {
+    RunAction(a, batch, optimizer_step, keep, &loss);
+    if (timeline_ && record) {
       timeline_->Record(schedule::ShortName(a), Category(a.op), start,
                         metrics::Timeline::Clock::now());
     }
@@ -81,8 +84,7 @@ double Executor::RunFlush(const std::function<const layer::MicroBatch&(int)>& ba
 }
 
 void Executor::RunAction(const Action& a, const std::function<const layer::MicroBatch&(int)>& batch,
-                         bool last_flush, const std::function<void()>& optimizer_step,
-                         double* loss_sum) {
+                         const std::function<void()>& optimizer_step, bool keep, double* loss_sum) {
   double& loss = *loss_sum;
   switch (a.op) {
     case Op::kRecvAct: {
@@ -96,7 +98,7 @@ void Executor::RunAction(const Action& a, const std::function<const layer::Micro
       const layer::MicroBatch& mb = batch(a.microbatch);
       Tensor input =
           a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
-      Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input));
+      Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input), keep);
       if (stage_->is_last_stage(a.stage)) {
         loss += output.Scalar();
       } else {
@@ -136,13 +138,13 @@ void Executor::RunAction(const Action& a, const std::function<const layer::Micro
       break;
     }
     case Op::kReduceTied:
-      if (last_flush) ReduceTied();
+      ReduceTied();
       break;
     case Op::kReduceDp:
-      if (last_flush) ReduceDp();
+      ReduceDp();
       break;
     case Op::kOptimizerStep:
-      if (last_flush) optimizer_step();
+      optimizer_step();
       break;
   }
 }
@@ -200,28 +202,6 @@ void Executor::ReduceDp() {
     std::copy_n(flat + offset, named.param->grad.numel(), named.param->grad.data<float>());
     offset += named.param->grad.numel();
   }
-}
-
-double Executor::Evaluate(const layer::MicroBatch& mb) {
-  double loss = 0;
-  const int pp = comm_->pp_size();
-  for (const partition::StageRange& range : stage_->ranges()) {
-    const int s = range.stage;
-    Tensor input;
-    if (s > 0) {
-      input = comm_->Receive((s - 1) % pp, comm::ActivationTag(s, mb.index), ActivationShape(mb),
-                             memory::DType::kF32, stage_->allocator(),
-                             "evaluation activation (stage " + std::to_string(s) + ")");
-    }
-    Tensor output = stage_->ForwardStage(s, mb, std::move(input), /*keep=*/false);
-    if (stage_->is_last_stage(s)) {
-      loss += output.Scalar();
-    } else {
-      comm_->Send(output, (s + 1) % pp, comm::ActivationTag(s + 1, mb.index),
-                  "evaluation activation");
-    }
-  }
-  return loss;
 }
 
 }  // namespace bigmac::engine

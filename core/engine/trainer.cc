@@ -150,8 +150,7 @@ TrainResult Train(const config::ResolvedConfig& resolved, comm::PipelineComm& co
   schedule::ParseKind(cfg.parallel().schedule(), &kind);
   const schedule::ScheduleSpec spec{kind, comm.pp_size(), m, cfg.parallel().virtual_stages()};
   metrics::Timeline timeline;
-  Executor executor(&stage, &comm, schedule::BuildRankActions(spec, comm.pp_rank()),
-                    cfg.model().hidden_size());
+  Executor executor(&stage, &comm, spec, cfg.model().hidden_size());
   executor.set_timeline(&timeline);
   const std::string& output_dir = train.output_dir();
   std::ofstream metrics_file;  // opened once the inputs (data, checkpoint) have been read
