@@ -1,5 +1,7 @@
 // The executor against hand-written action lists on one process (the local transport): batched
 // exchanges, the duplicate-receive guard, the device-side loss.
+#include "core/engine/executor.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -7,16 +9,12 @@
 
 #include "core/comm/pipeline_comm.h"
 #include "core/device/device.h"
-#include "core/engine/executor.h"
 #include "core/engine/stage.h"
 #include "core/partition/partition.h"
 #include "tests/testing/expect.h"
 
 namespace bigmac {
 namespace {
-
-using schedule::Action;
-using schedule::Op;
 
 // Two stages of a 2-block GPT on one rank (virtual stages), so activations travel over the local
 // transport between stage 0 and stage 1.
@@ -45,17 +43,17 @@ struct TwoStages {
     mb = {2, 8, tokens.data(), targets.data(), 1.0 / 16, 0};
   }
 
-  double Run(std::vector<Action> flush) {
-    engine::Executor executor(stage.get(), comm.get(), std::move(flush), {}, 16);
+  // Runs `flush`, written as short names ("F0@s0 SendAct0@s0>r0 ...").
+  double Run(const std::string& flush) {
+    const schedule::ScheduleSpec spec{schedule::Kind::kInterleaved1F1B, 1, 1, 2};
+    engine::Executor executor(stage.get(), comm.get(), spec, 16, schedule::ParseActions(flush), {});
     return executor.RunFlush([this](int) -> const layer::MicroBatch& { return mb; });
   }
 };
 
-const std::vector<Action> kForwardBackward = {
-    {Op::kForward, 0, 0, -1},   {Op::kSendAct, 0, 0, 0},     {Op::kRecvAct, 0, 1, 0},
-    {Op::kForward, 0, 1, -1},   {Op::kBackward, 0, 1, -1},   {Op::kSendGrad, 0, 1, 0},
-    {Op::kRecvGrad, 0, 0, 0},   {Op::kBackward, 0, 0, -1},
-};
+// Both stages of one micro-batch, forward and backward, through the local transport.
+const char kForwardBackward[] =
+    "F0@s0 SendAct0@s0>r0 RecvAct0@s1<r0 F0@s1 B0@s1 SendGrad0@s1>r0 RecvGrad0@s0<r0 B0@s0";
 
 TEST(Executor, BatchedExchangesGiveTheWholeModelsLoss) {
   TwoStages two;
@@ -72,10 +70,7 @@ TEST(Executor, ASecondReceiveForTheSameMicroBatchAndStageThrows) {
   EXPECT_THROW(
       {
         try {
-          two.Run({{Op::kForward, 0, 0, -1},
-                   {Op::kSendAct, 0, 0, 0},
-                   {Op::kRecvAct, 0, 1, 0},
-                   {Op::kRecvAct, 0, 1, 0}});
+          two.Run("F0@s0 SendAct0@s0>r0 RecvAct0@s1<r0 RecvAct0@s1<r0");
         } catch (const std::logic_error& error) {
           testutil::ExpectContains(error.what(),
                                    "RecvAct(micro-batch 0, stage 1): a second receive for this "
@@ -86,12 +81,8 @@ TEST(Executor, ASecondReceiveForTheSameMicroBatchAndStageThrows) {
       std::logic_error);
   // And across exchanges: the first is still in the inbox when the second arrives.
   TwoStages again;
-  EXPECT_THROW(again.Run({{Op::kForward, 0, 0, -1},
-                          {Op::kSendAct, 0, 0, 0},
-                          {Op::kRecvAct, 0, 1, 0},
-                          {Op::kForward, 0, 0, -1},
-                          {Op::kSendAct, 0, 0, 0},
-                          {Op::kRecvAct, 0, 1, 0}}),
+  EXPECT_THROW(again.Run("F0@s0 SendAct0@s0>r0 RecvAct0@s1<r0 F0@s0 SendAct0@s0>r0 "
+                         "RecvAct0@s1<r0"),
                std::logic_error);
 }
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -107,12 +108,180 @@ TEST(Simulator, ReportsUnmatchedSends) {
 }
 
 TEST(Schedule, OneFOneBListForTheLastRankAlternates) {
-  const std::vector<Action> last = BuildRankActions({Kind::k1F1B, 2, 3, 1}, 1);
+  const ScheduleSpec spec{Kind::k1F1B, 2, 3, 1};
+  std::vector<Action> last = BuildRankActions(spec, 1);
+  for (const Action& a : BuildStepTail(spec, 1)) last.push_back(a);
   std::string text;
   for (const Action& a : last) text += ShortName(a) + " ";
   EXPECT_EQ(text,
             "RecvAct0@s1<r0 F0@s1 B0@s1 SendGrad0@s1>r0 RecvAct1@s1<r0 F1@s1 B1@s1 SendGrad1@s1>r0 "
             "RecvAct2@s1<r0 F2@s1 B2@s1 SendGrad2@s1>r0 ReduceTied ReduceDp OptimizerStep ");
+}
+
+// Every kind, several pp/m/v: the specs that pass CheckScheduleConstraints.
+std::vector<ScheduleSpec> SomeSpecs() {
+  std::vector<ScheduleSpec> specs;
+  for (Kind kind : {Kind::kGpipe, Kind::k1F1B, Kind::kInterleaved1F1B, Kind::kZeroBubbleH1}) {
+    for (int p : {1, 2, 3, 4, 8}) {
+      for (int m : {1, 2, 3, 4, 8, 12}) {
+        for (int v : {1, 2, 3}) {
+          if (v > 1 && kind != Kind::kInterleaved1F1B) continue;
+          if (CheckScheduleConstraints(kind, p, v, m).empty()) specs.push_back({kind, p, m, v});
+        }
+      }
+    }
+  }
+  return specs;
+}
+
+std::string Describe(const ScheduleSpec& s) {
+  return KindName(s.kind) + " p=" + std::to_string(s.pp) + " m=" + std::to_string(s.microbatches) +
+         " v=" + std::to_string(s.virtual_stages);
+}
+
+TEST(OpTable, OneRowPerOpInTheEnumsOrder) {
+  const std::vector<OpInfo>& table = OpTable();
+  ASSERT_EQ(table.size(), 11u);
+  std::set<std::string> names, short_names;
+  for (size_t i = 0; i < table.size(); ++i) {
+    EXPECT_EQ(static_cast<size_t>(table[i].op), i);
+    names.insert(table[i].name);
+    short_names.insert(table[i].short_name);
+  }
+  EXPECT_EQ(names.size(), table.size());
+  EXPECT_EQ(short_names.size(), table.size());
+  EXPECT_EQ(OpName(Op::kBackwardInput), "BackwardInput");
+  EXPECT_EQ(std::string(Info(Op::kBackwardInput).short_name), "BI");
+  EXPECT_EQ(std::string(Info(Op::kRecvGrad).category), "wait");
+  EXPECT_EQ(std::string(Info(Op::kSendAct).category), "send");
+  EXPECT_EQ(std::string(Info(Op::kReduceDp).category), "allreduce");
+  EXPECT_TRUE(Info(Op::kBackwardWeight).computes);
+  EXPECT_FALSE(Info(Op::kSendGrad).computes);
+  EXPECT_TRUE(Info(Op::kOptimizerStep).per_step);
+  EXPECT_FALSE(Info(Op::kForward).per_step);
+}
+
+// ShortName -> ParseAction gives the action back, and ParseAction -> ShortName the text.
+TEST(ParseAction, EveryActionOfEveryScheduleRoundTrips) {
+  int checked = 0;
+  for (const ScheduleSpec& spec : SomeSpecs()) {
+    for (int rank = 0; rank < spec.pp; ++rank) {
+      std::vector<Action> all = BuildRankActions(spec, rank);
+      for (const Action& a : BuildStepTail(spec, rank)) all.push_back(a);
+      for (const Action& a : BuildForwardOnlyActions(spec, rank, 5)) all.push_back(a);
+      std::string text;
+      for (const Action& a : all) {
+        const std::string name = ShortName(a);
+        ASSERT_EQ(ParseAction(name), a) << name << " in " << Describe(spec);
+        ASSERT_EQ(ShortName(ParseAction(name)), name);
+        text += name + " ";
+        ++checked;
+      }
+      ASSERT_EQ(ParseActions(text), all) << Describe(spec) << " rank " << rank;
+    }
+  }
+  EXPECT_GT(checked, 10000);
+  EXPECT_EQ(ParseActions("F0@s0 SendAct0@s0>r1  BI12@s7\tOptimizerStep"),
+            (std::vector<Action>{{Op::kForward, 0, 0, -1},
+                                 {Op::kSendAct, 0, 0, 1},
+                                 {Op::kBackwardInput, 12, 7, -1},
+                                 {Op::kOptimizerStep, -1, -1, -1}}));
+  EXPECT_TRUE(ParseActions("  ").empty());
+}
+
+TEST(ParseAction, RefusesMalformedText) {
+  for (const char* bad : {"",
+                          "X3@s1",
+                          "f3@s1",
+                          "F",
+                          "F3",
+                          "F3@",
+                          "F3@s",
+                          "F3s1",
+                          "F3@s1<r0",
+                          "F-1@s0",
+                          "F+1@s0",
+                          "F01@s0",
+                          "F3@s01",
+                          "F3@s1 ",
+                          " F3@s1",
+                          "RecvAct3@s1",
+                          "RecvAct3@s1>r0",
+                          "RecvAct3@s1<r",
+                          "SendGrad3@s1<r0",
+                          "SendAct3@s1>r0x",
+                          "OptimizerStep0@s0",
+                          "ReduceDp ",
+                          "F99999999999@s0",
+                          "F3@s1\n",
+                          "B3@r1",
+                          "BIW3@s0",
+                          "F3@s1@s2"}) {
+    EXPECT_THROW(ParseAction(bad), std::invalid_argument) << "'" << bad << "'";
+  }
+  try {
+    ParseAction("Q3@s1");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(
+        std::string(e.what()),
+        "'Q3@s1' is not an action: unknown op 'Q'; the ops are F, B, BI, W, SendAct, RecvAct, "
+        "SendGrad, RecvGrad, ReduceTied, ReduceDp, OptimizerStep (expected e.g. F3@s1, "
+        "RecvAct3@s1<r0, SendGrad3@s1>r0 or OptimizerStep)");
+  }
+  try {
+    ParseActions("F0@s0 SendAct0@s0 OptimizerStep");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("action 1: 'SendAct0@s0' is not an action: SendAct needs "
+                                          "its peer",
+                                          0),
+              0u)
+        << e.what();
+  }
+}
+
+// One flush per list, the per-step tail apart: no per-step action in a flush, only those in the
+// tail.
+TEST(Schedule, AFlushHoldsNoPerStepActionAndTheTailOnlyThose) {
+  for (const ScheduleSpec& spec : SomeSpecs()) {
+    for (int rank = 0; rank < spec.pp; ++rank) {
+      for (const Action& a : BuildRankActions(spec, rank))
+        ASSERT_FALSE(Info(a.op).per_step) << ShortName(a) << " in " << Describe(spec);
+      std::string tail;
+      for (const Action& a : BuildStepTail(spec, rank)) tail += ShortName(a) + " ";
+      ASSERT_EQ(tail, "ReduceTied ReduceDp OptimizerStep ");
+    }
+  }
+}
+
+// Evaluation: one micro-batch forward through every stage, interleaved chunks included; the
+// simulator finds no deadlock and every message received.
+TEST(ForwardOnly, EveryLayoutRunsWithoutDeadlock) {
+  for (const ScheduleSpec& spec : SomeSpecs()) {
+    std::vector<std::vector<Action>> lists;
+    for (int rank = 0; rank < spec.pp; ++rank)
+      lists.push_back(BuildForwardOnlyActions(spec, rank, 3));
+    const SimResult r = Simulate(lists, spec.virtual_stages, Costs{});
+    ASSERT_FALSE(r.deadlock) << Describe(spec) << ": " << r.problem;
+    ASSERT_EQ(r.problem, "") << Describe(spec);
+    std::vector<int> forwards;
+    for (const SimEvent& e : r.events) {
+      ASSERT_NE(e.action.op, Op::kBackward);
+      ASSERT_EQ(e.action.microbatch, 3);
+      if (e.action.op == Op::kForward) forwards.push_back(e.action.stage);
+    }
+    std::sort(forwards.begin(), forwards.end());
+    std::vector<int> every(spec.pp * spec.virtual_stages);
+    for (size_t s = 0; s < every.size(); ++s) every[s] = static_cast<int>(s);
+    ASSERT_EQ(forwards, every) << "each stage once: " << Describe(spec);
+    // The simulated forward of the whole model is sequential: makespan = stages x F / v.
+    EXPECT_NEAR(r.makespan, double(spec.pp), 1e-9) << Describe(spec);
+  }
+  std::string text;
+  for (const Action& a : BuildForwardOnlyActions({Kind::kInterleaved1F1B, 2, 2, 2}, 1))
+    text += ShortName(a) + " ";
+  EXPECT_EQ(text, "RecvAct0@s1<r0 F0@s1 SendAct0@s1>r0 RecvAct0@s3<r0 F0@s3 ");
 }
 
 TEST(Trace, IsChromeJsonWithOneTrackPerRank) {

@@ -93,6 +93,11 @@ std::string CheckManifestClaims(const Manifest& manifest) {
            std::to_string(manifest.next_step()) +
            " disagree (a checkpoint after step N resumes at step N)";
   }
+  // Manifests written before master_dtype existed hold f32 only.
+  if (manifest.has_master_dtype() && manifest.master_dtype() != kMasterDType) {
+    return "master_dtype '" + manifest.master_dtype() + "': BigMac loads only " + kMasterDType +
+           " master weights and moments (precision.dtype only sets the compute copies)";
+  }
   std::map<int, const LayerFile*> files;
   for (const LayerFile& file : manifest.files()) {
     if (file.layer_id() < layer::kEmbeddingLayerId ||
@@ -104,6 +109,8 @@ std::string CheckManifestClaims(const Manifest& manifest) {
              "', expected '" + LayerFileName(file.layer_id(), num_layers) + "'";
     }
     if (file.bytes() < 0) return file.file() + ": negative size " + std::to_string(file.bytes());
+    if (files.count(file.layer_id()))
+      return "layer_id " + std::to_string(file.layer_id()) + " appears twice";
     files[file.layer_id()] = &file;
   }
   for (const TensorEntry& entry : manifest.tensors()) {
@@ -122,12 +129,22 @@ std::string CheckManifestClaims(const Manifest& manifest) {
   return "";
 }
 
-// The tensors a layer's file holds, in order: every owned parameter's value and Adam moments.
-struct Piece {
-  std::string name;
-  const memory::Tensor* tensor;  // null: zeros of `shape` (no optimizer state yet)
-  std::vector<int64_t> shape;
-};
+// "[4, 64]".
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text;
+  for (int64_t extent : shape) text += (text.empty() ? "" : ", ") + std::to_string(extent);
+  return "[" + text + "]";
+}
+
+// The bytes of an f32 tensor of `shape`, or -1 if an extent is negative or the count overflows.
+int64_t F32Bytes(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (int64_t extent : shape) {
+    if (extent < 0 || (extent != 0 && numel > (INT64_MAX / 4) / extent)) return -1;
+    numel *= extent;
+  }
+  return numel * 4;
+}
 
 std::string LayerName(int layer_id, int num_layers) {
   return layer::LayerIdName(layer_id, num_layers);
@@ -170,7 +187,7 @@ std::string LayerFileName(int layer_id, int num_layers) {
 }
 
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
-               engine::Stage& stage, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last) {
   const auto start = std::chrono::steady_clock::now();
   const int num_layers = config.values().model().num_layers();
@@ -205,33 +222,43 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
   Manifest fragment;
   int64_t bytes_written = 0;
   try {
-    std::map<int, std::vector<engine::Stage::NamedParam>> layers;
-    for (const engine::Stage::NamedParam& named : stage.OwnedParams())
-      layers[named.layer_id].push_back(named);
-    for (const auto& [layer_id, params] : layers) {
+    for (const LayerParams& layer : state.layers) {
+      const int layer_id = layer.layer_id;
+      std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
+      for (const layer::Param* param : layer.params) {
+        if (!param->tied_copy) owned.push_back(param);
+      }
+      if (owned.empty()) continue;
       if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() != comm.dp_rank())
         continue;
       const std::string file = LayerFileName(layer_id, num_layers);
       std::string data;
       size_t total = 0;
-      for (const engine::Stage::NamedParam& named : params) total += 3 * named.param->value.bytes();
+      for (const layer::Param* param : owned) total += 3 * param->value.bytes();
       data.reserve(total);
       uint32_t file_crc = 0;
-      for (const engine::Stage::NamedParam& named : params) {
-        const memory::Tensor* moments[3] = {&named.param->value, adamw.FirstMoment(named.param),
-                                            adamw.SecondMoment(named.param)};
+      for (const layer::Param* param : owned) {
+        if (param->value.dtype() != memory::DType::kF32) {
+          throw CheckpointError(tmp_dir + "/" + file + ": " + ParamName(state, layer_id, *param) +
+                                " is " + memory::DTypeName(param->value.dtype()) +
+                                "; checkpoints hold " + kMasterDType + " master weights only");
+        }
+        const memory::Tensor* moments[3] = {&param->value, adamw.FirstMoment(param),
+                                            adamw.SecondMoment(param)};
         for (int k = 0; k < 3; ++k) {
-          const int64_t bytes = named.param->value.bytes();
+          const int64_t bytes = param->value.bytes();
           TensorEntry* entry = fragment.add_tensors();
-          entry->set_name(named.name + "#" + kKinds[k]);
+          entry->set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
           entry->set_layer_id(layer_id);
           entry->set_file(file);
           entry->set_offset(static_cast<int64_t>(data.size()));
           entry->set_bytes(bytes);
-          for (int64_t extent : named.param->value.shape()) entry->add_shape(extent);
-          entry->set_dtype(memory::DTypeName(named.param->value.dtype()));
+          for (int64_t extent : param->value.shape()) entry->add_shape(extent);
+          entry->set_dtype(kMasterDType);
           if (moments[k]) {
-            data.append(reinterpret_cast<const char*>(moments[k]->data<float>()), bytes);
+            const size_t at = data.size();
+            data.resize(at + bytes);
+            moments[k]->CopyToHost(data.data() + at);  // device memory through the host
           } else {
             data.append(bytes, '\0');  // no step taken yet: zero moments
           }
@@ -252,17 +279,26 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
     error = e.what();
   }
 
-  const std::vector<std::string> fragments =
-      comm.GatherToRoot(error.empty() ? "OK" + fragment.SerializeAsString() : "ERROR" + error);
+  SaveReport report;
+  report.set_rank(comm.world_rank());
+  if (error.empty()) {
+    *report.mutable_fragment() = std::move(fragment);
+  } else {
+    report.set_error(error);
+  }
+  const std::vector<std::string> reports = comm.GatherToRoot(report.SerializeAsString());
   const double total_bytes = comm.SumToRoot(double(bytes_written));
   if (is_root) {
     try {
       Manifest manifest;
-      for (const std::string& part : fragments) {
-        if (part.rfind("ERROR", 0) == 0) throw CheckpointError(part.substr(5));
-        Manifest piece;
-        piece.ParseFromString(part.substr(2));
-        manifest.MergeFrom(piece);
+      for (size_t rank = 0; rank < reports.size(); ++rank) {
+        SaveReport part;
+        if (!part.ParseFromString(reports[rank])) {
+          throw CheckpointError("checkpoint step " + std::to_string(step) + ": rank " +
+                                std::to_string(rank) + " sent an unreadable save report");
+        }
+        if (part.has_error()) throw CheckpointError(part.error());
+        manifest.MergeFrom(part.fragment());
       }
       manifest.set_format_version(kFormatVersion);
       manifest.set_step(step);
@@ -273,6 +309,7 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
       for (int count : config.partition.LayersPerStage()) manifest.add_layers_per_stage(count);
       manifest.set_partition_policy(partition::PolicyName(config.policy));
       manifest.set_seed(config.values().train().seed());
+      manifest.set_master_dtype(kMasterDType);
       WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
       std::string text;
       google::protobuf::TextFormat::PrintToString(manifest, &text);
@@ -377,119 +414,188 @@ Manifest ReadManifest(const std::string& step_dir, const config::Config& config)
   return manifest;
 }
 
+VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& manifest,
+                                  int layer_id, const std::vector<ExpectedTensor>& expected) {
+  const int num_layers = manifest.config().model().num_layers();
+  const LayerFile* file = nullptr;
+  for (const LayerFile& candidate : manifest.files()) {
+    if (candidate.layer_id() == layer_id) file = &candidate;
+  }
+  if (!file) {
+    throw LayerFileError("MISSING", step_dir + ": missing layer_id " + std::to_string(layer_id) +
+                                        " (" + LayerName(layer_id, num_layers) +
+                                        "): the manifest lists no file for it");
+  }
+  const std::string path = step_dir + "/" + file->file();
+  VerifiedLayerFile verified;
+  std::vector<const TensorEntry*> in_file_order;
+  for (const TensorEntry& entry : manifest.tensors()) {
+    if (entry.layer_id() != layer_id) continue;
+    verified.tensors[entry.name()] = &entry;
+    in_file_order.push_back(&entry);
+  }
+  auto missing = [&](const std::string& name) {
+    return LayerFileError("BAD TENSOR",
+                          step_dir + ": tensor " + name + " is missing from the manifest");
+  };
+  auto bad_tensor = [&](const std::string& name, const std::string& problem) {
+    return LayerFileError("BAD TENSOR", path + ": tensor " + name + " " + problem);
+  };
+  // Before reading anything: what the model needs, then what the manifest claims of the tensors.
+  for (const ExpectedTensor& want : expected) {
+    auto it = verified.tensors.find(want.name);
+    if (it == verified.tensors.end()) throw missing(want.name);
+    const TensorEntry& entry = *it->second;
+    const std::vector<int64_t> shape(entry.shape().begin(), entry.shape().end());
+    if (shape != want.shape || entry.bytes() != F32Bytes(want.shape)) {
+      throw bad_tensor(want.name, "has shape " + ShapeText(shape) + " (" +
+                                      std::to_string(entry.bytes()) + " bytes), the model wants " +
+                                      kMasterDType + ShapeText(want.shape));
+    }
+  }
+  for (const TensorEntry* entry : in_file_order) {
+    const std::string& name = entry->name();
+    const size_t hash = name.rfind('#');
+    const std::string base = name.substr(0, hash);
+    for (const char* kind : kKinds) {  // a value comes with its two moments
+      auto sibling = verified.tensors.find(base + "#" + kind);
+      if (sibling == verified.tensors.end()) throw missing(base + "#" + kind);
+      if (!std::equal(sibling->second->shape().begin(), sibling->second->shape().end(),
+                      entry->shape().begin(), entry->shape().end())) {
+        throw bad_tensor(name, "and " + sibling->first + " differ in shape");
+      }
+    }
+    if (hash == std::string::npos ||
+        (name.substr(hash + 1) != kKinds[0] && name.substr(hash + 1) != kKinds[1] &&
+         name.substr(hash + 1) != kKinds[2])) {
+      throw bad_tensor(name,
+                       "is neither a value (#value) nor an AdamW moment (#exp_avg, #exp_avg_sq)");
+    }
+    if (entry->dtype() != kMasterDType) {
+      throw bad_tensor(name, "has dtype '" + entry->dtype() + "'; checkpoints hold " +
+                                 kMasterDType + " master weights and moments only");
+    }
+    const std::vector<int64_t> shape(entry->shape().begin(), entry->shape().end());
+    if (entry->bytes() != F32Bytes(shape)) {
+      throw bad_tensor(name, "has shape " + ShapeText(shape) + " but " +
+                                 std::to_string(entry->bytes()) + " bytes");
+    }
+  }
+  // The file: its size (before reading, so that a file far larger than claimed is not read into
+  // memory), then its bytes and CRC-32.
+  auto wrong_size = [&](uint64_t size) {
+    return LayerFileError("SIZE " + std::to_string(size) + " != " + std::to_string(file->bytes()),
+                          path + ": " + std::to_string(size) + " bytes, the manifest says " +
+                              std::to_string(file->bytes()) + " (truncated or altered)");
+  };
+  std::error_code size_error;
+  if (const uintmax_t size = fs::file_size(path, size_error);
+      !size_error && static_cast<int64_t>(size) != file->bytes()) {
+    throw wrong_size(size);
+  }
+  try {
+    verified.bytes = ReadWholeFile(path);
+  } catch (const CheckpointError& e) {
+    throw LayerFileError(fs::exists(path) ? "UNREADABLE" : "MISSING", e.what());
+  }
+  if (static_cast<int64_t>(verified.bytes.size()) != file->bytes())
+    throw wrong_size(verified.bytes.size());
+  if (Crc32(verified.bytes.data(), verified.bytes.size()) != file->crc32()) {
+    throw LayerFileError(
+        "CHECKSUM MISMATCH",
+        path + ": checksum mismatch (CRC-32 of the file differs from the manifest)");
+  }
+  // Each tensor's place in it.
+  for (const TensorEntry* entry : in_file_order) {
+    if (entry->offset() < 0 ||
+        entry->offset() + entry->bytes() > static_cast<int64_t>(verified.bytes.size())) {
+      throw bad_tensor(entry->name(), "lies outside the file");
+    }
+    // The file's checksum covers its bytes; this one ties the tensor's name to its place.
+    if (Crc32(verified.bytes.data() + entry->offset(), entry->bytes()) != entry->crc32()) {
+      throw bad_tensor(entry->name(), "has a checksum mismatch at offset " +
+                                          std::to_string(entry->offset()) +
+                                          " (the manifest's tensor entry was altered)");
+    }
+  }
+  return verified;
+}
+
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
-             engine::Stage& stage, optim::AdamW& adamw, comm::PipelineComm& comm) {
-  const int num_layers = config.values().model().num_layers();
+             const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm) {
   std::string error;
   int64_t next_step = 0;
+  // What this rank read, applied once every rank has read all it needs.
+  struct Loaded {
+    layer::Param* param;
+    memory::Tensor value, m, v;
+    bool optimizer_state;
+  };
+  std::vector<Loaded> loaded;
   try {
     const Manifest manifest = ReadManifest(step_dir, config.values());
     next_step = manifest.next_step();
-    std::map<int, const LayerFile*> files;
-    for (const LayerFile& file : manifest.files()) {
-      if (files.count(file.layer_id())) {
-        throw CheckpointError(step_dir + "/" + kManifest + ": layer_id " +
-                              std::to_string(file.layer_id()) + " appears twice");
-      }
-      files[file.layer_id()] = &file;
-    }
-    std::map<std::string, const TensorEntry*> tensors;
-    for (const TensorEntry& entry : manifest.tensors()) tensors[entry.name()] = &entry;
-    std::map<int, std::string> contents;  // verified file bytes by layer_id
-    auto layer_bytes = [&](int layer_id) -> const std::string& {
-      auto cached = contents.find(layer_id);
-      if (cached != contents.end()) return cached->second;
-      auto it = files.find(layer_id);
-      if (it == files.end()) {
-        throw CheckpointError(step_dir + ": missing layer_id " + std::to_string(layer_id) + " (" +
-                              LayerName(layer_id, num_layers) +
-                              "): the manifest lists no file for it");
-      }
-      const std::string path = step_dir + "/" + it->second->file();
-      std::error_code size_error;
-      if (const uintmax_t size = fs::file_size(path, size_error);
-          !size_error && static_cast<int64_t>(size) != it->second->bytes()) {
-        // Before reading: a file far larger than claimed is not read into memory.
-        throw CheckpointError(path + ": " + std::to_string(size) + " bytes, the manifest says " +
-                              std::to_string(it->second->bytes()) + " (truncated or altered)");
-      }
-      std::string data = ReadWholeFile(path);
-      if (static_cast<int64_t>(data.size()) != it->second->bytes()) {
-        throw CheckpointError(path + ": " + std::to_string(data.size()) +
-                              " bytes, the manifest says " + std::to_string(it->second->bytes()) +
-                              " (truncated or altered)");
-      }
-      if (Crc32(data.data(), data.size()) != it->second->crc32()) {
-        throw CheckpointError(path +
-                              ": checksum mismatch (CRC-32 of the file differs from the manifest)");
-      }
-      return contents[layer_id] = std::move(data);
-    };
-    auto read_tensor = [&](const std::string& name, int layer_id, memory::Tensor* into) {
-      auto it = tensors.find(name);
-      if (it == tensors.end()) {
-        throw CheckpointError(step_dir + ": tensor " + name + " is missing from the manifest");
-      }
-      const TensorEntry& entry = *it->second;
-      if (std::vector<int64_t>(entry.shape().begin(), entry.shape().end()) != into->shape() ||
-          entry.bytes() != into->bytes()) {
-        std::string shape;
-        for (int64_t dim : entry.shape())
-          shape += (shape.empty() ? "" : ", ") + std::to_string(dim);
-        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name + " has shape [" +
-                              shape + "] (" + std::to_string(entry.bytes()) +
-                              " bytes), the model wants " + into->ShapeString());
-      }
-      const std::string& data = layer_bytes(layer_id);
-      if (entry.offset() < 0 ||
-          entry.offset() + entry.bytes() > static_cast<int64_t>(data.size())) {
-        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
-                              " lies outside the file");
-      }
-      // The file's checksum covers its bytes; this one ties the tensor's name to its place.
-      if (Crc32(data.data() + entry.offset(), entry.bytes()) != entry.crc32()) {
-        throw CheckpointError(step_dir + "/" + entry.file() + ": tensor " + name +
-                              ": checksum mismatch at offset " + std::to_string(entry.offset()) +
-                              " (the manifest's tensor entry was altered)");
-      }
-      std::memcpy(into->data<float>(), data.data() + entry.offset(), entry.bytes());
-    };
-    // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
-    struct Loaded {
+    std::map<std::string, int> layer_of;  // tensor name -> layer_id, to find a tied copy's owner
+    for (const TensorEntry& entry : manifest.tensors()) layer_of[entry.name()] = entry.layer_id();
+    // Each parameter's tensors and the layer file they are read from: its own layer's, or for a
+    // tied copy the value in its owner's file (stored once, loaded without a duplicate).
+    struct Wanted {
       layer::Param* param;
-      memory::Tensor value, m, v;
+      int layer_id;
+      std::string name;  // without the #kind
       bool optimizer_state;
     };
-    std::vector<Loaded> loaded;
-    for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
-      auto fresh = [&] {
-        return memory::Tensor(stage.device(), named.param->value.shape(),
-                              named.param->value.dtype());
+    std::vector<Wanted> wanted;
+    std::vector<int> layer_order;
+    std::map<int, std::vector<ExpectedTensor>> expected;
+    for (const LayerParams& layer : state.layers) {
+      for (layer::Param* param : layer.params) {
+        if (param->value.dtype() != memory::DType::kF32) {
+          throw CheckpointError(step_dir + ": " + ParamName(state, layer.layer_id, *param) +
+                                " is " + memory::DTypeName(param->value.dtype()) +
+                                " in this model; checkpoints hold " + kMasterDType + " masters");
+        }
+        Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true};
+        if (param->tied_copy) {
+          auto owner = layer_of.find(param->tied_owner + "#value");
+          w = {param, owner == layer_of.end() ? layer.layer_id : owner->second, param->tied_owner,
+               false};
+        }
+        if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
+        for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k)
+          expected[w.layer_id].push_back({w.name + "#" + kKinds[k], param->value.shape()});
+        wanted.push_back(std::move(w));
+      }
+    }
+    // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
+    std::map<int, VerifiedLayerFile> files;
+    for (int layer_id : layer_order)
+      files[layer_id] = VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
+    for (const Wanted& w : wanted) {
+      const VerifiedLayerFile& file = files.at(w.layer_id);
+      auto read = [&](const char* kind) {
+        memory::Tensor tensor = w.param->value.Clone();
+        const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
+        tensor.CopyFromHost(file.bytes.data() + entry.offset());
+        return tensor;
       };
-      Loaded l{named.param, fresh(), fresh(), fresh(), true};
-      read_tensor(named.name + "#value", named.layer_id, &l.value);
-      read_tensor(named.name + "#exp_avg", named.layer_id, &l.m);
-      read_tensor(named.name + "#exp_avg_sq", named.layer_id, &l.v);
+      Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(), w.optimizer_state};
+      if (w.optimizer_state) {
+        l.m = read(kKinds[1]);
+        l.v = read(kKinds[2]);
+      }
       loaded.push_back(std::move(l));
     }
-    // The tied copy reads its value from the owner's file: stored once, loaded without a duplicate.
-    if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
-      Loaded l{copy, copy->value.Clone(), memory::Tensor(), memory::Tensor(), false};
-      read_tensor(LayerName(layer::kEmbeddingLayerId, num_layers) + "/wte#value",
-                  layer::kEmbeddingLayerId, &l.value);
-      loaded.push_back(std::move(l));
-    }
-    for (Loaded& l : loaded) {
-      l.param->value.CopyFrom(l.value);
-      if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));
-    }
-    stage.SyncTiedCopies();
   } catch (const std::exception& e) {
     error = e.what();
   }
   if (!comm.AllOk(error.empty())) {
     throw CheckpointError(error.empty() ? step_dir + ": another rank could not load its layers"
                                         : error);
+  }
+  for (Loaded& l : loaded) {
+    l.param->value.CopyFrom(l.value);
+    if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));
   }
   return next_step;
 }
@@ -523,32 +629,23 @@ bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
   int64_t total = 0;
   for (const LayerFile& file : manifest.files()) {
     present.insert(file.layer_id());
-    const std::string file_path = step_dir + "/" + file.file();
     std::string status = "ok";
-    std::string data;
     try {
-      data = ReadWholeFile(file_path);
-    } catch (const CheckpointError&) {
-      status = fs::exists(file_path) ? "UNREADABLE" : "MISSING";
+      VerifyLayerFile(step_dir, manifest, file.layer_id(), {});
+    } catch (const LayerFileError& e) {
+      status = e.status() + ": " + e.what();  // Load's words
+      ok = false;
     }
-    if (status == "ok") {
-      if (static_cast<int64_t>(data.size()) != file.bytes()) {
-        status = "SIZE " + std::to_string(data.size()) + " != " + std::to_string(file.bytes());
-      } else if (Crc32(data.data(), data.size()) != file.crc32()) {
-        status = "CHECKSUM MISMATCH";
-      }
-    }
-    if (status != "ok") ok = false;
     int tensors = 0;
     for (const TensorEntry& entry : manifest.tensors())
       tensors += entry.layer_id() == file.layer_id();
     char line[512];
     std::snprintf(
         line, sizeof(line),
-        "  layer_id %4d  %-10s %-16s %10.1f KiB  %2d tensors  written by rank %d  crc32 %08x  %s",
+        "  layer_id %4d  %-10s %-16s %10.1f KiB  %2d tensors  written by rank %d  crc32 %08x  ",
         file.layer_id(), LayerName(file.layer_id(), num_layers).c_str(), file.file().c_str(),
-        double(file.bytes()) / 1024, tensors, file.writer_rank(), file.crc32(), status.c_str());
-    lines->push_back(line);
+        double(file.bytes()) / 1024, tensors, file.writer_rank(), file.crc32());
+    lines->push_back(line + status);
     total += file.bytes();
   }
   for (int id = layer::kEmbeddingLayerId; id <= layer::HeadLayerId(num_layers); ++id) {

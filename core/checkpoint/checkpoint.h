@@ -2,14 +2,16 @@
 #define BIGMAC_CORE_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/checkpoint/checkpoint.pb.h"
+#include "core/checkpoint/model_state.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
-#include "core/engine/stage.h"
 #include "core/optim/adamw.h"
 
 namespace bigmac::checkpoint {
@@ -20,7 +22,23 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A problem with one layer file: what() is the sentence Load reports (naming the file), status()
+// its short form in `ckpt inspect`'s table ("MISSING", "UNREADABLE", "SIZE 1000 != 152448",
+// "CHECKSUM MISMATCH", "BAD TENSOR"), printed there before the same sentence.
+class LayerFileError : public CheckpointError {
+ public:
+  LayerFileError(std::string status, const std::string& message)
+      : CheckpointError(message), status_(std::move(status)) {}
+  const std::string& status() const { return status_; }
+
+ private:
+  std::string status_;
+};
+
 inline constexpr int kFormatVersion = 1;
+// The dtype of the master weights and AdamW moments, the only one checkpoints hold (whatever
+// precision.dtype computes in).
+inline constexpr char kMasterDType[] = "f32";
 
 // "step_000100".
 std::string StepDirName(int64_t step);
@@ -33,14 +51,14 @@ struct SaveStats {
   double seconds = 0;
 };
 
-// Collective. Writes step `step` under `root`: every rank writes the files of the layers it owns
+// Collective. Writes step `step` under `root`: every rank writes the files of the layers in `state`
 // (with dp > 1, layer_id k is written by replica k mod dp) into a temporary directory and fsyncs
 // them; rank 0 writes the manifest, fsyncs, renames the directory into place, fsyncs `root`,
 // then replaces the `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A
 // failure anywhere leaves the previous checkpoints untouched and throws CheckpointError on every
 // rank.
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
-               engine::Stage& stage, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last);
 
 // "auto": the step directory `root/latest` names, or "" if there is none yet. Anything else is a
@@ -53,12 +71,35 @@ config::Config ReadManifestConfig(const std::string& step_dir);
 // Reads and checks `step_dir`/manifest.pb (format, model shape against `config`).
 Manifest ReadManifest(const std::string& step_dir, const config::Config& config);
 
-// Collective. Loads this rank's layers (and its tied copy) from `step_dir`, whatever layout the
-// checkpoint was saved with, after checking every file it reads (size, CRC-32, every tensor
-// present with its shape). Nothing on disk changes. Returns the step to continue from. Throws
-// CheckpointError on every rank if any rank failed.
+// A tensor the model needs from a layer file: "block 3/attn.qkv.weight#exp_avg" and its shape.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A verified layer file: its bytes, and the manifest's entries of its tensors by name (pointing
+// into the manifest, which must outlive it).
+struct VerifiedLayerFile {
+  std::string bytes;
+  std::map<std::string, const TensorEntry*> tensors;
+};
+
+// The one check of a layer file, shared by Load and Inspect: the manifest lists a file for
+// `layer_id`, and in it each of `expected` with its shape; the file has the manifest's size and
+// CRC-32; every tensor the manifest places in it is f32, as many bytes as its shape, inside the
+// file, matches its own CRC-32 (so a manifest cannot point one tensor at another's bytes), and
+// comes as a value with its two AdamW moments. Throws LayerFileError naming the file and the
+// first problem.
+VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& manifest,
+                                  int layer_id, const std::vector<ExpectedTensor>& expected);
+
+// Collective. Loads the parameters of `state` (master values and AdamW moments; a tied copy's value
+// from its owner's file) from `step_dir`, whatever layout the checkpoint was saved with, after
+// checking every file it reads (size, CRC-32, every tensor present with its shape). Nothing on
+// disk changes, and nothing in `state` unless every rank read all it needs. Returns the step to
+// continue from. Throws CheckpointError on every rank if any rank failed.
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
-             engine::Stage& stage, optim::AdamW& adamw, comm::PipelineComm& comm);
+             const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm);
 
 // `bigmac ckpt inspect`: the manifest and every file's size and checksum status, one line each.
 // Returns false if anything is damaged or missing.

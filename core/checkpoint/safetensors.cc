@@ -51,10 +51,10 @@ std::vector<Mapping> Gpt2Mappings(int num_layers) {
   return mappings;
 }
 
-layer::Param* FindParam(engine::Stage& stage, int layer_id, const std::string& name) {
-  for (const auto& layer : stage.layers()) {
-    if (layer->layer_id() != layer_id) continue;
-    for (layer::Param* param : layer->Params()) {
+layer::Param* FindParam(const ModelState& state, int layer_id, const std::string& name) {
+  for (const LayerParams& layer : state.layers) {
+    if (layer.layer_id != layer_id) continue;
+    for (layer::Param* param : layer.params) {
       if (param->name == name) return param;
     }
   }
@@ -206,12 +206,14 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
 
 }  // namespace
 
-std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers) {
+std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state) {
   std::vector<NamedTensor> tensors;
-  for (const Mapping& m : Gpt2Mappings(num_layers)) {
-    layer::Param* param = FindParam(stage, m.layer_id, m.ours);
+  for (const Mapping& m : Gpt2Mappings(state.num_layers)) {
+    layer::Param* param = FindParam(state, m.layer_id, m.ours);
     if (!param) throw CheckpointError("export needs the whole model; " + m.ours + " is not here");
-    const float* data = param->value.data<float>();
+    std::vector<float> host(param->value.numel());
+    param->value.CopyToHost(host.data());  // device memory through the host
+    const float* data = host.data();
     NamedTensor t;
     t.name = m.theirs;
     t.shape = param->value.shape();
@@ -226,12 +228,14 @@ std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers)
   return tensors;
 }
 
-void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage& stage,
-                         int num_layers, const std::string& source) {
+void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
+                         const std::string& source) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
-  for (const Mapping& m : Gpt2Mappings(num_layers)) {
-    layer::Param* param = FindParam(stage, m.layer_id, m.ours);
+  std::map<std::string, const layer::Param*> set;  // by checkpoint name, for the tied copies
+  for (const Mapping& m : Gpt2Mappings(state.num_layers)) {
+    layer::Param* param = FindParam(state, m.layer_id, m.ours);
+    if (!param) throw CheckpointError("import needs the whole model; " + m.ours + " is not here");
     auto it = by_name.find(m.theirs);
     if (it == by_name.end()) throw CheckpointError(source + ": " + m.theirs + " is missing");
     std::vector<int64_t> want = param->value.shape();
@@ -247,15 +251,24 @@ void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage&
       throw CheckpointError(source + ": " + m.theirs + " has shape [" + got +
                             "], this config needs [" + wanted + "]");
     }
-    float* into = param->value.data<float>();
     if (m.transpose) {
-      const std::vector<float> ours = Transposed(t.data.data(), want[0], want[1]);
-      std::copy(ours.begin(), ours.end(), into);
+      param->value.CopyFromHost(Transposed(t.data.data(), want[0], want[1]).data());
     } else {
-      std::copy_n(t.data.data(), param->value.numel(), into);
+      param->value.CopyFromHost(t.data.data());
+    }
+    set[ParamName(state, m.layer_id, *param)] = param;
+  }
+  for (const LayerParams& layer : state.layers) {
+    for (layer::Param* param : layer.params) {
+      if (!param->tied_copy) continue;
+      auto owner = set.find(param->tied_owner);
+      if (owner == set.end()) {
+        throw CheckpointError(source + ": the tied copy of " + param->tied_owner +
+                              " needs its owner on this rank");
+      }
+      param->value.CopyFrom(owner->second->value);
     }
   }
-  stage.SyncTiedCopies();
 }
 
 }  // namespace bigmac::checkpoint

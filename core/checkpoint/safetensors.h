@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine/stage.h"
+#include "core/checkpoint/model_state.h"
 
 namespace bigmac::checkpoint {
 
@@ -31,13 +31,14 @@ std::vector<NamedTensor> ReadSafetensors(const std::string& path);
 
 // The model's parameters under Hugging Face GPT-2 names and layouts (Conv1D weights are
 // [in, out], the transpose of ours): transformer.wte.weight, transformer.h.0.attn.c_attn.weight,
-// ... The stage must hold the whole model (pp = 1).
-std::vector<NamedTensor> ToHuggingFaceGpt2(engine::Stage& stage, int num_layers);
+// ... `state` must hold the whole model (pp = 1).
+std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state);
 
-// The reverse: sets the stage's parameters from Hugging Face GPT-2 tensors, checking that every
-// one is present with the shape the config implies. Throws CheckpointError.
-void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, engine::Stage& stage,
-                         int num_layers, const std::string& source);
+// The reverse: sets the master values of `state` (tied copies too) from Hugging Face GPT-2
+// tensors, checking that every one is present with the shape the config implies. Throws
+// CheckpointError.
+void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
+                         const std::string& source);
 
 }  // namespace bigmac::checkpoint
 

@@ -8,6 +8,7 @@
 #include "core/cli/exit_codes.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/errors.h"
+#include "core/engine/stage.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
 
@@ -75,10 +76,10 @@ int RunCkptExport(const std::string& dir, const std::string& safetensors) {
     Model model = BuildModel(resolved);
     optim::AdamW adamw({});
     std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
-    const int64_t step = checkpoint::Load(step_dir, resolved, *model.stage, adamw, *comm);
+    const int64_t step = checkpoint::Load(step_dir, resolved, model.stage->State(), adamw, *comm);
     const config::Model& m = resolved.values().model();
     checkpoint::WriteSafetensors(
-        safetensors, checkpoint::ToHuggingFaceGpt2(*model.stage, m.num_layers()),
+        safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State()),
         {{"format", "pt"},
          {"source", "bigmac " + step_dir},
          {"step", std::to_string(step)},
@@ -103,12 +104,12 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
   try {
     const config::ResolvedConfig resolved = SingleRank(config::LoadConfig(config_file, overrides));
     Model model = BuildModel(resolved);
-    checkpoint::FromHuggingFaceGpt2(checkpoint::ReadSafetensors(safetensors), *model.stage,
-                                    resolved.values().model().num_layers(), safetensors);
+    checkpoint::FromHuggingFaceGpt2(checkpoint::ReadSafetensors(safetensors), model.stage->State(),
+                                    safetensors);
     optim::AdamW adamw({});
     std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
     const checkpoint::SaveStats stats =
-        checkpoint::Save(output, 0, resolved, *model.stage, adamw, *comm,
+        checkpoint::Save(output, 0, resolved, model.stage->State(), adamw, *comm,
                          resolved.values().checkpoint().keep_last());
     std::printf(
         "imported %s as %s (step 0, zero optimizer state); train from it with --resume %s\n",

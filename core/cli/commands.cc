@@ -296,6 +296,10 @@ int RunSchedule(const ScheduleOptions& options) {
     in_flight += (r ? ", " : "") + std::to_string(result.max_in_flight[r]);
   }
   std::printf("no deadlock; every send meets its receive\n");
+  std::string tail;
+  for (const schedule::Action& action : schedule::BuildStepTail(spec, 0))
+    tail += " " + schedule::ShortName(action);
+  std::printf("per step, once after the last flush:%s\n", tail.c_str());
   std::printf(
       "bubble: %.4f of %d ranks x %.2f time units; micro-batches in flight per rank: [%s]\n",
       result.bubble_fraction, options.pp, result.makespan, in_flight.c_str());

@@ -10,37 +10,11 @@ using schedule::Op;
 
 namespace {
 
-bool IsCommunication(Op op) {
-  return op == Op::kSendAct || op == Op::kRecvAct || op == Op::kSendGrad || op == Op::kRecvGrad;
-}
+bool IsCommunication(Op op) { return schedule::Info(op).peer != 0; }
 
 bool IsReceive(Op op) { return op == Op::kRecvAct || op == Op::kRecvGrad; }
 
-std::string Category(Op op) {
-  switch (op) {
-    case Op::kForward:
-      return "forward";
-    case Op::kBackward:
-      return "backward";
-    case Op::kBackwardInput:
-      return "backward_input";
-    case Op::kBackwardWeight:
-      return "backward_weight";
-    case Op::kRecvAct:
-    case Op::kRecvGrad:
-      return "wait";
-    case Op::kSendAct:
-    case Op::kSendGrad:
-      return "send";
-    case Op::kReduceTied:
-      return "tied";
-    case Op::kReduceDp:
-      return "allreduce";
-    case Op::kOptimizerStep:
-      return "optimizer";
-  }
-  return "other";
-}
+std::string Category(Op op) { return schedule::Info(op).category; }
 
 Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
             const std::string& what) {
@@ -55,10 +29,16 @@ Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
 
 }  // namespace
 
-Executor::Executor(Stage* stage, comm::PipelineComm* comm, std::vector<Action> flush,
-                   std::vector<Action> tail, int hidden_size)
+Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+                   int hidden_size)
+    : Executor(stage, comm, spec, hidden_size, schedule::BuildRankActions(spec, comm->pp_rank()),
+               schedule::BuildStepTail(spec, comm->pp_rank())) {}
+
+Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+                   int hidden_size, std::vector<Action> flush, std::vector<Action> tail)
     : stage_(stage),
       comm_(comm),
+      spec_(spec),
       flush_(std::move(flush)),
       tail_(std::move(tail)),
       hidden_size_(hidden_size),
@@ -80,13 +60,16 @@ double Executor::RunFlush(const Batch& batch) {
 }
 
 void Executor::RunTail(const std::function<void()>& optimizer_step) {
-  Run(tail_, [](int) -> const layer::MicroBatch& {
-    throw std::logic_error("executor: a per-step action asked for a micro-batch");
-  }, optimizer_step);
+  Run(
+      tail_,
+      [](int) -> const layer::MicroBatch& {
+        throw std::logic_error("executor: a per-step action asked for a micro-batch");
+      },
+      optimizer_step);
 }
 
 void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
-                   const std::function<void()>& optimizer_step) {
+                   const std::function<void()>& optimizer_step, bool keep, bool record) {
   for (size_t i = 0; i < actions.size();) {
     const auto start = metrics::Timeline::Clock::now();
     size_t end = i + 1;
@@ -102,9 +85,10 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
       }
       RunExchange(actions, i, end, batch);
     } else {
-      RunCompute(actions[i], batch, optimizer_step);
+      RunCompute(actions[i], batch, optimizer_step, keep);
     }
-    if (timeline_) timeline_->Record(name, category, start, metrics::Timeline::Clock::now());
+    if (timeline_ && record)
+      timeline_->Record(name, category, start, metrics::Timeline::Clock::now());
     i = end;
   }
 }
@@ -139,8 +123,7 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
       case Op::kRecvGrad: {
         const bool act = a.op == Op::kRecvAct;
         for (const Action* earlier : receive_actions) {
-          if (earlier->microbatch == a.microbatch && earlier->stage == a.stage)
-            DuplicateReceive(a);
+          if (earlier->microbatch == a.microbatch && earlier->stage == a.stage) DuplicateReceive(a);
         }
         if (inbox_.count({a.microbatch, a.stage})) DuplicateReceive(a);
         receives.push_back({a.peer,
@@ -160,13 +143,13 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
 }
 
 void Executor::RunCompute(const Action& a, const Batch& batch,
-                          const std::function<void()>& optimizer_step) {
+                          const std::function<void()>& optimizer_step, bool keep) {
   switch (a.op) {
     case Op::kForward: {
       const layer::MicroBatch& mb = batch(a.microbatch);
       Tensor input =
           a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
-      Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input));
+      Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input), keep);
       if (stage_->is_last_stage(a.stage)) {
         // The loss stays on the device until the flush ends.
         Tensor wide(stage_->device(), {1}, memory::DType::kF64);
@@ -238,25 +221,13 @@ void Executor::ReduceDp() {
 }
 
 double Executor::Evaluate(const layer::MicroBatch& mb) {
-  double loss = 0;
-  const int pp = comm_->pp_size();
-  for (const partition::StageRange& range : stage_->ranges()) {
-    const int s = range.stage;
-    Tensor input;
-    if (s > 0) {
-      input = comm_->Receive((s - 1) % pp, comm::ActivationTag(s, mb.index), ActivationShape(mb),
-                             stage_->activation_dtype(), stage_->device(),
-                             "evaluation activation (stage " + std::to_string(s) + ")");
-    }
-    Tensor output = stage_->ForwardStage(s, mb, std::move(input), /*keep=*/false);
-    if (stage_->is_last_stage(s)) {
-      loss += output.Scalar();
-    } else {
-      comm_->Send(std::move(output), (s + 1) % pp, comm::ActivationTag(s + 1, mb.index),
-                  "evaluation activation");
-    }
-  }
-  return loss;
+  loss_.Zero();
+  // Micro-batch mb.index, so that its messages carry their own tags.
+  Run(
+      schedule::BuildForwardOnlyActions(spec_, comm_->pp_rank(), mb.index),
+      [&](int) -> const layer::MicroBatch& { return mb; }, [] {}, /*keep=*/false,
+      /*record=*/false);
+  return loss_.Scalar();
 }
 
 }  // namespace bigmac::engine

@@ -18,10 +18,14 @@ namespace bigmac::engine {
 // gradients over the data-parallel group. The stage and the transport outlive the executor.
 class Executor {
  public:
-  // `flush` runs once per pipeline flush, `tail` (ReduceTied, ReduceDp, OptimizerStep) once per
-  // step after the last flush.
-  Executor(Stage* stage, comm::PipelineComm* comm, std::vector<schedule::Action> flush,
-           std::vector<schedule::Action> tail, int hidden_size);
+  // The lists of pp rank comm->pp_rank() under `spec`: one flush (BuildRankActions), the
+  // per-step tail (BuildStepTail), evaluation (BuildForwardOnlyActions).
+  Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+           int hidden_size);
+  // With hand-written flush and tail lists (tests); evaluation still follows `spec`.
+  Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+           int hidden_size, std::vector<schedule::Action> flush,
+           std::vector<schedule::Action> tail);
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
@@ -32,8 +36,9 @@ class Executor {
   // The per-step tail; OptimizerStep calls `optimizer_step`.
   void RunTail(const std::function<void()>& optimizer_step);
 
-  // Forward only, for evaluation: micro-batch `mb` through this rank's stages in order.
-  // Returns the scaled loss on the rank holding the last stage, 0 elsewhere.
+  // Forward only, for evaluation (BuildForwardOnlyActions through the same dispatch): micro-batch
+  // `mb` through this rank's stages in order, nothing kept. Returns the scaled loss on the rank
+  // holding the last stage, 0 elsewhere.
   double Evaluate(const layer::MicroBatch& mb);
 
   // After the owner's optimizer step (or a skipped one): the tied weights to their copies.
@@ -44,11 +49,12 @@ class Executor {
 
  private:
   using Batch = std::function<const layer::MicroBatch&(int)>;
-  // Runs actions [begin, end) of `actions`, one action or one batch of communication at a time.
+  // Runs `actions`, one action or one batch of communication at a time; Forward keeps what the
+  // backward needs when `keep`; spans go to the timeline when `record`.
   void Run(const std::vector<schedule::Action>& actions, const Batch& batch,
-           const std::function<void()>& optimizer_step);
+           const std::function<void()>& optimizer_step, bool keep = true, bool record = true);
   void RunCompute(const schedule::Action& action, const Batch& batch,
-                  const std::function<void()>& optimizer_step);
+                  const std::function<void()>& optimizer_step, bool keep);
   // Actions [begin, end): adjacent sends and receives with one peer, as one exchange.
   void RunExchange(const std::vector<schedule::Action>& actions, size_t begin, size_t end,
                    const Batch& batch);
@@ -61,6 +67,7 @@ class Executor {
 
   Stage* stage_;
   comm::PipelineComm* comm_;
+  schedule::ScheduleSpec spec_;
   std::vector<schedule::Action> flush_;
   std::vector<schedule::Action> tail_;
   int hidden_size_;

@@ -266,6 +266,13 @@ std::vector<Stage::NamedParam> Stage::OwnedParams() {
   return params;
 }
 
+checkpoint::ModelState Stage::State() {
+  checkpoint::ModelState state;
+  state.num_layers = options_.dims.num_layers;
+  for (auto& layer : layers_) state.layers.push_back({layer->layer_id(), layer->Params()});
+  return state;
+}
+
 int64_t Stage::OwnedParameterCount() {
   int64_t count = 0;
   for (const NamedParam& named : OwnedParams()) count += named.param->value.numel();

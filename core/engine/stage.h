@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/model_state.h"
 #include "core/engine/model.h"
 #include "core/engine/tied_weight.h"
 #include "core/layer/layer.h"
@@ -17,8 +18,8 @@ namespace bigmac::engine {
 struct StageOptions {
   layer::ModelDims dims;
   memory::DType dtype = memory::DType::kF32;  // masters and gradients
-  bool bf16 = false;                  // bf16 compute copies and activations (LayerSpec::bf16)
-  device::Device* device = nullptr;   // outlives the stage
+  bool bf16 = false;                      // bf16 compute copies and activations (LayerSpec::bf16)
+  device::Device* device = nullptr;       // outlives the stage
   bool activation_checkpointing = false;  // every block
   uint64_t seed = 1337;
   // What to build (GptModel(config) for the trainer); empty: GPT-2 with block_types.
@@ -95,6 +96,9 @@ class Stage {
     layer::Param* param;
   };
   std::vector<NamedParam> OwnedParams();
+  // Every parameter this rank holds, by layer_id, for checkpoints: a view, valid while this Stage
+  // lives.
+  checkpoint::ModelState State();
   int64_t OwnedParameterCount();
 
   // (micro-batch, stage) pairs holding activations now, and the most at any time.

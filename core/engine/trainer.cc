@@ -264,15 +264,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   schedule::ParseKind(cfg_.parallel().schedule(), &kind);
   const schedule::ScheduleSpec spec{kind, comm.pp_size(), microbatches_,
                                     cfg_.parallel().virtual_stages()};
-  std::vector<schedule::Action> flush, tail;
-  for (const schedule::Action& action : schedule::BuildRankActions(spec, comm.pp_rank())) {
-    const bool per_step = action.op == schedule::Op::kReduceTied ||
-                          action.op == schedule::Op::kReduceDp ||
-                          action.op == schedule::Op::kOptimizerStep;
-    (per_step ? tail : flush).push_back(action);
-  }
-  executor_ = std::make_unique<Executor>(stage_.get(), &comm, std::move(flush), std::move(tail),
-                                         cfg_.model().hidden_size());
+  executor_ = std::make_unique<Executor>(stage_.get(), &comm, spec, cfg_.model().hidden_size());
   executor_->set_timeline(&timeline_);
   for (const Stage::NamedParam& named : stage_->OwnedParams()) params_.push_back(named.param);
   result_.parameter_count = stage_->OwnedParameterCount();
@@ -281,14 +273,14 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
 void Trainer::LogModel() {
   const double total_params =
       comm_.SumToRoot(comm_.dp_rank() == 0 ? double(result_.parameter_count) : 0.0);
-  Log(Format(
-      "[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
-      "flush(es) of %d "
-      "micro-batches per step",
-      total_params, cfg_.model().num_layers(), cfg_.model().hidden_size(),
-      cfg_.model().num_heads(), cfg_.model().vocab_size(),
-      train_data_ ? train_data_->description().c_str() : "(data on other ranks)", flushes_,
-      microbatches_));
+  Log(
+      Format("[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
+             "flush(es) of %d "
+             "micro-batches per step",
+             total_params, cfg_.model().num_layers(), cfg_.model().hidden_size(),
+             cfg_.model().num_heads(), cfg_.model().vocab_size(),
+             train_data_ ? train_data_->description().c_str() : "(data on other ranks)", flushes_,
+             microbatches_));
   if (stage_options_.bf16) {
     Log("[train] precision: bf16 compute copies and activations, fp32 masters, gradients, "
         "AdamW moments, loss and norm (" +
@@ -305,7 +297,8 @@ void Trainer::Resume() {
     return;
   }
   const auto load_start = std::chrono::steady_clock::now();
-  start_step_ = static_cast<int>(checkpoint::Load(step_dir, resolved_, *stage_, adamw_, comm_));
+  start_step_ =
+      static_cast<int>(checkpoint::Load(step_dir, resolved_, stage_->State(), adamw_, comm_));
   stage_->RefreshComputeCopies();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
@@ -438,11 +431,11 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
     origin = stage_->FirstNonFiniteLayer(slots_[0].mb);
     if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
   }
-  const std::vector<std::string> found = comm_.GatherToRoot(
-      bad.empty() ? ""
-                  : Format("rank %d (stage %s, dp %d): %s%s", comm_.world_rank(),
-                           StageList(*stage_).c_str(), comm_.dp_rank(), bad.c_str(),
-                           origin.c_str()));
+  const std::vector<std::string> found =
+      comm_.GatherToRoot(bad.empty() ? ""
+                                     : Format("rank %d (stage %s, dp %d): %s%s", comm_.world_rank(),
+                                              StageList(*stage_).c_str(), comm_.dp_rank(),
+                                              bad.c_str(), origin.c_str()));
   std::string report;
   for (const std::string& where : found) {
     if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
@@ -455,7 +448,8 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
     // unchanged weight, and the next step starts from zeroed gradients.
     outcome->skipped = true;
     ++skipped_steps_;
-    Log(Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at most %d skipped "
+    Log(
+        Format("[nan] %s; train.nan_policy=skip: the update is skipped (%d of at most %d skipped "
                "steps)",
                message.c_str(), skipped_steps_, train_.max_skipped_steps()));
     return;
@@ -511,7 +505,8 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
 void Trainer::ReportProgress(int step, const StepOutcome& outcome) {
   if ((step + 1) % train_.log_interval() != 0 && step != 0 && step + 1 != train_.max_steps())
     return;
-  Log(Format("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f "
+  Log(
+      Format("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f "
              "MiB%s",
              step + 1, train_.max_steps(), outcome.loss, outcome.lr, outcome.norm,
              tokens_per_step_ / (outcome.ms / 1000.0), outcome.ms, outcome.peak / (1 << 20),
@@ -520,7 +515,7 @@ void Trainer::ReportProgress(int step, const StepOutcome& outcome) {
 
 void Trainer::Save(int step) {
   const checkpoint::SaveStats stats =
-      checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, *stage_, adamw_, comm_,
+      checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, stage_->State(), adamw_, comm_,
                        cfg_.checkpoint().keep_last());
   last_saved_step_ = step;
   Log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
@@ -551,17 +546,17 @@ bool Trainer::StopRequested(int step) {
 void Trainer::Report(int steps_run) {
   const std::string stages = StageList(*stage_);
   const memory::DeviceAllocator& allocator = device_->allocator();
-  const std::vector<std::string> memory_lines = comm_.GatherToRoot(Format(
-      "[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
-      "activations peak "
-      "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
-      "optimizer state for %lld; %lld system allocations after the first step",
-      comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank(), stages.c_str(),
-      double(result_.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
-      double(stage_->max_activation_bytes()) / (1 << 20), result_.max_in_flight,
-      static_cast<long long>(result_.parameter_count),
-      static_cast<long long>(OptimizerStateCount(*stage_, adamw_)),
-      static_cast<long long>(result_.steady_state_system_allocations)));
+  const std::vector<std::string> memory_lines = comm_.GatherToRoot(
+      Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
+             "activations peak "
+             "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
+             "optimizer state for %lld; %lld system allocations after the first step",
+             comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank(), stages.c_str(),
+             double(result_.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
+             double(stage_->max_activation_bytes()) / (1 << 20), result_.max_in_flight,
+             static_cast<long long>(result_.parameter_count),
+             static_cast<long long>(OptimizerStateCount(*stage_, adamw_)),
+             static_cast<long long>(result_.steady_state_system_allocations)));
   for (const std::string& line : memory_lines) Log(line);
   std::string layer_ranges;
   for (const partition::StageRange& range : stage_->ranges()) {
@@ -615,14 +610,15 @@ void Trainer::WriteTraceAndDump() {
 TrainResult Trainer::Run() {
   LogModel();
   Resume();
-  OpenMetrics();  // once the inputs (data, checkpoint) have been read
+  OpenMetrics();          // once the inputs (data, checkpoint) have been read
   Evaluate(start_step_);  // the starting point: about ln(vocab_size) for a fresh model
   adamw_.InitState(params_);
   memory::DeviceAllocator& allocator = device_->allocator();
   int64_t system_allocations_after_first_step = -1;
   const std::string& checkpoint_root = cfg_.checkpoint().dir();
   for (int step = start_step_; step < train_.max_steps(); ++step) {
-    if (step == start_step_ + 1) system_allocations_after_first_step = allocator.system_allocations();
+    if (step == start_step_ + 1)
+      system_allocations_after_first_step = allocator.system_allocations();
     // Testing hook: the named rank stops responding, so that tests can show a peer's deadline
     // firing with a diagnostic instead of a hang.
     if (hooks_.stall_rank == comm_.world_rank() && hooks_.stall_step <= step + 1) {

@@ -1,8 +1,10 @@
 #include "core/schedule/schedule.h"
 
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 
 namespace bigmac::schedule {
@@ -143,52 +145,123 @@ std::vector<Compute> ComputeOrder(const ScheduleSpec& s, int rank) {
 
 }  // namespace
 
-std::string OpName(Op op) {
-  switch (op) {
-    case Op::kForward:
-      return "Forward";
-    case Op::kBackward:
-      return "Backward";
-    case Op::kBackwardInput:
-      return "BackwardInput";
-    case Op::kBackwardWeight:
-      return "BackwardWeight";
-    case Op::kSendAct:
-      return "SendAct";
-    case Op::kRecvAct:
-      return "RecvAct";
-    case Op::kSendGrad:
-      return "SendGrad";
-    case Op::kRecvGrad:
-      return "RecvGrad";
-    case Op::kReduceTied:
-      return "ReduceTied";
-    case Op::kReduceDp:
-      return "ReduceDp";
-    case Op::kOptimizerStep:
-      return "OptimizerStep";
-  }
-  return "?";
+const std::vector<OpInfo>& OpTable() {
+  // name, short name, category, grid label, computes, per step, peer
+  static const std::vector<OpInfo> kTable = {
+      {Op::kForward, "Forward", "F", "forward", "F", true, false, 0},
+      {Op::kBackward, "Backward", "B", "backward", "B", true, false, 0},
+      {Op::kBackwardInput, "BackwardInput", "BI", "backward_input", "b", true, false, 0},
+      {Op::kBackwardWeight, "BackwardWeight", "W", "backward_weight", "W", true, false, 0},
+      {Op::kSendAct, "SendAct", "SendAct", "send", "", false, false, '>'},
+      {Op::kRecvAct, "RecvAct", "RecvAct", "wait", "", false, false, '<'},
+      {Op::kSendGrad, "SendGrad", "SendGrad", "send", "", false, false, '>'},
+      {Op::kRecvGrad, "RecvGrad", "RecvGrad", "wait", "", false, false, '<'},
+      {Op::kReduceTied, "ReduceTied", "ReduceTied", "tied", "", false, true, 0},
+      {Op::kReduceDp, "ReduceDp", "ReduceDp", "allreduce", "", false, true, 0},
+      {Op::kOptimizerStep, "OptimizerStep", "OptimizerStep", "optimizer", "", false, true, 0},
+  };
+  return kTable;
 }
 
+const OpInfo& Info(Op op) {
+  const std::vector<OpInfo>& table = OpTable();
+  const size_t index = static_cast<size_t>(op);
+  if (index >= table.size() || table[index].op != op)
+    throw std::logic_error("schedule: Op " + std::to_string(index) + " is not in the op table");
+  return table[index];
+}
+
+std::string OpName(Op op) { return Info(op).name; }
+
 std::string ShortName(const Action& a) {
-  static const std::map<Op, std::string> kShort = {{Op::kForward, "F"},
-                                                   {Op::kBackward, "B"},
-                                                   {Op::kBackwardInput, "BI"},
-                                                   {Op::kBackwardWeight, "W"},
-                                                   {Op::kSendAct, "SendAct"},
-                                                   {Op::kRecvAct, "RecvAct"},
-                                                   {Op::kSendGrad, "SendGrad"},
-                                                   {Op::kRecvGrad, "RecvGrad"},
-                                                   {Op::kReduceTied, "ReduceTied"},
-                                                   {Op::kReduceDp, "ReduceDp"},
-                                                   {Op::kOptimizerStep, "OptimizerStep"}};
-  std::string text = kShort.at(a.op);
+  const OpInfo& info = Info(a.op);
+  std::string text = info.short_name;
   if (a.microbatch >= 0) text += std::to_string(a.microbatch) + "@s" + std::to_string(a.stage);
-  if (a.op == Op::kRecvAct || a.op == Op::kRecvGrad) text += "<r" + std::to_string(a.peer);
-  if (a.op == Op::kSendAct || a.op == Op::kSendGrad) text += ">r" + std::to_string(a.peer);
+  if (info.peer) text += info.peer + std::string("r") + std::to_string(a.peer);
   return text;
 }
+
+namespace {
+
+// Reads a non-negative decimal without sign or leading zeros (ShortName's numbers) at `*pos`.
+bool ReadNumber(const std::string& text, size_t* pos, int* value) {
+  size_t end = *pos;
+  while (end < text.size() && end - *pos < 9 && text[end] >= '0' && text[end] <= '9') ++end;
+  if (end == *pos || (text[*pos] == '0' && end - *pos > 1)) return false;
+  if (end < text.size() && text[end] >= '0' && text[end] <= '9') return false;  // too long
+  *value = std::stoi(text.substr(*pos, end - *pos));
+  *pos = end;
+  return true;
+}
+
+bool Expect(const std::string& text, size_t* pos, const std::string& what) {
+  if (text.compare(*pos, what.size(), what) != 0) return false;
+  *pos += what.size();
+  return true;
+}
+
+}  // namespace
+
+Action ParseAction(const std::string& text) {
+  auto fail = [&](const std::string& why) {
+    return std::invalid_argument("'" + text + "' is not an action: " + why +
+                                 " (expected e.g. F3@s1, RecvAct3@s1<r0, SendGrad3@s1>r0 or "
+                                 "OptimizerStep)");
+  };
+  size_t pos = 0;
+  while (pos < text.size() && std::isalpha(static_cast<unsigned char>(text[pos]))) ++pos;
+  const std::string name = text.substr(0, pos);
+  const OpInfo* info = nullptr;
+  for (const OpInfo& row : OpTable()) {
+    if (name == row.short_name) info = &row;
+  }
+  if (!info) {
+    std::string known;
+    for (const OpInfo& row : OpTable())
+      known += (known.empty() ? "" : ", ") + std::string(row.short_name);
+    throw fail("unknown op '" + name + "'; the ops are " + known);
+  }
+  Action action{info->op};
+  if (!info->per_step) {
+    if (!ReadNumber(text, &pos, &action.microbatch))
+      throw fail(std::string(info->name) + " needs a micro-batch number after '" + name + "'");
+    if (!Expect(text, &pos, "@s") || !ReadNumber(text, &pos, &action.stage))
+      throw fail("expected '@s' and a stage number after the micro-batch");
+    if (info->peer && (!Expect(text, &pos, std::string(1, info->peer) + "r") ||
+                       !ReadNumber(text, &pos, &action.peer))) {
+      throw fail(std::string(info->name) + " needs its peer: '" + info->peer + "r' and a rank");
+    }
+  }
+  if (pos != text.size()) throw fail("unexpected '" + text.substr(pos) + "'");
+  return action;
+}
+
+std::vector<Action> ParseActions(const std::string& text) {
+  std::vector<Action> actions;
+  std::istringstream words(text);
+  for (std::string word; words >> word;) {
+    try {
+      actions.push_back(ParseAction(word));
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument("action " + std::to_string(actions.size()) + ": " + error.what());
+    }
+  }
+  return actions;
+}
+
+namespace {
+
+// RecvAct (but on stage 0), Forward, SendAct (but on the last stage) of one micro-batch.
+void AppendForward(const ScheduleSpec& spec, int microbatch, int stage,
+                   std::vector<Action>* actions) {
+  const int stages = spec.pp * spec.virtual_stages;
+  if (stage > 0) actions->push_back({Op::kRecvAct, microbatch, stage, (stage - 1) % spec.pp});
+  actions->push_back({Op::kForward, microbatch, stage, -1});
+  if (stage < stages - 1)
+    actions->push_back({Op::kSendAct, microbatch, stage, (stage + 1) % spec.pp});
+}
+
+}  // namespace
 
 std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
   const int stages = spec.pp * spec.virtual_stages;
@@ -199,9 +272,7 @@ std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
     const bool last = c.stage == stages - 1;
     switch (c.op) {
       case Op::kForward:
-        if (!first) actions.push_back({Op::kRecvAct, c.microbatch, c.stage, rank_of(c.stage - 1)});
-        actions.push_back({Op::kForward, c.microbatch, c.stage, -1});
-        if (!last) actions.push_back({Op::kSendAct, c.microbatch, c.stage, rank_of(c.stage + 1)});
+        AppendForward(spec, c.microbatch, c.stage, &actions);
         break;
       case Op::kBackward:
       case Op::kBackwardInput:
@@ -213,9 +284,17 @@ std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
         actions.push_back({c.op, c.microbatch, c.stage, -1});
     }
   }
-  actions.push_back({Op::kReduceTied});
-  actions.push_back({Op::kReduceDp});
-  actions.push_back({Op::kOptimizerStep});
+  return actions;
+}
+
+std::vector<Action> BuildStepTail(const ScheduleSpec&, int) {
+  return {{Op::kReduceTied}, {Op::kReduceDp}, {Op::kOptimizerStep}};
+}
+
+std::vector<Action> BuildForwardOnlyActions(const ScheduleSpec& spec, int rank, int microbatch) {
+  std::vector<Action> actions;
+  for (int chunk = 0; chunk < spec.virtual_stages; ++chunk)
+    AppendForward(spec, microbatch, chunk * spec.pp + rank, &actions);
   return actions;
 }
 

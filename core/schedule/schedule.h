@@ -1,6 +1,7 @@
 #ifndef BIGMAC_CORE_SCHEDULE_SCHEDULE_H_
 #define BIGMAC_CORE_SCHEDULE_SCHEDULE_H_
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,23 @@ enum class Op {
   kOptimizerStep,   // clip, step, send the tied weight back to its consumer
 };
 
+// Everything known about an Op, in one table (schedule.cc): the printers, the parser, the
+// simulator and the executor read it instead of switching on the Op.
+struct OpInfo {
+  Op op;
+  const char* name;        // "Forward": logs, errors, trace categories
+  const char* short_name;  // "F": ShortName, ParseAction
+  const char* category;    // the timeline's span category: forward, backward, backward_input,
+                           // backward_weight, wait, send, tied, allreduce, optimizer
+  const char* grid_label;  // FormatGrid's cell ("F", "B", "b", "W"); "" for what does not compute
+  bool computes;           // runs layers: busy time in the simulator, a cell in the grid
+  bool per_step;           // once per optimizer step, after the last flush (BuildStepTail)
+  char peer;               // '>' sends to the peer, '<' receives from it, 0: no peer
+};
+
+// One row per Op, in the enum's order.
+const std::vector<OpInfo>& OpTable();
+const OpInfo& Info(Op op);
 std::string OpName(Op op);
 
 struct Action {
@@ -34,8 +52,16 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// "F3@s1", "RecvAct3@s1<r0", ...: short form for grids and errors.
+// "F3@s1", "RecvAct3@s1<r0", "SendGrad3@s1>r0", "OptimizerStep": short form for grids, errors
+// and tests.
 std::string ShortName(const Action& action);
+
+// The exact inverse of ShortName: ParseAction(ShortName(a)) == a, and ShortName(ParseAction(t))
+// == t. Throws std::invalid_argument naming the text and what is wrong with it.
+Action ParseAction(const std::string& text);
+// Actions separated by white space: "F0@s0 SendAct0@s0>r1 OptimizerStep". Throws
+// std::invalid_argument naming the position of the first bad one.
+std::vector<Action> ParseActions(const std::string& text);
 
 struct ScheduleSpec {
   Kind kind = Kind::k1F1B;
@@ -44,13 +70,20 @@ struct ScheduleSpec {
   int virtual_stages = 1;  // chunks per rank (interleaved only)
 };
 
-// The actions of pp rank `rank` for one pipeline flush, ending with ReduceTied, ReduceDp and
-// OptimizerStep. Stage s lives on rank s % pp. Sends and receives are placed right after the
-// computation that produces them and right before the one that needs them.
-// Callers have checked CheckScheduleConstraints.
+// The actions of pp rank `rank` for one pipeline flush (no per-step action). Stage s lives on rank
+// s % pp. Sends and receives are placed right after the computation that produces them and right
+// before the one that needs them. Callers have checked CheckScheduleConstraints.
 std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank);
 
-// Every rank's list.
+// The per-step tail of pp rank `rank`, run once after the step's last flush: ReduceTied, ReduceDp,
+// OptimizerStep.
+std::vector<Action> BuildStepTail(const ScheduleSpec& spec, int rank);
+
+// Evaluation: micro-batch `microbatch` forward through the stages of pp rank `rank` in model order
+// (every virtual stage), with the RecvAct and SendAct around each Forward.
+std::vector<Action> BuildForwardOnlyActions(const ScheduleSpec& spec, int rank, int microbatch = 0);
+
+// Every rank's list for one flush (BuildRankActions).
 std::vector<std::vector<Action>> BuildAllActions(const ScheduleSpec& spec);
 
 }  // namespace bigmac::schedule

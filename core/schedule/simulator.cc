@@ -11,10 +11,7 @@
 namespace bigmac::schedule {
 namespace {
 
-bool IsCompute(Op op) {
-  return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput ||
-         op == Op::kBackwardWeight;
-}
+bool IsCompute(Op op) { return Info(op).computes; }
 
 // A message key: (is_gradient, micro-batch, consumer stage, sender rank, receiver rank).
 using MessageKey = std::tuple<bool, int, int, int, int>;
@@ -131,11 +128,7 @@ std::string FormatGrid(const SimResult& result, int pp) {
   std::vector<std::vector<std::string>> cells(pp, std::vector<std::string>(columns, "."));
   for (const SimEvent& e : result.events) {
     if (!IsCompute(e.action.op)) continue;
-    const std::string label = std::string(e.action.op == Op::kForward          ? "F"
-                                          : e.action.op == Op::kBackwardWeight ? "W"
-                                          : e.action.op == Op::kBackwardInput  ? "b"
-                                                                               : "B") +
-                              std::to_string(e.action.microbatch);
+    const std::string label = Info(e.action.op).grid_label + std::to_string(e.action.microbatch);
     for (int c = static_cast<int>(std::lround(e.start / unit));
          c < std::lround(e.end / unit) && c < columns; ++c) {
       cells[e.rank][c] = label;

@@ -40,9 +40,10 @@ struct SimResult {
   std::vector<SimEvent> events;    // computations and transfers, in execution order per rank
 };
 
-// Runs every rank's list against the others: sends never block, a receive waits for its matching
-// send. Reports a deadlock (no rank can move, some unfinished) and messages sent but never
-// received, with the ranks and actions involved.
+// Runs every rank's list (one flush, BuildAllActions; or BuildForwardOnlyActions) against the
+// others: sends never block, a receive waits for its matching send; per-step actions take no time.
+// Reports a deadlock (no rank can move, some unfinished) and messages sent but never received, with
+// the ranks and actions involved.
 SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_stages,
                    const Costs& costs);
 

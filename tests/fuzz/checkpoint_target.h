@@ -52,7 +52,7 @@ class CheckpointTarget {
     std::vector<std::string> lines;
     checkpoint::Inspect(step_dir_, &lines);
     try {
-      checkpoint::Load(step_dir_, *resolved_, *stage_, *adamw_, *comm_);
+      checkpoint::Load(step_dir_, *resolved_, stage_->State(), *adamw_, *comm_);
     } catch (const checkpoint::CheckpointError&) {
     }
   }
