@@ -51,11 +51,17 @@ std::string Problems(const std::string& yaml, const std::vector<std::string>& se
 
 TEST(ConfigLoad, BaseIsValid) { EXPECT_EQ(Problems(kBase, {}, 8), ""); }
 
-TEST(ConfigLoad, EmptyFileKeepsDefaults) {
-  const LoadedConfig loaded = LoadConfig(WriteTempFile("empty.yaml", ""), {});
-  EXPECT_EQ(loaded.values.parallel().pp_size(), 1);
-  EXPECT_EQ(loaded.values.parallel().schedule(), "1f1b");
-  EXPECT_EQ(loaded.sources.Get("parallel.pp_size").ToString(), "default");
+// Every default (a 12-layer model) is not what anyone meant to train: an empty file is refused.
+TEST(ConfigLoad, EmptyFileIsRefused) {
+  for (const char* text : {"", "# only a comment\n\n"}) {
+    try {
+      LoadConfig(WriteTempFile("empty.yaml", text), {});
+      ADD_FAILURE() << "accepted '" << text << "'";
+    } catch (const ConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find("the config file is empty"), std::string::npos)
+          << error.what();
+    }
+  }
 }
 
 TEST(ConfigPrecedence, FileOverridesDefaultWithFileAndLine) {

@@ -55,12 +55,19 @@ void WriteFile(const fs::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-// Every file and directory under `dir` with its contents ("<dir>" for directories).
+// Every entry under `dir` with its contents: "<dir>" for directories, "<link>TARGET" for
+// symbolic links (never followed: a case may hold a loop), "<special>" for fifos and devices
+// (never opened: a fifo would block).
 std::map<std::string, std::string> Snapshot(const fs::path& dir) {
   std::map<std::string, std::string> tree;
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    const std::string relative = fs::relative(entry.path(), dir).string();
-    tree[relative] = entry.is_directory() ? "<dir>" : ReadFile(entry.path());
+    // Lexically: fs::relative follows links, and a case may hold a symbolic-link loop.
+    const std::string relative = entry.path().lexically_relative(dir).string();
+    const fs::file_status status = entry.symlink_status();
+    tree[relative] = fs::is_symlink(status)        ? "<link>" + fs::read_symlink(entry).string()
+                     : fs::is_directory(status)    ? "<dir>"
+                     : fs::is_regular_file(status) ? ReadFile(entry.path())
+                                                   : "<special>";
   }
   return tree;
 }
@@ -164,7 +171,9 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
     fs::copy(fixture / "config.yaml", dir / "config.yaml");
     fs::copy(fixture / "data", dir / "data", fs::copy_options::recursive);
   }
-  if (kind == "checkpoint") fs::copy(fixture / "ckpt", dir / "ckpt", fs::copy_options::recursive);
+  if (kind == "checkpoint" || (kind == "command" && node["ckpt"])) {
+    fs::copy(fixture / "ckpt", dir / "ckpt", fs::copy_options::recursive);
+  }
 
   std::string command;
   if (kind == "config") {
@@ -179,7 +188,9 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
     command = kind == "shard" ? "train --config config.yaml"
               : node["command"] && node["command"].as<std::string>() == "inspect"
                   ? "ckpt inspect ckpt"
-                  : "train --config config.yaml --resume ckpt";
+                  // max_steps above the checkpoint's step 2: a step is left to train, so the
+                  // damage is what stops the run (a checkpoint at max_steps is its own error).
+                  : "train --config config.yaml --resume ckpt --set train.max_steps=4";
   } else if (kind == "plugin") {
     std::string plugin = "plugin.so";
     if (node["builtin"]) {
@@ -191,6 +202,14 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
   } else if (kind == "safetensors") {
     WriteCaseFile(dir / "model.safetensors", node);
     command = "ckpt import --safetensors model.safetensors --config config.yaml --output out";
+  } else if (kind == "command") {
+    if (node["text"] || node["hex"]) WriteCaseFile(dir / node["file"].as<std::string>(), node);
+    for (const YAML::Node& line : node["setup"]) {
+      const testutil::RunResult setup = RunCommand(
+          "cd " + dir.string() + " && BIGMAC=" + Bigmac() + " && " + line.as<std::string>(), 30);
+      ASSERT_EQ(setup.exit_code, 0) << line.as<std::string>() << "\n" << setup.output;
+    }
+    command = node["command"].as<std::string>();
   } else {
     FAIL() << "unknown kind '" << kind << "'";
   }
@@ -198,17 +217,45 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
     for (const YAML::Node& arg : node["args"]) command += " " + arg.as<std::string>();
   }
 
-  const std::map<std::string, std::string> before = Snapshot(dir);
-  const testutil::RunResult run =
-      RunCommand("cd " + dir.string() + " && " + Bigmac() + " " + command, 60);
+  std::map<std::string, std::string> before = Snapshot(dir);
+  std::string shell = Bigmac() + " " + command;
+  if (node["signal"]) {
+    // Started in the background, signalled once it is up, then waited for: the exit code is
+    // bigmac's own.
+    shell = node["env"].as<std::string>("") + " " + shell + " & pid=$!; sleep " +
+            node["signal_after"].as<std::string>("1") + "; kill -" +
+            node["signal"].as<std::string>() + " $pid; wait $pid";
+  } else if (node["env"]) {
+    shell = node["env"].as<std::string>() + " " + shell;
+  }
+  const testutil::RunResult run = RunCommand("cd " + dir.string() + " && " + shell, 60);
   EXPECT_EQ(run.exit_code, node["exit"].as<int>()) << command << "\n" << run.output;
+  if (node["max_seconds"]) {
+    EXPECT_LE(run.seconds, node["max_seconds"].as<double>()) << command << "\n" << run.output;
+  }
   for (const YAML::Node& fragment : node["expect"]) {
     EXPECT_NE(run.output.find(fragment.as<std::string>()), std::string::npos)
         << "missing '" << fragment.as<std::string>() << "' in the output of `bigmac " << command
         << "`:\n"
         << run.output;
   }
-  const std::map<std::string, std::string> after = Snapshot(dir);
+  for (const YAML::Node& fragment : node["reject"]) {
+    EXPECT_EQ(run.output.find(fragment.as<std::string>()), std::string::npos)
+        << "unexpected '" << fragment.as<std::string>() << "' in the output of `bigmac " << command
+        << "`:\n"
+        << run.output;
+  }
+  // `scratch` names the one place under the case directory a case may write (a command that
+  // succeeds, such as an --overwrite); everything else must be byte-identical.
+  const std::string scratch = node["scratch"].as<std::string>("");
+  auto in_scratch = [&scratch](const std::string& path) {
+    return !scratch.empty() && (path == scratch || path.rfind(scratch + "/", 0) == 0);
+  };
+  std::map<std::string, std::string> after = Snapshot(dir);
+  for (auto* tree : {&before, &after}) {
+    for (auto it = tree->begin(); it != tree->end();)
+      it = in_scratch(it->first) ? tree->erase(it) : std::next(it);
+  }
   for (const auto& [path, contents] : after) {
     auto it = before.find(path);
     if (it == before.end()) {
@@ -237,7 +284,7 @@ TEST(CorpusSize, AtLeastSixtyCasesOverEveryKind) {
     total += count;
   }
   EXPECT_GE(total, 60);
-  for (const char* kind : {"config", "shard", "checkpoint", "plugin", "safetensors"}) {
+  for (const char* kind : {"config", "shard", "checkpoint", "plugin", "safetensors", "command"}) {
     EXPECT_GT(kinds[kind], 0) << kind;
   }
 }

@@ -71,6 +71,12 @@ TEST(MpirunWrapper, LaunchMistakesAreClear) {
       RunCommand(Wrapper() + " --cpu --np 3 --nodes 2 --config c.yaml --print-only", 30);
   EXPECT_EQ(uneven.exit_code, 2);
   ExpectContains(uneven.output, "--np 3 must be divisible by --nodes 2");
+  // A hostfile is a user-named input: a fifo or a device is refused, never read.
+  const testutil::RunResult device = RunCommand(
+      Wrapper() + " --nodes 2 --gpus-per-node 8 --hostfile /dev/zero --config c.yaml --print-only",
+      30);
+  EXPECT_EQ(device.exit_code, 2);
+  ExpectContains(device.output, "--hostfile /dev/zero: not a regular file");
 }
 
 TEST(MpirunWrapper, PrintsTheLineThenRunsIt) {

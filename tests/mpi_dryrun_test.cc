@@ -103,6 +103,21 @@ TEST(DryRun, BadConfigExitsTwoOnAllRanks) {
       << "reported once, not per rank";
 }
 
+// Output locations are checked on every rank before any work, and every rank exits with 8.
+TEST(DryRun, UnusableCheckpointDirExitsEightOnAllRanks) {
+  const std::string file = testutil::WriteTempFile("not_a_dir", "a file\n");
+  const testutil::RunResult r = RunCommand(DryRun(4, "--set checkpoint.dir=" + file), 30);
+  EXPECT_EQ(r.exit_code, 8) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("bigmac: rank " + std::to_string(rank) +
+                            " exits with code 8: output locations rejected"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_EQ(CountOccurrences(r.output, file + ": is a file, not a directory"), 1)
+      << "reported once, not per rank";
+}
+
 TEST(DryRun, PpThatDoesNotDivideTheWorldNamesTheValues) {
   // Issue 2: within 5 s (the deadline kills a slower run and fails the test).
   const testutil::RunResult r = RunCommand(DryRun(8, "--set parallel.pp_size=3"), 5);

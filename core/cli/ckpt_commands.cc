@@ -1,11 +1,14 @@
 // `bigmac ckpt inspect | export | import`.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/output_guard.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/startup_checks.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/errors.h"
 #include "core/engine/stage.h"
@@ -47,9 +50,15 @@ Model BuildModel(const config::ResolvedConfig& resolved) {
   return model;
 }
 
-int Fail(const std::string& message, int code) {
-  std::fprintf(stderr, "bigmac: %s\n", message.c_str());
-  return code;
+// "step_000002", what `root`/latest names, or "".
+std::string LatestName(const std::string& root) {
+  std::error_code error;
+  if (!std::filesystem::exists(root + "/latest", error)) return "";
+  try {
+    return std::filesystem::path(checkpoint::ResolveStepDir(root, "")).filename().string();
+  } catch (const std::exception&) {
+    return "(unreadable)";
+  }
 }
 
 }  // namespace
@@ -62,13 +71,15 @@ int RunCkptInspect(const std::string& dir) {
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());
     return ok ? kExitOk : kExitCheckpoint;
   } catch (const std::exception& error) {
-    return Fail(error.what(), kExitCheckpoint);
+    return ReportFailure(error.what(), kExitCheckpoint);
   }
 }
 
 int RunCkptExport(const std::string& dir, const std::string& safetensors) {
   try {
     const std::string step_dir = checkpoint::ResolveStepDir(dir, "");
+    if (std::string problem = OutputFileProblem("--safetensors", safetensors); !problem.empty())
+      return ReportFailure(problem, kExitOutput);
     config::LoadedConfig loaded;
     // The manifest's own config describes the model; Load then checks every file it reads.
     loaded.values = checkpoint::ReadManifestConfig(step_dir);
@@ -92,15 +103,28 @@ int RunCkptExport(const std::string& dir, const std::string& safetensors) {
                 static_cast<long long>(step), safetensors.c_str());
     return kExitOk;
   } catch (const checkpoint::CheckpointError& error) {
-    return Fail(error.what(), kExitCheckpoint);
+    return ReportFailure(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {
-    return Fail(std::string("the checkpoint's config is not valid: ") + error.what(),
-                kExitCheckpoint);
+    return ReportFailure(std::string("the checkpoint's config is not valid: ") + error.what(),
+                         kExitCheckpoint);
   }
 }
 
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
-                  const std::vector<std::string>& overrides, const std::string& output) {
+                  const std::vector<std::string>& overrides, const std::string& output,
+                  bool overwrite) {
+  if (std::string problem = OutputDirProblem("--output", output); !problem.empty())
+    return ReportFailure(problem, kExitOutput);
+  // A training run's directory: importing step 0 there would move `latest` back, and the next
+  // `--resume auto` would train over the later steps.
+  const std::string latest = LatestName(output);
+  if (checkpoint::HoldsCheckpoints(output) && !overwrite) {
+    return ReportFailure("--output " + output + ": already holds checkpoints" +
+                             (latest.empty() ? "" : " (latest: " + latest + ")") +
+                             "; importing would move latest back to step_000000. Import into a "
+                             "new directory, or pass --overwrite",
+                         kExitOutput);
+  }
   try {
     const config::ResolvedConfig resolved = SingleRank(config::LoadConfig(config_file, overrides));
     Model model = BuildModel(resolved);
@@ -111,16 +135,20 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
     const checkpoint::SaveStats stats =
         checkpoint::Save(output, 0, resolved, model.stage->State(), adamw, *comm,
                          resolved.values().checkpoint().keep_last());
+    if (!latest.empty() && latest != checkpoint::StepDirName(0)) {
+      std::printf("--overwrite: latest in %s moved back from %s to %s\n", output.c_str(),
+                  latest.c_str(), checkpoint::StepDirName(0).c_str());
+    }
     std::printf(
         "imported %s as %s (step 0, zero optimizer state); train from it with --resume %s\n",
         safetensors.c_str(), stats.dir.c_str(), stats.dir.c_str());
     return kExitOk;
   } catch (const checkpoint::CheckpointError& error) {
-    return Fail(error.what(), kExitCheckpoint);
+    return ReportFailure(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {
-    return Fail(error.what(), kExitConfig);
+    return ReportFailure(error.what(), kExitConfig);
   } catch (const std::exception& error) {
-    return Fail(error.what(), kExitCheckpoint);
+    return ReportFailure(error.what(), kExitCheckpoint);
   }
 }
 

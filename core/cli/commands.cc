@@ -2,19 +2,24 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
 #include <optional>
 #include <thread>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
+#include "core/cli/startup_checks.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
 #include "core/comm/mpi_pipeline_comm.h"
@@ -30,10 +35,15 @@
 #include "core/memory/allocator.h"
 #include "core/plan/plan.h"
 #include "core/schedule/simulator.h"
+#include "core/util/files.h"
+#include "core/util/format.h"
 #include "core/util/stop_signal.h"
 
 namespace bigmac::cli {
 namespace {
+
+// Actions a `bigmac schedule` simulates grow with pp * virtual * microbatches.
+constexpr int64_t kMaxScheduleSize = int64_t{1} << 20;
 
 void PrintProblems(const std::string& header, const std::vector<std::string>& problems) {
   std::fprintf(stderr, "%s (%zu problem%s):\n", header.c_str(), problems.size(),
@@ -75,18 +85,23 @@ uint64_t Fingerprint(const std::vector<std::string>& problems) {
 }
 
 // Start-up agreement, the first communication of a run: every rank learns whether every other
-// rank accepted the configuration and whether all hold the same one. Returns true when all
-// agree; otherwise every rank has printed why and must exit with kExitConfig. `what` names the
-// step ("configuration", "device placement").
-bool AllRanksAgree(const comm::MpiWorld& world, const std::string& what,
-                   const std::vector<std::string>& problems, uint64_t config_hash) {
+// rank accepted this step of the start-up and whether all hold the same configuration. Returns
+// 0 when all agree; otherwise every rank has printed why and must exit with the returned code,
+// the highest `code` of the ranks with problems. `what` names the step ("configuration",
+// "output locations", "device placement").
+int AllRanksAgree(const comm::MpiWorld& world, const std::string& what,
+                  const std::vector<std::string>& problems, uint64_t config_hash,
+                  int code = kExitConfig) {
   // 0 = fine; otherwise a fingerprint of the problems, so identical reports print once.
   const int64_t status = problems.empty() ? 0 : static_cast<int64_t>(Fingerprint(problems) | 1);
   const std::vector<int64_t> statuses = world.AllGather(status);
+  const std::vector<int64_t> codes = world.AllGather(problems.empty() ? 0 : int64_t{code});
   const std::vector<int64_t> hashes = world.AllGather(static_cast<int64_t>(config_hash));
   std::vector<int> failed;
+  int exit_code = 0;
   for (int r = 0; r < world.size(); ++r) {
     if (statuses[r] != 0) failed.push_back(r);
+    exit_code = std::max(exit_code, static_cast<int>(codes[r]));
   }
   const int me = world.rank();
   if (!failed.empty()) {
@@ -100,8 +115,8 @@ bool AllRanksAgree(const comm::MpiWorld& world, const std::string& what,
       }
     }
     std::fprintf(stderr, "bigmac: rank %d exits with code %d: %s rejected by rank(s) %s\n", me,
-                 kExitConfig, what.c_str(), FormatRanks(failed).c_str());
-    return false;
+                 exit_code, what.c_str(), FormatRanks(failed).c_str());
+    return exit_code;
   }
   std::map<int64_t, std::vector<int>> ranks_by_hash;
   for (int r = 0; r < world.size(); ++r) ranks_by_hash[hashes[r]].push_back(r);
@@ -121,9 +136,9 @@ bool AllRanksAgree(const comm::MpiWorld& world, const std::string& what,
     }
     std::fprintf(stderr, "bigmac: rank %d exits with code %d: config hash differs across ranks\n",
                  me, kExitConfig);
-    return false;
+    return kExitConfig;
   }
-  return true;
+  return 0;
 }
 
 void PrintLines(const std::vector<std::string>& lines) {
@@ -141,6 +156,14 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   } catch (const memory::OutOfMemoryError& error) {
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitOutOfMemory;
+  } catch (const std::bad_alloc&) {
+    // Host buffers (batches, staging) come from the system, not the device allocator.
+    const config::Train& train = resolved.values().train();
+    std::fprintf(stderr,
+                 "%sout of memory: a host allocation failed (std::bad_alloc); "
+                 "train.micro_batch_size=%d x train.seq_length=%d tokens per micro-batch\n",
+                 rank.c_str(), train.micro_batch_size(), train.seq_length());
+    return kExitOutOfMemory;
   } catch (const engine::NumericalError& error) {
     // With several ranks, rank 0 has already reported for all of them.
     if (!error.reported()) std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
@@ -157,6 +180,10 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   } catch (const comm::TransportError& error) {
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitFailure;
+  } catch (const std::filesystem::filesystem_error& error) {
+    std::fprintf(stderr, "%s%s: %s\n", rank.c_str(), error.path1().c_str(),
+                 error.code().message().c_str());
+    return kExitOutput;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "%sinternal error: %s\n", rank.c_str(), error.what());
     return kExitFailure;
@@ -191,14 +218,33 @@ void ConfigureThreads(int ranks_on_node) {
 
 }  // namespace
 
+int ReportFailure(const std::string& message, int code) {
+  std::fprintf(stderr, "bigmac: %s\n", util::Printable(message).c_str());
+  return code;
+}
+
 int RunDataPrep(const DataPrepOptions& options) {
+  if (std::string problem = OutputDirProblem("--output", options.output); !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
+  }
+  const std::vector<std::string> old = data::ShardsIn(options.output);
+  if (!old.empty() && !options.overwrite) {
+    // Writing only some of them would leave a mix of two corpora for the next run to train on.
+    return ReportFailure("--output " + options.output + ": already holds " +
+                             std::to_string(old.size()) + " shard(s) (" + old.front() +
+                             ", ...); pass --overwrite to replace all of them, or "
+                             "choose another directory",
+                         kExitOutput);
+  }
   try {
-    std::printf("%s\n",
-                data::PrepareByteShards(options.inputs, options.output, options.val_every).c_str());
+    std::printf("%s%s\n",
+                data::PrepareByteShards(options.inputs, options.output, options.val_every).c_str(),
+                old.empty()
+                    ? ""
+                    : ("; replaced the " + std::to_string(old.size()) + " old shard(s)").c_str());
     return kExitOk;
   } catch (const data::DataError& error) {
-    std::fprintf(stderr, "bigmac: %s\n", error.what());
-    return kExitBadData;
+    return ReportFailure(error.what(), kExitBadData);
   }
 }
 
@@ -207,6 +253,9 @@ int RunDataBatches(const DataBatchesOptions& options) {
     const config::ResolvedConfig resolved =
         LoadModelConfig(options.config, options.overrides, {}, options.world_size, "--world-size");
     const config::Config& cfg = resolved.values();
+    if (std::string problem = OutputFileProblem("--output", options.output); !problem.empty()) {
+      return ReportFailure(problem, kExitOutput);
+    }
     const data::TokenDataset dataset(cfg.data().dir(), "train");
     const int batch = cfg.train().micro_batch_size();
     const int seq = cfg.train().seq_length();
@@ -225,8 +274,8 @@ int RunDataBatches(const DataBatchesOptions& options) {
       }
     }
     if (!out.flush()) {
-      std::fprintf(stderr, "bigmac: cannot write %s\n", options.output.c_str());
-      return kExitFailure;
+      return ReportFailure(options.output + ": cannot write: " + util::OsReason(errno),
+                           kExitOutput);
     }
     std::printf("wrote %d steps x %d micro-batches of %dx%d tokens to %s\n", options.steps,
                 per_step, batch, seq, options.output.c_str());
@@ -247,9 +296,13 @@ int RunSchedule(const ScheduleOptions& options) {
                  options.kind.c_str());
     return kExitConfig;
   }
+  // The parser bounded each size; their product bounds the actions simulated.
   std::vector<std::string> problems;
-  if (options.pp < 1 || options.microbatches < 1 || options.virtual_stages < 1) {
-    problems.push_back("--pp, --microbatches and --virtual must be >= 1");
+  if (int64_t{options.pp} * options.virtual_stages * options.microbatches > kMaxScheduleSize) {
+    problems.push_back(
+        "--pp * --virtual * --microbatches = " +
+        std::to_string(int64_t{options.pp} * options.virtual_stages * options.microbatches) +
+        " is over the limit of " + std::to_string(kMaxScheduleSize));
   } else {
     problems = schedule::CheckScheduleConstraints(kind, options.pp, options.virtual_stages,
                                                   options.microbatches);
@@ -264,6 +317,10 @@ int RunSchedule(const ScheduleOptions& options) {
   const bool measured = !options.forward_ms.empty() || !options.backward_ms.empty();
   if (measured) {
     auto per_stage = [&](const std::vector<double>& values, const char* flag) {
+      if (values.empty()) {
+        throw std::invalid_argument(std::string(flag) +
+                                    " is missing: --forward-ms and --backward-ms go together");
+      }
       if (values.size() == 1) return std::vector<double>(stages, values[0]);
       if (static_cast<int>(values.size()) != stages) {
         throw std::invalid_argument(std::string(flag) +
@@ -279,6 +336,14 @@ int RunSchedule(const ScheduleOptions& options) {
       return kExitConfig;
     }
     costs.transfer = options.transfer_ms;
+  }
+  const std::string trace_path = options.trace.empty()
+                                     ? "runs/schedule/schedule_" + options.kind + "_pp" +
+                                           std::to_string(options.pp) + "_m" +
+                                           std::to_string(options.microbatches) + ".json"
+                                     : options.trace;
+  if (std::string problem = OutputFileProblem("--trace", trace_path); !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
   }
   const schedule::SimResult result =
       schedule::Simulate(schedule::BuildAllActions(spec), spec.virtual_stages, costs);
@@ -313,15 +378,14 @@ int RunSchedule(const ScheduleOptions& options) {
     std::printf("rank %d: busy %.3f, waiting %.3f, last computation ends at %.3f\n", rank,
                 result.busy[rank], last_end[rank] - result.busy[rank], last_end[rank]);
   }
-  const std::string trace_path =
-      options.trace.empty() ? "schedule_" + options.kind + "_pp" + std::to_string(options.pp) +
-                                  "_m" + std::to_string(options.microbatches) + ".json"
-                            : options.trace;
+  if (const std::filesystem::path parent = std::filesystem::path(trace_path).parent_path();
+      !parent.empty()) {
+    std::filesystem::create_directories(parent);
+  }
   std::ofstream trace(trace_path);
   trace << schedule::ChromeTrace(result, options.kind);
   if (!trace) {
-    std::fprintf(stderr, "bigmac: cannot write %s\n", trace_path.c_str());
-    return kExitFailure;
+    return ReportFailure(trace_path + ": cannot write: " + util::OsReason(errno), kExitOutput);
   }
   std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
               trace_path.c_str());
@@ -351,6 +415,12 @@ std::string ConfigKeysHelp() {
 int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   comm::MpiWorld world(argc, argv);
   util::InstallStopSignalHandlers();
+  util::SetStopAtOnce(true);
+  // Testing hook (docs/exit_codes.md): BIGMAC_TEST_STALL_STARTUP=1 waits here for a signal, as a
+  // start-up blocked on a slow file system would.
+  if (const char* stall = std::getenv("BIGMAC_TEST_STALL_STARTUP"); stall && *stall == '1') {
+    while (true) pause();
+  }
   // Load and check locally: nothing is allocated and nothing is communicated until all agree.
   std::optional<config::ResolvedConfig> resolved;
   std::vector<std::string> problems;
@@ -360,8 +430,19 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   } catch (const config::ConfigError& error) {
     problems = error.problems();
   }
-  if (!AllRanksAgree(world, "configuration", problems, resolved ? resolved->hash : 0)) {
-    return kExitConfig;
+  if (int code = AllRanksAgree(world, "configuration", problems, resolved ? resolved->hash : 0))
+    return code;
+  // Before any work: a run must not train for hours and then find it cannot write its results,
+  // nor resume from a checkpoint it cannot use. --dry-run runs the same checks.
+  const StartupCheck outputs = CheckTrainOutputs(*resolved, options.dump_dir);
+  if (int code = AllRanksAgree(world, "output locations", outputs.problems, resolved->hash,
+                               outputs.exit_code)) {
+    return code;
+  }
+  const StartupCheck resume = CheckResumeSource(*resolved, options.resume);
+  if (int code = AllRanksAgree(world, "resume source", resume.problems, resolved->hash,
+                               resume.exit_code)) {
+    return code;
   }
 
   // Decided from the (agreed) config alone, so every rank stops together without communicating.
@@ -391,7 +472,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
                                  &device_error)) {
     problems = {"host " + world.host() + ": " + device_error};
   }
-  if (!AllRanksAgree(world, "device placement", problems, resolved->hash)) return kExitConfig;
+  if (int code = AllRanksAgree(world, "device placement", problems, resolved->hash)) return code;
 
   const comm::Topology topology(world.size(), resolved->pp, resolved->dp, resolved->tp);
   comm::GroupComms comms = comm::GroupComms::Create(topology, world.rank());
@@ -415,12 +496,16 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
 
   if (options.dry_run) {
     if (world.rank() == 0) {
-      std::printf("[dry-run] configuration valid on all %d ranks; nothing was allocated\n",
-                  world.size());
+      if (!resume.summary.empty()) std::printf("[dry-run] %s\n", resume.summary.c_str());
+      std::printf(
+          "[dry-run] configuration valid on all %d ranks; output locations writable; nothing "
+          "was allocated\n",
+          world.size());
     }
     comms.Free();
     return kExitOk;
   }
+  util::SetStopAtOnce(false);  // from here a signal stops the trainer at a step boundary
   ConfigureThreads(world.local_size());
   // A rank with a core of its own polls a wait for 2 ms before sleeping; ranks that share cores
   // poll briefly, leaving the core to the rank they wait for (bench/NOTES.md).

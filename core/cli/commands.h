@@ -38,6 +38,7 @@ struct DataPrepOptions {
   std::vector<std::string> inputs;
   std::string output;
   int val_every = 20;
+  bool overwrite = false;  // replace the shards already in `output`
 };
 
 // `bigmac data prep`: text files -> byte-level token shards with a held-out validation split.
@@ -62,7 +63,7 @@ struct ScheduleOptions {
   int pp = 4;
   int microbatches = 8;
   int virtual_stages = 1;
-  std::string trace;  // empty: schedule_<kind>_pp<P>_m<M>.json
+  std::string trace;  // empty: runs/schedule/schedule_<kind>_pp<P>_m<M>.json
   // Measured or estimated milliseconds per micro-batch, per stage (one value: every stage);
   // empty: unit costs F=1, B=2.
   std::vector<double> forward_ms;
@@ -77,8 +78,10 @@ int RunSchedule(const ScheduleOptions& options);
 // `bigmac ckpt inspect DIR`, `ckpt export DIR --safetensors OUT`, `ckpt import`.
 int RunCkptInspect(const std::string& dir);
 int RunCkptExport(const std::string& dir, const std::string& safetensors);
+// An import refuses an `output` that holds checkpoints unless `overwrite`.
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
-                  const std::vector<std::string>& overrides, const std::string& output);
+                  const std::vector<std::string>& overrides, const std::string& output,
+                  bool overwrite);
 
 struct TuneMbsOptions {
   std::string config;
@@ -105,7 +108,7 @@ struct CompareOptions {
   int warmup = 5;
   int np_baseline = 0;  // 0: pp_size * tp_size of its config
   int np_candidate = 0;
-  std::string out = "compare_report";
+  std::string out = "runs/compare";
   std::string launcher = "mpirun --oversubscribe -np {np}";
 };
 
@@ -113,6 +116,9 @@ struct CompareOptions {
 // (memory, stable step time, loss following the baseline), the bottleneck stage, a Markdown
 // report and an SVG chart.
 int RunCompare(const CompareOptions& options);
+
+// Prints "bigmac: <message>" (made printable) on stderr and returns `code`.
+int ReportFailure(const std::string& message, int code);
 
 // Help text listing every config key with its layer, default and meaning.
 std::string ConfigKeysHelp();

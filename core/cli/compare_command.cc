@@ -12,6 +12,7 @@
 
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/startup_checks.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/plan/compare.h"
@@ -132,6 +133,9 @@ int RunCompare(const CompareOptions& options) {
                  options.steps, options.warmup);
     return kExitConfig;
   }
+  if (std::string problem = OutputDirProblem("--out", options.out); !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
+  }
   config::LoadedConfig base_loaded, cand_loaded;
   try {
     base_loaded = config::LoadConfig(options.baseline, options.baseline_overrides);
@@ -159,6 +163,17 @@ int RunCompare(const CompareOptions& options) {
       {"baseline", options.baseline, options.baseline_overrides,
        ranks(base_loaded, options.np_baseline)},
       {"candidate", options.candidate, cand_sets, ranks(cand_loaded, options.np_candidate)}};
+  // Both layouts are checked at their rank counts before either runs: a candidate that cannot
+  // start must not cost the baseline's run first.
+  for (const Side& side : sides) {
+    try {
+      config::Resolve(config::LoadConfig(side.config, side.sets), side.np, "--np-" + side.name);
+    } catch (const config::ConfigError& error) {
+      std::fprintf(stderr, "bigmac: the %s cannot run on %d ranks:\n%s\n", side.name.c_str(),
+                   side.np, error.what());
+      return kExitConfig;
+    }
+  }
   std::filesystem::create_directories(options.out);
   plan::RunRecord records[2];
   for (int s = 0; s < 2; ++s) {

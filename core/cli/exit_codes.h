@@ -12,6 +12,8 @@ inline constexpr int kExitNumerical = 4;    // engine::NumericalError: NaN/Inf l
 inline constexpr int kExitBadData = 5;      // data::DataError: a data file that cannot be used
 inline constexpr int kExitTimeout = 6;      // comm::DeadlineError: a wait on another rank timed out
 inline constexpr int kExitCheckpoint = 7;   // checkpoint::CheckpointError: unusable or unwritable
+inline constexpr int kExitOutput = 8;       // an output location that cannot be used (any command)
+// A stop signal during start-up: 128 + the signal (143 SIGTERM, 130 SIGINT), util::SetStopAtOnce.
 
 }  // namespace bigmac::cli
 

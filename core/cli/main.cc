@@ -1,10 +1,86 @@
 // The bigmac command line: `bigmac train`, `bigmac plan`.
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <new>
 
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
+
+namespace {
+
+// The largest sizes the commands accept, checked by the parser before anything is allocated
+// (docs/reliability.md, "Sizes"); a bigger value is a typo, not a plan.
+constexpr int kMaxRanks = 65536;
+constexpr int kMaxStages = 1024;
+constexpr int kMaxMicrobatches = 4096;
+constexpr int kMaxVirtualStages = 64;
+constexpr int kMaxSteps = 1000000;
+constexpr int kMaxMicroBatchSize = 65536;
+constexpr int kMaxTimeoutSeconds = 7 * 24 * 3600;
+constexpr double kMaxMilliseconds = 1e9;
+
+// A cost in milliseconds: finite and >= 0 (CLI::Range lets NaN through).
+const CLI::Validator kMilliseconds(
+    [](std::string& text) -> std::string {
+      double value = 0;
+      try {
+        size_t used = 0;
+        value = std::stod(text, &used);
+        if (used != text.size()) return "'" + text + "' is not a number";
+      } catch (const std::exception&) {
+        return "'" + text + "' is not a number";
+      }
+      if (!std::isfinite(value) || value < 0 || value > kMaxMilliseconds) {
+        return "'" + text + "' must be a finite number of milliseconds in [0, 1e9]";
+      }
+      return "";
+    },
+    "MS >= 0");
+
+// Runs a command; no exception reaches std::terminate. A filesystem failure names the path
+// and the OS's reason (docs/exit_codes.md, code 8).
+int Guarded(const std::function<int()>& command) {
+  using namespace bigmac::cli;
+  try {
+    return command();
+  } catch (const std::filesystem::filesystem_error& error) {
+    std::string paths = error.path1().string();
+    if (!error.path2().empty()) paths += " -> " + error.path2().string();
+    std::fprintf(stderr, "bigmac: %s: %s (%s)\n", paths.c_str(), error.code().message().c_str(),
+                 error.what());
+    return kExitOutput;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "bigmac: out of memory: a host allocation failed (std::bad_alloc); lower the "
+                 "sizes in the command or the config\n");
+    return kExitOutOfMemory;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "bigmac: internal error: %s\n", error.what());
+    return kExitFailure;
+  }
+}
+
+// "unknown command 'frob'; the commands are: ..." when the first word after `app`'s own words is
+// not one of its subcommands (CLI11 says only "A subcommand is required"), else "".
+std::string UnknownCommand(CLI::App* app, int argc, char** argv, int at) {
+  std::vector<CLI::App*> commands = app->get_subcommands([](CLI::App*) { return true; });
+  if (commands.empty() || at >= argc || argv[at][0] == '-') return "";
+  std::string names;
+  for (CLI::App* command : commands) {
+    if (command->get_name() == argv[at]) return UnknownCommand(command, argc, argv, at + 1);
+    names += (names.empty() ? "" : ", ") + command->get_name();
+  }
+  return std::string("unknown command '") + argv[at] + "' after '" +
+         (at == 1 ? std::string("bigmac") : std::string(argv[at - 1])) +
+         "'; the commands are: " + names;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
@@ -52,10 +128,12 @@ int main(int argc, char** argv) {
                    "YAML (.yaml) or text proto (.textproto) config file")
       ->required();
   plan->add_option("--world-size", plan_options.world_size, "number of ranks mpirun would start")
-      ->required();
+      ->required()
+      ->check(CLI::Range(1, kMaxRanks));
   plan->add_option("--set", plan_options.overrides, "override a key (as for train)");
   plan->add_option("--gflops", plan_options.gflops,
-                   "per-rank throughput assumed for estimated times (default 20)");
+                   "per-rank throughput assumed for estimated times (default 20)")
+      ->check(CLI::Range(1e-3, 1e9));
   plan->add_flag(
       "--profile", plan_options.profile,
       "time each kind of layer on this machine (CPU backend) instead of estimating from FLOPs");
@@ -89,6 +167,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   prep->add_option("--output", prep_options.output, "directory for train_NNN.bin and val_NNN.bin")
       ->required();
+  prep->add_flag("--overwrite", prep_options.overwrite,
+                 "replace the shards already in --output (all of them, in one step)");
   prep->add_option("--val-every", prep_options.val_every,
                    "hold out every Nth block (default 20: 5%)")
       ->check(CLI::Range(2, 1000));
@@ -100,9 +180,12 @@ int main(int argc, char** argv) {
       "per step and micro-batch), to feed another trainer the same data (bench/).");
   batches->add_option("--config", batches_options.config, "the training config")->required();
   batches->add_option("--set", batches_options.overrides, "override a key (as for train)");
-  batches->add_option("--steps", batches_options.steps, "optimizer steps (default 10)");
-  batches->add_option("--world-size", batches_options.world_size,
-                      "ranks the run would use (for dp; default 1)");
+  batches->add_option("--steps", batches_options.steps, "optimizer steps (default 10)")
+      ->check(CLI::Range(1, kMaxSteps));
+  batches
+      ->add_option("--world-size", batches_options.world_size,
+                   "ranks the run would use (for dp; default 1)")
+      ->check(CLI::Range(1, kMaxRanks));
   batches->add_option("--output", batches_options.output, "output file")->required();
 
   bigmac::cli::ScheduleOptions schedule_options;
@@ -112,23 +195,32 @@ int main(int argc, char** argv) {
       "micro-batches in flight) and write a Chrome/Perfetto trace of the timeline.");
   schedule->add_option("--kind", schedule_options.kind, "gpipe, 1f1b, interleaved_1f1b or zb_h1")
       ->required();
-  schedule->add_option("--pp", schedule_options.pp, "pipeline stages")->required();
+  schedule->add_option("--pp", schedule_options.pp, "pipeline stages")
+      ->required()
+      ->check(CLI::Range(1, kMaxStages));
   schedule->add_option("--microbatches", schedule_options.microbatches, "micro-batches per flush")
-      ->required();
-  schedule->add_option("--virtual", schedule_options.virtual_stages,
-                       "chunks per rank (interleaved_1f1b)");
+      ->required()
+      ->check(CLI::Range(1, kMaxMicrobatches));
+  schedule
+      ->add_option("--virtual", schedule_options.virtual_stages,
+                   "chunks per rank (interleaved_1f1b)")
+      ->check(CLI::Range(1, kMaxVirtualStages));
   schedule->add_option("--trace", schedule_options.trace,
-                       "trace file (default schedule_<kind>_pp<P>_m<M>.json)");
+                       "trace file (default runs/schedule/schedule_<kind>_pp<P>_m<M>.json)");
   schedule
       ->add_option("--forward-ms", schedule_options.forward_ms,
                    "forward ms per micro-batch: one value, or one per stage (comma-separated)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(kMilliseconds);
   schedule
       ->add_option("--backward-ms", schedule_options.backward_ms,
                    "backward ms per micro-batch: one value, or one per stage")
-      ->delimiter(',');
-  schedule->add_option("--transfer-ms", schedule_options.transfer_ms,
-                       "ms from a send to its receive (default 0)");
+      ->delimiter(',')
+      ->check(kMilliseconds);
+  schedule
+      ->add_option("--transfer-ms", schedule_options.transfer_ms,
+                   "ms from a send to its receive (default 0)")
+      ->check(kMilliseconds);
 
   CLI::App* ckpt =
       app.add_subcommand("ckpt", "Inspect, export and import checkpoints (docs/checkpoint.md).");
@@ -155,6 +247,10 @@ int main(int argc, char** argv) {
   import_cmd
       ->add_option("--output", import_output, "checkpoint directory to write step_000000 into")
       ->required();
+  bool import_overwrite = false;
+  import_cmd->add_flag("--overwrite", import_overwrite,
+                       "write into a directory that already holds checkpoints (latest moves back "
+                       "to step 0, and says so)");
 
   bigmac::cli::TuneMbsOptions tune_options;
   CLI::App* tune = app.add_subcommand("tune-mbs",
@@ -164,11 +260,15 @@ int main(int argc, char** argv) {
   tune->add_option("--config", tune_options.config, "the config to tune (YAML for --write)")
       ->required();
   tune->add_option("--set", tune_options.overrides, "override a key (as for train)");
-  tune->add_option("--lo", tune_options.lo, "a micro-batch known to fit (default 1)");
-  tune->add_option("--hi", tune_options.hi, "an upper bound to search below (default 256)");
-  tune->add_option("--steps", tune_options.steps, "training steps per try (default 3)");
+  tune->add_option("--lo", tune_options.lo, "a micro-batch known to fit (default 1)")
+      ->check(CLI::Range(1, kMaxMicroBatchSize));
+  tune->add_option("--hi", tune_options.hi, "an upper bound to search below (default 256)")
+      ->check(CLI::Range(1, kMaxMicroBatchSize));
+  tune->add_option("--steps", tune_options.steps, "training steps per try (default 3)")
+      ->check(CLI::Range(1, kMaxSteps));
   tune->add_option("--timeout", tune_options.timeout_seconds,
-                   "seconds per try before it counts as a timeout (default 900)");
+                   "seconds per try before it counts as a timeout (default 900)")
+      ->check(CLI::Range(1, kMaxTimeoutSeconds));
   tune->add_flag("--write", tune_options.write, "write the recommendation into the config file");
   tune->add_flag("--pipeline", tune_options.pipeline,
                  "search with the config's real pipeline layout (pp_size * tp_size ranks) and name "
@@ -192,35 +292,49 @@ int main(int argc, char** argv) {
                       "override a baseline key");
   compare->add_option("--set-candidate", compare_options.candidate_overrides,
                       "override a candidate key");
-  compare->add_option("--steps", compare_options.steps, "steps per run (default 40)");
-  compare->add_option("--warmup", compare_options.warmup,
-                      "first steps left out of the timings (default 5)");
-  compare->add_option("--np-baseline", compare_options.np_baseline,
-                      "ranks for the baseline (default pp*tp)");
-  compare->add_option("--np-candidate", compare_options.np_candidate,
-                      "ranks for the candidate (default pp*tp)");
-  compare->add_option("--out", compare_options.out, "report directory (default compare_report)");
+  compare->add_option("--steps", compare_options.steps, "steps per run (default 40)")
+      ->check(CLI::Range(1, kMaxSteps));
+  compare
+      ->add_option("--warmup", compare_options.warmup,
+                   "first steps left out of the timings (default 5)")
+      ->check(CLI::Range(0, kMaxSteps));
+  compare
+      ->add_option("--np-baseline", compare_options.np_baseline,
+                   "ranks for the baseline (default pp*tp)")
+      ->check(CLI::Range(1, kMaxRanks));
+  compare
+      ->add_option("--np-candidate", compare_options.np_candidate,
+                   "ranks for the candidate (default pp*tp)")
+      ->check(CLI::Range(1, kMaxRanks));
+  compare->add_option("--out", compare_options.out, "report directory (default runs/compare)");
   compare->add_option("--launcher", compare_options.launcher,
                       "how ranks start ({np} is the count)");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
+    if (const std::string unknown = UnknownCommand(&app, argc, argv, 1); !unknown.empty()) {
+      return bigmac::cli::ReportFailure(unknown, kExitConfig);
+    }
     const int code = app.exit(error);
     return code == 0 ? 0 : kExitConfig;
   }
-  if (train->parsed()) return bigmac::cli::RunTrain(train_options, &argc, &argv);
-  if (config_key->parsed()) return bigmac::cli::RunConfigKey(key_name);
-  if (layers->parsed()) return bigmac::cli::RunLayers(layer_plugins);
-  if (batches->parsed()) return bigmac::cli::RunDataBatches(batches_options);
-  if (prep->parsed()) return bigmac::cli::RunDataPrep(prep_options);
-  if (schedule->parsed()) return bigmac::cli::RunSchedule(schedule_options);
-  if (tune->parsed()) return bigmac::cli::RunTuneMbs(tune_options);
-  if (compare->parsed()) return bigmac::cli::RunCompare(compare_options);
-  if (inspect->parsed()) return bigmac::cli::RunCkptInspect(ckpt_dir);
-  if (export_cmd->parsed()) return bigmac::cli::RunCkptExport(ckpt_dir, safetensors);
-  if (import_cmd->parsed()) {
-    return bigmac::cli::RunCkptImport(safetensors, import_config, import_overrides, import_output);
-  }
-  return bigmac::cli::RunPlan(plan_options);
+  return Guarded([&]() -> int {
+    using namespace bigmac::cli;
+    if (train->parsed()) return RunTrain(train_options, &argc, &argv);
+    if (config_key->parsed()) return RunConfigKey(key_name);
+    if (layers->parsed()) return RunLayers(layer_plugins);
+    if (batches->parsed()) return RunDataBatches(batches_options);
+    if (prep->parsed()) return RunDataPrep(prep_options);
+    if (schedule->parsed()) return RunSchedule(schedule_options);
+    if (tune->parsed()) return RunTuneMbs(tune_options);
+    if (compare->parsed()) return RunCompare(compare_options);
+    if (inspect->parsed()) return RunCkptInspect(ckpt_dir);
+    if (export_cmd->parsed()) return RunCkptExport(ckpt_dir, safetensors);
+    if (import_cmd->parsed()) {
+      return RunCkptImport(safetensors, import_config, import_overrides, import_output,
+                           import_overwrite);
+    }
+    return RunPlan(plan_options);
+  });
 }

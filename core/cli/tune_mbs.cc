@@ -11,6 +11,7 @@
 
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/startup_checks.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/util/process.h"
@@ -156,6 +157,11 @@ int RunTuneMbs(const TuneMbsOptions& options) {
   } catch (const config::ConfigError& error) {
     std::fprintf(stderr, "bigmac: invalid configuration:\n%s\n", error.what());
     return kExitConfig;
+  }
+  // --write's file is checked before the search, which may take hours.
+  if (std::string problem = OutputFileProblem("--write", options.config);
+      options.write && !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
   }
   if (options.lo < 1 || options.hi <= options.lo) {
     std::fprintf(stderr, "bigmac: tune-mbs needs 1 <= --lo < --hi (got %d, %d)\n", options.lo,

@@ -6,7 +6,18 @@
 
 namespace bigmac::config {
 
+namespace {
+
+// Messages quote what the user wrote, which may be binary garbage.
+std::vector<std::string> Printable(std::vector<std::string> problems) {
+  for (std::string& problem : problems) problem = util::Printable(problem);
+  return problems;
+}
+
+}  // namespace
+
 ConfigError::ConfigError(std::vector<std::string> problems)
-    : std::runtime_error(util::Join(problems, "\n")), problems_(std::move(problems)) {}
+    : std::runtime_error(util::Join(Printable(problems), "\n")),
+      problems_(Printable(std::move(problems))) {}
 
 }  // namespace bigmac::config

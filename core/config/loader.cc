@@ -11,6 +11,7 @@
 
 #include "core/config/errors.h"
 #include "core/config/schema.h"
+#include "core/util/files.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "yaml-cpp/yaml.h"
@@ -122,7 +123,7 @@ Message* LeafParent(Config* config, const KeyInfo& key) {
 }
 
 // Configs are a few KiB; anything this big is the wrong file (or an attack on the YAML parser).
-constexpr uintmax_t kMaxConfigBytes = 1 << 20;
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
 
 constexpr int kMaxFlowNesting = 32;
 
@@ -146,6 +147,28 @@ int FlowNestingDepth(const std::string& text) {
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
+  }
+  return deepest;
+}
+
+// The deepest nesting of indented blocks: the enclosing indentation levels of a line, plus the
+// "- " items that open on it. yaml-cpp guards its recursion with the message "bad file".
+int BlockNestingDepth(const std::string& text) {
+  std::vector<size_t> indents;
+  int deepest = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    size_t at = line.find_first_not_of(' ');
+    if (at == std::string::npos || line[at] == '#' || line[at] == '\r') continue;
+    while (!indents.empty() && indents.back() >= at) indents.pop_back();
+    indents.push_back(at);
+    int dashes = 0;
+    while (at + 1 < line.size() && line[at] == '-' && line[at + 1] == ' ') {
+      ++dashes;
+      at = line.find_first_not_of(' ', at + 1);
+      if (at == std::string::npos) break;
+    }
+    deepest = std::max(deepest, static_cast<int>(indents.size()) + dashes);
   }
   return deepest;
 }
@@ -187,31 +210,26 @@ class Loader {
   explicit Loader(LoadedConfig* out) : out_(out), keys_(AllKeys()) {}
 
   void LoadFile(const std::string& file) {
-    std::error_code error;
-    const auto status = std::filesystem::status(file, error);
-    if (std::filesystem::is_directory(status)) {
-      problems_.push_back(file + ": is a directory, not a config file");
+    std::string text;
+    if (std::string problem = util::ReadUserFile(file, kMaxConfigBytes, "config file", &text);
+        !problem.empty()) {
+      problems_.push_back(problem + (problem.find("too large") != std::string::npos
+                                         ? " (a config is a few KiB: is this the right file?)"
+                                         : ""));
       return;
     }
-    if (const auto size = std::filesystem::file_size(file, error);
-        !error && size > kMaxConfigBytes) {
-      problems_.push_back(file + ": config file is too large: " + std::to_string(size) +
-                          " bytes, the limit is " + std::to_string(kMaxConfigBytes) +
-                          " (a config is a few KiB: is this the right file?)");
+    if (!HasContent(text)) {
+      // Every default (a 12-layer model, 100 steps) is not what anyone meant to train.
+      problems_.push_back(file +
+                          ": the config file is empty (or only comments); write at least the "
+                          "model: and data: sections");
       return;
     }
-    std::ifstream stream(file);
-    if (!stream) {
-      problems_.push_back(file + ": cannot open the config file");
-      return;
-    }
-    std::stringstream text;
-    text << stream.rdbuf();
     if (EndsWith(file, ".yaml") || EndsWith(file, ".yml")) {
-      LoadYaml(file, text.str());
+      LoadYaml(file, text);
     } else if (EndsWith(file, ".textproto") || EndsWith(file, ".txtpb") ||
                EndsWith(file, ".pbtxt")) {
-      LoadTextProto(file, text.str());
+      LoadTextProto(file, text);
     } else {
       problems_.push_back(file +
                           ": unknown config format; use .yaml/.yml (YAML) or "
@@ -236,7 +254,11 @@ class Loader {
     }
     YAML::Node value;
     try {
-      value = YAML::Load(value_text);
+      // `--set train.output_dir=` is the empty string the help offers ("empty: not written"); YAML
+      // would read nothing as null.
+      const bool empty_string =
+          value_text.empty() && key->field()->type() == FieldDescriptor::TYPE_STRING;
+      value = YAML::Load(empty_string ? "\"\"" : value_text);
     } catch (const YAML::Exception& e) {
       problems_.push_back(where + ": cannot parse value '" + value_text + "': " + e.msg);
       return;
@@ -253,6 +275,12 @@ class Loader {
       problems_.push_back(file + ": YAML syntax error: [ and { nest " + std::to_string(depth) +
                           " levels deep (at most " + std::to_string(kMaxFlowNesting) +
                           "); a config is a few flat sections");
+      return;
+    }
+    if (const int depth = BlockNestingDepth(text); depth > kMaxFlowNesting) {
+      problems_.push_back(file + ": YAML syntax error: indented blocks nest " +
+                          std::to_string(depth) + " levels deep (at most " +
+                          std::to_string(kMaxFlowNesting) + "); a config is a few flat sections");
       return;
     }
     yaml_lines_.clear();
@@ -273,9 +301,7 @@ class Loader {
                           ": YAML syntax error: " + e.msg);
       return;
     }
-    // An empty file (or only comments) leaves every default in place; anything else that reads
-    // as null is not a config (yaml-cpp reads a stray "," that way).
-    if (root.IsNull() && !HasContent(text)) return;
+    // Content that reads as null is not a config (yaml-cpp reads a stray "," that way).
     if (!root.IsMap()) {
       problems_.push_back(file +
                           ": expected a mapping of sections (parallel:, train:, model:, ...)");

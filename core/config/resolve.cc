@@ -1,8 +1,10 @@
 #include "core/config/resolve.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/config/errors.h"
 #include "core/config/schema.h"
@@ -12,6 +14,22 @@
 
 namespace bigmac::config {
 namespace {
+
+// memory::ParseByteSize calls a size that overflows 64 bits "not a positive size"; when the unit
+// is fine and the number positive, the size is too large, and the message says so.
+std::string ExplainSizeError(const std::string& text, const std::string& error) {
+  size_t at = 0;
+  while (at < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[at])) || text[at] == '.'))
+    ++at;
+  int64_t unit_bytes = 0;
+  std::string ignored;
+  if (at > 0 && memory::ParseByteSize("1" + text.substr(at), &unit_bytes, &ignored) &&
+      std::strtod(text.substr(0, at).c_str(), nullptr) * double(unit_bytes) >= 9.2e18) {
+    return "'" + text + "' is too large: a byte count must stay below 2^63 (about 8 EiB)";
+  }
+  return error;
+}
 
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
@@ -229,7 +247,7 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
     std::string error;
     if (!memory::ParseByteSize(values.device().memory_limit(), &bytes, &error)) {
       problems.push_back(describe("device.memory_limit", values.device().memory_limit()) + ": " +
-                         error);
+                         ExplainSizeError(values.device().memory_limit(), error));
     }
   }
   const Optim& optim = values.optim();

@@ -1,10 +1,16 @@
 #include "core/data/dataset.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
 #include "core/data/shard.h"
+#include "core/util/files.h"
 
 namespace bigmac::data {
 namespace {
@@ -17,14 +23,78 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
+namespace fs = std::filesystem;
+
+// Replaces `out_dir` by `fresh` in one rename (RENAME_EXCHANGE where the filesystem has it),
+// after moving out_dir's files that are not shards into `fresh`; the old shards end in `fresh`,
+// which is then removed.
+void SwapIntoPlace(const fs::path& fresh, const fs::path& out_dir) {
+  std::error_code error;
+  if (!fs::exists(out_dir, error)) {
+    fs::rename(fresh, out_dir);
+    return;
+  }
+  for (const auto& entry : fs::directory_iterator(out_dir)) {
+    if (!IsShardName(entry.path().filename().string()))
+      fs::rename(entry.path(), fresh / entry.path().filename());
+  }
+  if (renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, out_dir.c_str(), RENAME_EXCHANGE) != 0) {
+    // No exchange on this filesystem: two renames, with no moment where shards mix.
+    const fs::path old = fresh.string() + ".old";
+    fs::rename(out_dir, old);
+    fs::rename(fresh, out_dir);
+    fs::remove_all(old);
+    return;
+  }
+  fs::remove_all(fresh);
+}
+
+// A new, empty directory beside `out_dir` (the same filesystem, so the swap is a rename).
+fs::path FreshSibling(const fs::path& out_dir) {
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  fs::create_directories(parent);
+  std::string name = (parent / ("." + out_dir.filename().string() + ".prep_XXXXXX")).string();
+  if (mkdtemp(name.data()) == nullptr) {
+    throw fs::filesystem_error("cannot create a directory beside the output", parent,
+                               std::error_code(errno, std::generic_category()));
+  }
+  return name;
+}
+
 }  // namespace
 
+bool IsShardName(const std::string& name) {
+  const bool prefix = name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0;
+  auto ends = [&name](const std::string& tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return prefix && (ends(".bin") || ends(".bin.tmp"));
+}
+
+std::vector<std::string> ShardsIn(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    if (IsShardName(it->path().filename().string()))
+      names.push_back(it->path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 TokenDataset::TokenDataset(const std::string& dir, const std::string& split) {
-  namespace fs = std::filesystem;
   std::vector<std::string> paths;
   std::error_code error;
-  if (!fs::is_directory(dir, error)) {
+  const fs::file_status status = fs::status(dir, error);
+  if (!fs::exists(status) && (!error || error == std::errc::no_such_file_or_directory)) {
     throw DataError(dir + ": data directory not found (prepare one with `bigmac data prep`)");
+  }
+  if (error) throw DataError(dir + ": cannot use the data directory: " + error.message());
+  if (!fs::is_directory(status)) {
+    throw DataError(dir +
+                    ": is a file, not a data directory (data.dir names the directory "
+                    "`bigmac data prep --output` wrote)");
   }
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
@@ -100,6 +170,8 @@ std::string PrepareByteShards(const std::vector<std::string>& inputs, const std:
   int64_t in_block = 0;
   int64_t total = 0;
   for (const std::string& input : inputs) {
+    if (std::string problem = util::CheckUserFile(input, "text file"); !problem.empty())
+      throw DataError(problem);
     std::ifstream in(input, std::ios::binary);
     if (!in) throw DataError(input + ": cannot open the text file");
     char ch;
@@ -117,7 +189,7 @@ std::string PrepareByteShards(const std::vector<std::string>& inputs, const std:
                     " bytes of text is too little for a train/validation split (need at least " +
                     std::to_string(int64_t{val_every} * block_tokens) + ")");
   }
-  std::filesystem::create_directories(out_dir);
+  const fs::path fresh = FreshSibling(out_dir);
   auto write = [&](const std::string& split, const std::vector<uint16_t>& tokens) {
     int shard = 0;
     for (int64_t start = 0; start < static_cast<int64_t>(tokens.size());
@@ -125,12 +197,19 @@ std::string PrepareByteShards(const std::vector<std::string>& inputs, const std:
       const int64_t end = std::min<int64_t>(tokens.size(), start + shard_tokens);
       char name[32];
       std::snprintf(name, sizeof(name), "/%s_%03d.bin", split.c_str(), shard);
-      WriteShard(out_dir + name, 256,
+      WriteShard(fresh.string() + name, 256,
                  std::vector<uint16_t>(tokens.begin() + start, tokens.begin() + end));
     }
   };
-  write("train", train);
-  write("val", val);
+  try {
+    write("train", train);
+    write("val", val);
+    SwapIntoPlace(fresh, out_dir);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(fresh, ignored);
+    throw;
+  }
   return "data prep: " + std::to_string(inputs.size()) + " files, " + std::to_string(total) +
          " tokens (byte-level, vocab 256) -> " + out_dir + ": train " +
          std::to_string(train.size()) + " tokens, val " + std::to_string(val.size()) +

@@ -40,9 +40,20 @@ class TokenDataset {
   std::string first_shard_;
 };
 
-// `bigmac data prep`: byte-level tokenisation (token = byte, vocabulary 256) of the input files,
-// concatenated in order, cut into blocks of `block_tokens`; every `val_every`-th block is held out
-// for validation. Writes <out>/train_000.bin... and <out>/val_000.bin... Returns a summary line.
+// Whether a file name is a token shard's, or a shard's temporary file: train_*.bin, val_*.bin,
+// and those with .tmp after them.
+bool IsShardName(const std::string& name);
+
+// The names of the shards in `dir` (none if it is not a directory), sorted.
+std::vector<std::string> ShardsIn(const std::string& dir);
+
+// `bigmac data prep`: byte-level tokenisation (token = byte, vocabulary 256) of the input files
+// (regular files only), concatenated in order, cut into blocks of `block_tokens`; every
+// `val_every`-th block is held out for validation. Writes <out>/train_000.bin... and
+// <out>/val_000.bin... into a new directory beside <out>, then swaps it into place in one rename:
+// <out>'s old shards (the caller has checked that replacing them is wanted) go in the same step,
+// so no reader ever sees shards of two corpora; its other files are kept. Returns a summary
+// line. Throws DataError for an input, std::filesystem::filesystem_error for the output.
 std::string PrepareByteShards(const std::vector<std::string>& inputs, const std::string& out_dir,
                               int val_every = 20, int block_tokens = 4096,
                               int64_t shard_tokens = int64_t{1} << 24);

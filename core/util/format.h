@@ -23,6 +23,31 @@ inline std::string Join(const std::vector<std::string>& parts, const std::string
   return text;
 }
 
+// `text` safe to print on a terminal: control bytes and bytes that are not UTF-8 become \xNN,
+// so a message quoting a binary file cannot move the cursor or ring the bell.
+inline std::string Printable(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    size_t length = c < 0x80           ? 1
+                    : (c >> 5) == 0x6  ? 2
+                    : (c >> 4) == 0xE  ? 3
+                    : (c >> 3) == 0x1E ? 4
+                                       : 0;
+    for (size_t k = 1; k < length; ++k) {
+      if (i + k >= text.size() || (static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) length = 0;
+    }
+    if (length == 0 || (length == 1 && (c < 0x20 || c == 0x7f))) {
+      out += Format("\\x%02x", c);
+      ++i;
+    } else {
+      out.append(text, i, length);
+      i += length;
+    }
+  }
+  return out;
+}
+
 }  // namespace bigmac::util
 
 #endif  // BIGMAC_CORE_UTIL_FORMAT_H_

@@ -1,5 +1,7 @@
 #include "core/util/stop_signal.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstring>
 
@@ -7,8 +9,22 @@ namespace bigmac::util {
 namespace {
 
 volatile std::sig_atomic_t stop_signal = 0;
+volatile std::sig_atomic_t stop_at_once = 0;
 
-void OnStopSignal(int signal_number) { stop_signal = signal_number; }
+// Only async-signal-safe calls here: write(2) and _exit(2).
+void OnStopSignal(int signal_number) {
+  stop_signal = signal_number;
+  if (!stop_at_once) return;
+  static const char kTerm[] =
+      "bigmac: SIGTERM during start-up: stopped before training; nothing was written\n";
+  static const char kInt[] =
+      "bigmac: SIGINT during start-up: stopped before training; nothing was written\n";
+  const bool term = signal_number == SIGTERM;
+  ssize_t ignored =
+      write(STDERR_FILENO, term ? kTerm : kInt, term ? sizeof(kTerm) - 1 : sizeof(kInt) - 1);
+  (void)ignored;
+  _exit(128 + signal_number);
+}
 
 }  // namespace
 
@@ -22,6 +38,8 @@ void InstallStopSignalHandlers() {
   sigaction(SIGINT, &action, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
 }
+
+void SetStopAtOnce(bool on) { stop_at_once = on ? 1 : 0; }
 
 int StopSignalReceived() { return stop_signal; }
 

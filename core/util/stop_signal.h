@@ -10,6 +10,12 @@ namespace bigmac::util {
 // EFBIG (reported, previous checkpoint kept) instead of killing the process.
 void InstallStopSignalHandlers();
 
+// Before the first step there is no step boundary to stop at and nothing to save: while `on` is
+// true (from InstallStopSignalHandlers until the trainer starts), a stop signal ends the process
+// at once with "bigmac: SIGTERM during start-up: stopped before training; nothing was written"
+// and exit code 128 + the signal (143, 130), as the shell reports a process the signal killed.
+void SetStopAtOnce(bool on);
+
 // The signal number that asked to stop (SIGTERM, SIGINT), or 0.
 int StopSignalReceived();
 

@@ -1,0 +1,116 @@
+#include "core/cli/startup_checks.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <exception>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/output_guard.h"
+#include "core/cli/exit_codes.h"
+#include "core/util/files.h"
+
+namespace bigmac::cli {
+namespace {
+
+// "checkpoint.dir (config.yaml:4)".
+std::string KeyWithSource(const config::ResolvedConfig& resolved, const std::string& key) {
+  return key + " (" + resolved.sources().Get(key).ToString() + ")";
+}
+
+// A layer file the manifest names: present, regular, of its size (what Load checks first).
+std::string CheckLayerFile(const std::string& path, int64_t bytes) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0) {
+    return errno == ENOENT ? path + ": missing (cannot open)"
+                           : path + ": cannot open: " + util::OsReason(errno);
+  }
+  if (!S_ISREG(info.st_mode)) return path + ": not a regular file";
+  if (info.st_size != bytes) {
+    return path + ": " + std::to_string(info.st_size) + " bytes, the manifest says " +
+           std::to_string(bytes) + " (truncated or altered)";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string OutputDirProblem(const std::string& label, const std::string& dir) {
+  if (std::string problem = util::CheckOutputDir(dir); !problem.empty()) {
+    return label + ": " + problem;
+  }
+  return checkpoint::CheckNotInCheckpoint(dir, label);
+}
+
+std::string OutputFileProblem(const std::string& label, const std::string& file) {
+  if (std::string problem = util::CheckOutputFile(file); !problem.empty()) {
+    return label + ": " + problem;
+  }
+  return checkpoint::CheckNotInCheckpoint(file, label);
+}
+
+StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump) {
+  StartupCheck check;
+  check.exit_code = kExitOutput;
+  const config::Config& cfg = resolved.values();
+  auto add = [&check](const std::string& problem) {
+    if (!problem.empty()) check.problems.push_back(problem);
+  };
+  if (const std::string& dir = cfg.checkpoint().dir(); !dir.empty()) {
+    add(OutputDirProblem(KeyWithSource(resolved, "checkpoint.dir"), dir));
+  }
+  if (const std::string& dir = cfg.train().output_dir(); !dir.empty()) {
+    add(OutputDirProblem(KeyWithSource(resolved, "train.output_dir"), dir));
+  }
+  if (!dump.empty()) add(OutputDirProblem("--dump", dump));
+  return check;
+}
+
+StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume) {
+  StartupCheck check;
+  check.exit_code = kExitCheckpoint;
+  if (resume.empty()) return check;
+  const config::Config& cfg = resolved.values();
+  const std::string& root = cfg.checkpoint().dir();
+  try {
+    if (resume == "auto" && root.empty()) {
+      check.exit_code = kExitConfig;
+      check.problems.push_back(
+          "--resume auto needs checkpoint.dir (where the run's checkpoints are); name a "
+          "checkpoint with --resume DIR instead");
+      return check;
+    }
+    const std::string step_dir = checkpoint::ResolveStepDir(resume, root);
+    if (step_dir.empty()) {
+      check.summary = "--resume auto: no checkpoint in " + root + " yet; the run starts fresh";
+      return check;
+    }
+    const checkpoint::Manifest manifest = checkpoint::ReadManifest(step_dir, cfg);
+    for (const checkpoint::LayerFile& file : manifest.files()) {
+      if (std::string problem = CheckLayerFile(step_dir + "/" + file.file(), file.bytes());
+          !problem.empty()) {
+        check.problems.push_back(problem);
+      }
+    }
+    const int64_t max_steps = cfg.train().max_steps();
+    if (manifest.step() >= max_steps) {
+      if (check.problems.empty()) check.exit_code = kExitConfig;
+      check.problems.push_back("--resume " + resume + ": the checkpoint " + step_dir +
+                               " is at step " + std::to_string(manifest.step()) + " and " +
+                               "train.max_steps=" + std::to_string(max_steps) + " (" +
+                               resolved.sources().Get("train.max_steps").ToString() + ")" +
+                               ": no step is left to train; raise train.max_steps above " +
+                               std::to_string(manifest.step()) + " to train further");
+    }
+    check.summary = "resume from " + step_dir + " at step " + std::to_string(manifest.step()) +
+                    " of " + std::to_string(max_steps) + ": the manifest matches the model, " +
+                    std::to_string(manifest.files_size()) + " layer files present (not read)";
+  } catch (const checkpoint::CheckpointError& error) {
+    check.problems.push_back(error.what());
+  } catch (const std::exception& error) {  // std::filesystem_error: a path the OS refuses
+    check.problems.push_back("--resume " + resume + ": " + error.what());
+  }
+  return check;
+}
+
+}  // namespace bigmac::cli

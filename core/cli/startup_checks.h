@@ -1,0 +1,38 @@
+#ifndef BIGMAC_CORE_CLI_STARTUP_CHECKS_H_
+#define BIGMAC_CORE_CLI_STARTUP_CHECKS_H_
+
+#include <string>
+#include <vector>
+
+#include "core/config/resolve.h"
+
+namespace bigmac::cli {
+
+// What a start-up check found: the problems (each naming the key or flag, the path and the
+// reason), the exit code they mean, and for a good resume source a line describing it.
+struct StartupCheck {
+  std::vector<std::string> problems;
+  int exit_code = 0;
+  std::string summary;
+};
+
+// "" or the problem with an output directory (file) that `label` names ("--out runs/x"): one
+// that cannot be created or written (util::CheckOutputDir), or one that would replace what a
+// checkpoint names (checkpoint::CheckNotInCheckpoint). For every command's outputs.
+std::string OutputDirProblem(const std::string& label, const std::string& dir);
+std::string OutputFileProblem(const std::string& label, const std::string& file);
+
+// Every location a training run writes: checkpoint.dir, train.output_dir (each when set) and
+// --dump. Each must be a directory this process can create files in, or creatable, and must not
+// replace what a checkpoint names. Exit code kExitOutput. Nothing is created.
+StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump);
+
+// The resume source, as the trainer will resolve it: it exists, its manifest reads and matches
+// the model, every layer file it names is a regular file of the size it claims (no tensor is
+// read), and its step is before train.max_steps (else kExitConfig: nothing is left to train).
+// Other problems: kExitCheckpoint. `resume` empty: nothing to check.
+StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume);
+
+}  // namespace bigmac::cli
+
+#endif  // BIGMAC_CORE_CLI_STARTUP_CHECKS_H_

@@ -1,0 +1,178 @@
+#include "core/util/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+namespace bigmac::util {
+namespace {
+
+const char* KindOf(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a fifo";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a directory";
+  return "not a regular file";
+}
+
+std::string NotRegular(const std::string& path, mode_t mode, const std::string& what) {
+  if (S_ISDIR(mode)) return path + ": is a directory, not a " + what;
+  return path + ": not a regular file (" + KindOf(mode) + "); a " + what +
+         " must be a regular file";
+}
+
+// Opens without blocking (a fifo with no writer would wait forever) and checks the kind on the
+// open descriptor, so the file checked is the file read. Returns -1 and sets *problem.
+int OpenRegular(const std::string& path, const std::string& what, struct stat* info,
+                std::string* problem) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    *problem = path + ": cannot open the " + what + ": " + OsReason(errno);
+    return -1;
+  }
+  if (fstat(fd, info) != 0 || !S_ISREG(info->st_mode)) {
+    *problem = NotRegular(path, info->st_mode, what);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string TooLarge(const std::string& path, const std::string& what, uint64_t size,
+                     uint64_t max_bytes, bool at_least) {
+  return path + ": " + what + " is too large: " + (at_least ? "over " : "") +
+         std::to_string(at_least ? max_bytes : size) + " bytes, the limit is " +
+         std::to_string(max_bytes);
+}
+
+// Every name in `path` fits NAME_MAX and the whole fits PATH_MAX; the OS says the same with
+// ENAMETOOLONG, but only for the parts that exist.
+std::string CheckNameLengths(const std::string& path) {
+  if (path.size() >= PATH_MAX) {
+    return path.substr(0, 64) + "...: the path is " + std::to_string(path.size()) +
+           " bytes, the limit is " + std::to_string(PATH_MAX - 1) + ": " + OsReason(ENAMETOOLONG);
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    if (end - start > NAME_MAX) {
+      return path.substr(0, 64) + "...: a name in the path is " + std::to_string(end - start) +
+             " bytes, the limit is " + std::to_string(NAME_MAX) + ": " + OsReason(ENAMETOOLONG);
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+std::string Parent(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Whether this process can create entries in `dir`: tried, since permission bits do not stop
+// root and a read-only mount or /proc only shows when something is created.
+std::string ProbeWritable(const std::string& dir, const std::string& target) {
+  std::string probe = dir + "/.bigmac_probe_XXXXXX";
+  if (mkdtemp(probe.data()) == nullptr) {
+    const int error = errno;
+    return target + ": cannot create anything in " + dir + ": " + OsReason(error);
+  }
+  rmdir(probe.c_str());
+  return "";
+}
+
+}  // namespace
+
+std::string OsReason(int error) { return std::strerror(error); }
+
+std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std::string& what,
+                         std::string* contents) {
+  struct stat info;
+  std::string problem;
+  const int fd = OpenRegular(path, what, &info, &problem);
+  if (fd < 0) return problem;
+  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
+    close(fd);
+    return TooLarge(path, what, info.st_size, max_bytes, false);
+  }
+  contents->clear();
+  char buffer[65536];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      problem = path + ": cannot read the " + what + ": " + OsReason(errno);
+      break;
+    }
+    if (n == 0) break;
+    // A file that grows while it is read (or lies about its size) is still bounded.
+    if (contents->size() + static_cast<size_t>(n) > max_bytes) {
+      problem = TooLarge(path, what, 0, max_bytes, true);
+      break;
+    }
+    contents->append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  if (!problem.empty()) contents->clear();
+  return problem;
+}
+
+std::string CheckUserFile(const std::string& path, const std::string& what) {
+  struct stat info;
+  std::string problem;
+  const int fd = OpenRegular(path, what, &info, &problem);
+  if (fd >= 0) close(fd);
+  return problem;
+}
+
+std::string CheckOutputDir(const std::string& path) {
+  if (path.empty()) return "an empty path is not a directory";
+  if (std::string problem = CheckNameLengths(path); !problem.empty()) return problem;
+  // The nearest part of the path that exists decides: it must be a directory we can write.
+  std::string existing = path;
+  while (true) {
+    struct stat info;
+    if (stat(existing.c_str(), &info) == 0) {
+      if (!S_ISDIR(info.st_mode)) {
+        return existing == path
+                   ? path + ": is " + (S_ISREG(info.st_mode) ? "a file" : KindOf(info.st_mode)) +
+                         ", not a directory"
+                   : path + ": cannot be created: " + existing + " is not a directory";
+      }
+      return ProbeWritable(existing, path);
+    }
+    if (errno != ENOENT && errno != ENOTDIR) {
+      return path + ": " + (existing == path ? "" : existing + ": ") + OsReason(errno);
+    }
+    const std::string parent = Parent(existing);
+    if (parent == existing) return path + ": no part of the path exists";
+    existing = parent;
+  }
+}
+
+std::string CheckOutputFile(const std::string& path) {
+  if (path.empty()) return "an empty path is not a file";
+  if (std::string problem = CheckNameLengths(path); !problem.empty()) return problem;
+  struct stat info;
+  if (stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return path + ": is a directory, not a file";
+    if (!S_ISREG(info.st_mode))
+      return path + ": is " + std::string(KindOf(info.st_mode)) + ", not a regular file";
+    if (access(path.c_str(), W_OK) != 0) return path + ": cannot be written: " + OsReason(errno);
+  } else if (errno != ENOENT && errno != ENOTDIR) {
+    return path + ": " + OsReason(errno);
+  }
+  if (std::string problem = CheckOutputDir(Parent(path)); !problem.empty()) {
+    return "cannot write " + path + ": " + problem;
+  }
+  return "";
+}
+
+}  // namespace bigmac::util

@@ -1,0 +1,37 @@
+#ifndef BIGMAC_CORE_UTIL_FILES_H_
+#define BIGMAC_CORE_UTIL_FILES_H_
+
+#include <cstdint>
+#include <string>
+
+namespace bigmac::util {
+
+// The one place for the rules on user-named paths (docs/reliability.md, "Paths"). Every function
+// returns "" when the path is usable, or the problem: the path, what is wrong, and the OS's
+// reason where there is one. None of them blocks, allocates more than their limit, or throws.
+
+// "<strerror(error)>": the OS's reason for an errno value.
+std::string OsReason(int error);
+
+// Reads the whole of a user-named input into *contents. Only a regular file is read (a fifo,
+// a device or a socket could block forever or never end), and never more than `max_bytes`
+// (the limit is applied to the bytes read, not to a size the file reports). `what` names the
+// file's role in messages ("config file", "token shard").
+std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std::string& what,
+                         std::string* contents);
+
+// Whether `path` is a regular file that can be opened for reading, without reading it (for
+// readers that are not ours, such as dlopen).
+std::string CheckUserFile(const std::string& path, const std::string& what);
+
+// An output directory: an existing directory that this process can create files in, or a path
+// that can be created (its nearest existing ancestor is a writable directory and every name fits
+// the OS's limits). Nothing is left behind by the check.
+std::string CheckOutputDir(const std::string& path);
+
+// An output file: not a directory nor a special file, and its directory passes CheckOutputDir.
+std::string CheckOutputFile(const std::string& path);
+
+}  // namespace bigmac::util
+
+#endif  // BIGMAC_CORE_UTIL_FILES_H_
