@@ -99,6 +99,30 @@ TEST_P(PluginScheduleTest, TwoStagesGiveTheLossesOfOneRank) {
 INSTANTIATE_TEST_SUITE_P(Schedules, PluginScheduleTest,
                          ::testing::Values("gpipe", "1f1b", "interleaved_1f1b", "zb_h1"));
 
+// Activation checkpointing applies to plugin blocks too: the stage keeps a plugin block's input
+// only and reruns its Forward before the backward. Same arithmetic, so the losses are bitwise
+// those without checkpointing, and the kept activations shrink.
+TEST(PluginCheckpointing, TheStageRecomputesPluginBlocksBitwise) {
+  // Every block from the plugin, so only the stage's recomputation can shrink the activations.
+  const std::string all_plugin =
+      "--set parallel.schedule=1f1b --set 'model.layer_types=[\"rms_swiglu_block:0-3\"]'";
+  const Result plain = Train(1, "all_plugin", all_plugin);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const Result checkpointed = Train(1, "all_plugin_checkpointed",
+                                    all_plugin + " --set train.activation_checkpointing=true");
+  ASSERT_EQ(checkpointed.exit_code, 0) << checkpointed.output;
+  ASSERT_EQ(plain.losses.size(), 6u);
+  EXPECT_EQ(checkpointed.losses, plain.losses);
+  auto activation_peak = [](const std::string& output) {
+    const std::string key = "activations peak ";
+    const size_t at = output.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(output.substr(at + key.size()));
+  };
+  EXPECT_GT(activation_peak(plain.output), 0) << plain.output;
+  EXPECT_LT(activation_peak(checkpointed.output), 0.6 * activation_peak(plain.output))
+      << checkpointed.output;
+}
+
 // Saved on two stages at step 3, resumed on one: the plugin layers' files are keyed by layer_id
 // like the built-in ones, so the run continues with the uninterrupted losses.
 TEST(PluginCheckpoint, SavedOnTwoStagesResumesOnOne) {

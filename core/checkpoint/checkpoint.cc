@@ -67,7 +67,14 @@ void WriteFileSynced(const std::string& path, const std::string& data, bool cras
 std::string ReadWholeFile(const std::string& path) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
-  if (!fs::exists(status)) throw CheckpointError(path + ": missing (cannot open)");
+  if (!fs::exists(status)) {
+    // A link that leads nowhere (or loops) is there, but cannot be opened: say why.
+    std::error_code link_error;
+    if (fs::exists(fs::symlink_status(path, link_error)))
+      throw CheckpointError(
+          path + ": cannot open: " + (error ? error.message() : "a symbolic link to nothing"));
+    throw CheckpointError(path + ": missing (cannot open)");
+  }
   if (!fs::is_regular_file(status)) throw CheckpointError(path + ": not a regular file");
   const uintmax_t size = fs::file_size(path, error);
   if (error) throw CheckpointError(path + ": cannot read its size: " + error.message());
@@ -496,7 +503,9 @@ VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& m
   try {
     verified.bytes = ReadWholeFile(path);
   } catch (const CheckpointError& e) {
-    throw LayerFileError(fs::exists(path) ? "UNREADABLE" : "MISSING", e.what());
+    std::error_code link_error;
+    throw LayerFileError(
+        fs::exists(fs::symlink_status(path, link_error)) ? "UNREADABLE" : "MISSING", e.what());
   }
   if (static_cast<int64_t>(verified.bytes.size()) != file->bytes())
     throw wrong_size(verified.bytes.size());
