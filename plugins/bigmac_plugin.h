@@ -18,11 +18,11 @@
 #endif
 
 // What changed from each version to the next, for the message that refuses an older plugin.
-#define BIGMAC_PLUGIN_ABI_CHANGES                                                               \
-  "ABI 2 (from 1): register_layer names a backend (\"cpu\" or \"cuda\"); LayerSpec carries "   \
-  "the device (spec.device: allocator, stream, library handles) instead of an allocator and "  \
+#define BIGMAC_PLUGIN_ABI_CHANGES                                                             \
+  "ABI 2 (from 1): register_layer names a backend (\"cpu\" or \"cuda\"); LayerSpec carries "  \
+  "the device (spec.device: allocator, stream, library handles) instead of an allocator and " \
   "a bf16 flag (precision.dtype=bf16: bf16 activations); Param has a bf16 compute copy; "     \
-  "tensor operations are calls into the host's device; plugins build against plugins/ "        \
+  "tensor operations are calls into the host's device; plugins build against plugins/ "       \
   "headers only (docs/plugins.md)"
 
 // The exported entry point's name, as dlsym looks it up.

@@ -41,7 +41,7 @@ struct TrainRun {
 
 // A small model (tiny.yaml's shape, narrower) for `steps` steps on `ranks` ranks.
 TrainRun Train(int ranks, const std::string& dtype, int steps, const std::string& extra,
-          const std::string& name, const std::string& environment = "") {
+               const std::string& name, const std::string& environment = "") {
   const std::string dump = TempDir() + "/precision_" + name;
   std::filesystem::remove_all(dump);
   const std::string command =
@@ -59,7 +59,8 @@ TrainRun Train(int ranks, const std::string& dtype, int steps, const std::string
   std::ifstream losses(dump + "/losses.txt");
   for (double loss; losses >> loss;) run.losses.push_back(loss);
   std::ifstream metrics(dump + "/out/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) run.metrics.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(metrics, line);)
+    run.metrics.push_back(nlohmann::json::parse(line));
   return run;
 }
 
@@ -146,7 +147,7 @@ TEST(Transport, PayloadsSplitIntoSeveralMessagesArriveWhole) {
     const TrainRun whole = Train(2, dtype, 3, "", std::string("whole_") + dtype);
     ASSERT_EQ(whole.exit_code, 0) << whole.output;
     const TrainRun split = Train(2, dtype, 3, "", std::string("split_") + dtype,
-                            "BIGMAC_TEST_MAX_MESSAGE_BYTES=1000 ");
+                                 "BIGMAC_TEST_MAX_MESSAGE_BYTES=1000 ");
     ASSERT_EQ(split.exit_code, 0) << split.output;
     ASSERT_EQ(whole.losses.size(), 3u);
     EXPECT_EQ(split.losses, whole.losses) << dtype;
@@ -170,9 +171,8 @@ TEST(Bf16, TinyConfigTracksFp32Within2Percent) {
   for (const std::string& file : files) corpus += " " + file;
   const std::string data = TempDir() + "/precision_fortunes";
   std::filesystem::remove_all(data);
-  ASSERT_EQ(RunCommand(Bigmac() + " data prep --input" + corpus + " --output " + data, 60)
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      RunCommand(Bigmac() + " data prep --input" + corpus + " --output " + data, 60).exit_code, 0);
   auto run = [&](const std::string& dtype) {
     const std::string dump = TempDir() + "/precision_tiny_" + dtype;
     std::filesystem::remove_all(dump);

@@ -3,11 +3,11 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <array>
 #include <list>
 #include <vector>
 
@@ -130,10 +130,10 @@ class MpiPipelineComm : public PipelineComm {
     int64_t numel = 1;
     for (int64_t extent : shape) numel *= extent;
     if (header[0] != kMagic || got_shape != shape || got_dtype != dtype || header[7] != numel) {
-      throw TransportError(from + ": expected " + Describe(dtype, shape) + ", got " +
-                           (header[0] == kMagic ? Describe(got_dtype, got_shape)
-                                                : "a malformed message") +
-                           " (" + std::to_string(bytes) + " bytes)");
+      throw TransportError(
+          from + ": expected " + Describe(dtype, shape) + ", got " +
+          (header[0] == kMagic ? Describe(got_dtype, got_shape) : "a malformed message") + " (" +
+          std::to_string(bytes) + " bytes)");
     }
     memory::Tensor tensor(device, shape, dtype);
     std::vector<char> staging;

@@ -157,9 +157,9 @@ class CpuDevice : public Device {
                  static_cast<double*>(a.m), static_cast<double*>(a.v), a.n, a.lr, a.beta1, a.beta2,
                  a.eps, a.weight_decay, a.bias_correction1, a.bias_correction2);
     } else if (a.dtype == DType::kF32) {
-      AdamWTyped(static_cast<float*>(a.p), static_cast<const float*>(a.g),
-                 static_cast<float*>(a.m), static_cast<float*>(a.v), a.n, a.lr, a.beta1, a.beta2,
-                 a.eps, a.weight_decay, a.bias_correction1, a.bias_correction2);
+      AdamWTyped(static_cast<float*>(a.p), static_cast<const float*>(a.g), static_cast<float*>(a.m),
+                 static_cast<float*>(a.v), a.n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                 a.bias_correction1, a.bias_correction2);
     } else {
       Unsupported("AdamW", a.dtype);
     }

@@ -85,8 +85,7 @@ class Device {
   // The engine's elementwise operations on device memory (the layers' kernels are the backend's
   // own). `n` counts elements.
   // to = from converted (f32 <-> bf16 with round-to-nearest-even, f32 <-> f64, same dtype: copy).
-  virtual void Convert(void* to, DType to_dtype, const void* from, DType from_dtype,
-                       int64_t n) = 0;
+  virtual void Convert(void* to, DType to_dtype, const void* from, DType from_dtype, int64_t n) = 0;
   // into += from, elementwise (f32 or f64).
   virtual void AddInto(void* into, const void* from, DType dtype, int64_t n) = 0;
   // data *= factor (factor rounded to dtype once).

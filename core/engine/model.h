@@ -25,9 +25,9 @@ struct TiedWeightSpec {
 // What the stage builds: the layer types by layer_id and the tied weights. The stage knows no
 // model names; a model is this description.
 struct ModelDescription {
-  std::string embedding_type;             // layer_id kEmbeddingLayerId
-  std::vector<std::string> block_types;   // layer_id 0..num_layers-1
-  std::string head_type;                  // layer_id num_layers
+  std::string embedding_type;            // layer_id kEmbeddingLayerId
+  std::vector<std::string> block_types;  // layer_id 0..num_layers-1
+  std::string head_type;                 // layer_id num_layers
   std::vector<TiedWeightSpec> tied;
   bool empty() const { return block_types.empty(); }
   // The type of any layer_id of the model.

@@ -25,13 +25,15 @@ void TiedWeight::ReduceGradient(comm::PipelineComm* comm) {
                                    owner_->grad.numel());
     copy_->grad.Zero();
   } else if (copy_) {
-    Need(comm, name_).Send(copy_->grad.Clone(), owner_rank_, comm::kTiedGradientTag,
-                           "tied gradient of " + name_);
+    Need(comm, name_)
+        .Send(copy_->grad.Clone(), owner_rank_, comm::kTiedGradientTag,
+              "tied gradient of " + name_);
     copy_->grad.Zero();
   } else if (owner_) {
-    const memory::Tensor grad = Need(comm, name_).Receive(
-        copy_rank_, comm::kTiedGradientTag, owner_->grad.shape(), owner_->grad.dtype(),
-        owner_->grad.device(), "ReduceTied gradient of " + name_);
+    const memory::Tensor grad =
+        Need(comm, name_)
+            .Receive(copy_rank_, comm::kTiedGradientTag, owner_->grad.shape(), owner_->grad.dtype(),
+                     owner_->grad.device(), "ReduceTied gradient of " + name_);
     owner_->grad.device()->AddInto(owner_->grad.raw(), grad.raw(), owner_->grad.dtype(),
                                    owner_->grad.numel());
   }
@@ -41,12 +43,13 @@ void TiedWeight::SyncValue(comm::PipelineComm* comm) {
   if (local()) {
     copy_->value.CopyFrom(owner_->value);
   } else if (owner_) {
-    Need(comm, name_).Send(owner_->value.Clone(), copy_rank_, comm::kTiedWeightTag,
-                           "tied weight " + name_);
+    Need(comm, name_)
+        .Send(owner_->value.Clone(), copy_rank_, comm::kTiedWeightTag, "tied weight " + name_);
   } else if (copy_) {
-    const memory::Tensor value = Need(comm, name_).Receive(
-        owner_rank_, comm::kTiedWeightTag, copy_->value.shape(), copy_->value.dtype(),
-        copy_->value.device(), "OptimizerStep updated " + name_ + " from its owner");
+    const memory::Tensor value =
+        Need(comm, name_)
+            .Receive(owner_rank_, comm::kTiedWeightTag, copy_->value.shape(), copy_->value.dtype(),
+                     copy_->value.device(), "OptimizerStep updated " + name_ + " from its owner");
     copy_->value.CopyFrom(value);
   }
   if (copy_) layer::RefreshComputeCopy(copy_);

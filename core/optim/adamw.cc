@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-
 namespace bigmac::optim {
 void AdamW::InitState(const std::vector<layer::Param*>& params) {
   for (layer::Param* param : params) {

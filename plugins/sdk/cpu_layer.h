@@ -77,9 +77,7 @@ class CpuLayer : public layer::Layer {
   // The gradient of parameter `index`: backward passes accumulate (+=) into it.
   T* G(int index) { return params_[index].grad.template data<T>(); }
   // A new tensor of the compute dtype on the layer's device (counted against its capacity).
-  Tensor New(std::vector<int64_t> shape) const {
-    return Tensor(spec_.device, shape, spec_.dtype);
-  }
+  Tensor New(std::vector<int64_t> shape) const { return Tensor(spec_.device, shape, spec_.dtype); }
   static T* D(Tensor& tensor) { return tensor.data<T>(); }
   static const T* D(const Tensor& tensor) { return tensor.data<T>(); }
 

@@ -1,5 +1,3 @@
-#include "plugins/sdk/cpu_kernels.h"
-
 #include <cblas.h>
 #include <omp.h>
 
@@ -11,6 +9,7 @@
 #include <vector>
 
 #include "core/util/simd.h"
+#include "plugins/sdk/cpu_kernels.h"
 
 namespace bigmac::sdk::cpu {
 namespace {
