@@ -66,6 +66,15 @@ void Cast(To* to, const From* from, int64_t n) {
                          " is not supported");
 }
 
+// Calls `f(T{})` with T = float for f32 and double for f64: the engine's operations are the same
+// loop in either precision.
+template <typename F>
+auto ForFloat(DType dtype, const char* what, F f) {
+  if (dtype == DType::kF64) return f(double{});
+  if (dtype == DType::kF32) return f(float{});
+  Unsupported(what, dtype);
+}
+
 class CpuDevice : public Device {
  public:
   CpuDevice(int index, int64_t capacity) : Device("cpu:" + std::to_string(index), capacity) {}
@@ -106,63 +115,49 @@ class CpuDevice : public Device {
   }
 
   void AddInto(void* into, const void* from, DType dtype, int64_t n) override {
-    if (dtype == DType::kF64) {
-      double* a = static_cast<double*>(into);
-      const double* b = static_cast<const double*>(from);
+    ForFloat(dtype, "AddInto", [&](auto zero) {
+      using T = decltype(zero);
+      T* a = static_cast<T*>(into);
+      const T* b = static_cast<const T*>(from);
       for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-    } else if (dtype == DType::kF32) {
-      float* a = static_cast<float*>(into);
-      const float* b = static_cast<const float*>(from);
-      for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-    } else {
-      Unsupported("AddInto", dtype);
-    }
+    });
   }
 
   void Scale(void* data, DType dtype, int64_t n, double factor) override {
-    if (dtype == DType::kF64) {
-      double* g = static_cast<double*>(data);
-      for (int64_t i = 0; i < n; ++i) g[i] *= factor;
-    } else if (dtype == DType::kF32) {
-      float* g = static_cast<float*>(data);
-      const float f = static_cast<float>(factor);
+    ForFloat(dtype, "Scale", [&](auto zero) {
+      using T = decltype(zero);
+      T* g = static_cast<T*>(data);
+      const T f = static_cast<T>(factor);
       for (int64_t i = 0; i < n; ++i) g[i] *= f;
-    } else {
-      Unsupported("Scale", dtype);
-    }
+    });
   }
 
   double SumSquares(const void* data, DType dtype, int64_t n) override {
-    if (dtype == DType::kF64) return SumSquaresTyped(static_cast<const double*>(data), n);
-    if (dtype == DType::kF32) return SumSquaresTyped(static_cast<const float*>(data), n);
-    Unsupported("SumSquares", dtype);
+    return ForFloat(dtype, "SumSquares", [&](auto zero) {
+      return SumSquaresTyped(static_cast<const decltype(zero)*>(data), n);
+    });
   }
 
   bool AllFinite(const void* data, DType dtype, int64_t n) override {
-    if (dtype == DType::kF64) return AllFiniteTyped(static_cast<const double*>(data), n);
-    if (dtype == DType::kF32) return AllFiniteTyped(static_cast<const float*>(data), n);
     if (dtype == DType::kBF16) {
       const BFloat16* v = static_cast<const BFloat16*>(data);
       for (int64_t i = 0; i < n; ++i) {
-        if ((v[i].bits & 0x7f80u) == 0x7f80u) return false;
+        if ((v[i].bits & 0x7f80u) == 0x7f80u) return false;  // all-ones exponent: Inf or NaN
       }
       return true;
     }
-    Unsupported("AllFinite", dtype);
+    return ForFloat(dtype, "AllFinite", [&](auto zero) {
+      return AllFiniteTyped(static_cast<const decltype(zero)*>(data), n);
+    });
   }
 
   void AdamWUpdate(const AdamWArgs& a) override {
-    if (a.dtype == DType::kF64) {
-      AdamWTyped(static_cast<double*>(a.p), static_cast<const double*>(a.g),
-                 static_cast<double*>(a.m), static_cast<double*>(a.v), a.n, a.lr, a.beta1, a.beta2,
-                 a.eps, a.weight_decay, a.bias_correction1, a.bias_correction2);
-    } else if (a.dtype == DType::kF32) {
-      AdamWTyped(static_cast<float*>(a.p), static_cast<const float*>(a.g), static_cast<float*>(a.m),
-                 static_cast<float*>(a.v), a.n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+    ForFloat(a.dtype, "AdamW", [&](auto zero) {
+      using T = decltype(zero);
+      AdamWTyped(static_cast<T*>(a.p), static_cast<const T*>(a.g), static_cast<T*>(a.m),
+                 static_cast<T*>(a.v), a.n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                  a.bias_correction1, a.bias_correction2);
-    } else {
-      Unsupported("AdamW", a.dtype);
-    }
+    });
   }
 };
 

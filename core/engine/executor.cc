@@ -42,7 +42,8 @@ Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::Sched
       flush_(std::move(flush)),
       tail_(std::move(tail)),
       hidden_size_(hidden_size),
-      loss_(stage->device(), {1}, memory::DType::kF64) {}
+      loss_(stage->device(), {1}, memory::DType::kF64),
+      loss_term_(stage->device(), {1}, memory::DType::kF64) {}
 
 std::vector<int64_t> Executor::ActivationShape(const layer::MicroBatch& mb) const {
   return {mb.batch, mb.seq, hidden_size_};
@@ -152,9 +153,8 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
       Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input), keep);
       if (stage_->is_last_stage(a.stage)) {
         // The loss stays on the device until the flush ends.
-        Tensor wide(stage_->device(), {1}, memory::DType::kF64);
-        wide.ConvertFrom(output);
-        loss_.device()->AddInto(loss_.raw(), wide.raw(), memory::DType::kF64, 1);
+        loss_term_.ConvertFrom(output);
+        loss_.device()->AddInto(loss_.raw(), loss_term_.raw(), memory::DType::kF64, 1);
       } else {
         outbox_[{a.microbatch, a.stage}] = std::move(output);
       }

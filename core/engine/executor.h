@@ -74,6 +74,7 @@ class Executor {
   std::map<std::pair<int, int>, memory::Tensor> inbox_;   // received, keyed by (mb, stage)
   std::map<std::pair<int, int>, memory::Tensor> outbox_;  // produced, waiting for their send
   memory::Tensor loss_;                                   // f64[1]: this flush's loss sum
+  memory::Tensor loss_term_;                              // f64[1]: one micro-batch's, widened
   metrics::Timeline* timeline_ = nullptr;
 };
 

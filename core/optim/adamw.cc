@@ -3,6 +3,7 @@
 #include <cmath>
 
 namespace bigmac::optim {
+
 void AdamW::InitState(const std::vector<layer::Param*>& params) {
   for (layer::Param* param : params) {
     State& state = state_[param];
