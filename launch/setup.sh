@@ -49,3 +49,24 @@ if [[ ! -x "$cuda_home/bin/nvcc" ]]; then
   echo "setup: the CUDA toolkit is missing: no $cuda_home/bin/nvcc (BigMac compiles its CUDA targets on every build)" >&2
   exit 1
 fi
+
+# The cuDNN frontend (header-only C++ graph API for the fused SDPA) from its PyPI wheel, pinned;
+# its include/ is unpacked into third_party/cudnn_frontend/include (ignored by git), which the
+# WORKSPACE's @cudnn_frontend repository points at.
+cudnn_frontend_version=1.32.0
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+frontend_dir="$repo_root/third_party/cudnn_frontend"
+if [[ "$(cat "$frontend_dir/VERSION" 2>/dev/null)" != "$cudnn_frontend_version" ]]; then
+  echo "setup: unpacking the cuDNN frontend $cudnn_frontend_version headers (PyPI nvidia-cudnn-frontend)"
+  wheel_dir=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check \
+    "nvidia-cudnn-frontend==$cudnn_frontend_version" -d "$wheel_dir" >/dev/null
+  rm -rf "$frontend_dir/include"
+  python3 - "$wheel_dir" "$frontend_dir" <<'PY'
+import glob, sys, zipfile
+wheel = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0])
+wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("include/")])
+PY
+  rm -rf "$wheel_dir"
+  echo "$cudnn_frontend_version" > "$frontend_dir/VERSION"
+fi

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "core/memory/allocator.h"
@@ -21,6 +22,14 @@
 namespace bigmac::device {
 
 using memory::DType;
+
+// A call into a device's runtime or libraries failed (CUDA, cuBLAS, cuDNN, NCCL). The message
+// names the call, its status, the layer or operation, the rank and the device. The CLI maps it
+// to kExitDevice.
+class DeviceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 enum class Backend { kCpu, kCuda };
 std::string BackendName(Backend backend);  // "cpu", "cuda"
