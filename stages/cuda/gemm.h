@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "core/device/cuda/cuda_device.h"
+#include "core/device/cuda/context.h"
 #include "core/memory/dtype.h"
 
 namespace bigmac::stages::cuda {

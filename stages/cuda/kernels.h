@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "core/device/cuda/cuda_device.h"
+#include "core/device/cuda/context.h"
 
 namespace bigmac::stages::cuda {
 

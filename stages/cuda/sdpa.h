@@ -13,7 +13,7 @@
 // allocator (counted like any tensor). Deterministic: the backward asks for cuDNN's
 // deterministic algorithm.
 
-#include "core/device/cuda/cuda_device.h"
+#include "core/device/cuda/context.h"
 
 namespace bigmac::stages::cuda {
 
