@@ -5,6 +5,7 @@
 #include <regex>
 #include <string>
 
+#include "core/comm/cuda/cuda_probe.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
@@ -97,14 +98,28 @@ TEST(CliTrain, DataPrepRefusesTooLittleText) {
       << r.output;
 }
 
-// Settings the dry-run accepts but training does not implement are refused, not ignored.
-TEST(CliTrain, UnimplementedSettingsAreRefusedForTraining) {
+// device.backend=cuda on a machine without a GPU says so, exit 2, before anything is allocated;
+// a model the CUDA kernels cannot serve is refused first, naming the field and the rule.
+TEST(CliTrain, CudaWithoutAGpuOrWithAnUnalignedModelIsRefusedAtStartUp) {
+  if (bigmac::comm::cuda::DeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
   const testutil::RunResult r =
       RunCommand(TrainCommand("--set precision.dtype=bf16 --set device.backend=cuda"), 60);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("device.backend=cuda: the CUDA backend is not implemented yet"),
-            std::string::npos)
+  EXPECT_NE(r.output.find("device.backend=cuda but no CUDA device is visible"), std::string::npos)
       << r.output;
+  EXPECT_EQ(r.output.find("[step"), std::string::npos) << r.output;
+  const testutil::RunResult unaligned = RunCommand(
+      TrainCommand("--set device.backend=cuda --set model.hidden_size=36 --set model.num_heads=3"),
+      60);
+  EXPECT_EQ(unaligned.exit_code, 2) << unaligned.output;
+  EXPECT_NE(unaligned.output.find("model.hidden_size=36: device.backend=cuda needs hidden_size % "
+                                  "8 == 0"),
+            std::string::npos)
+      << unaligned.output;
+}
+
+// Settings the dry-run accepts but training does not implement are refused, not ignored.
+TEST(CliTrain, UnimplementedSettingsAreRefusedForTraining) {
   // The dry-run still shows such a layout.
   EXPECT_EQ(RunCommand(TrainCommand("--set parallel.tp_size=1 --dry-run"), 60).exit_code, 0);
   const testutil::RunResult tp =

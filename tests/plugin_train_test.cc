@@ -213,8 +213,7 @@ TEST(PluginErrors, ALayerTypeWithoutTheBackendStopsEveryRankWithExitTwo) {
       60);
   EXPECT_EQ(plan.exit_code, 2) << plan.output;
   EXPECT_NE(plan.output.find(missing), std::string::npos) << plan.output;
-  // The built-in types come with the CUDA backend, which this build lacks: the same layout of
-  // built-in blocks still plans, and training refuses it as not implemented yet.
+  // The built-in types have a CUDA implementation: the same layout of built-in blocks plans.
   const testutil::RunResult built_in =
       RunCommand(Bigmac() + " plan --world-size 2 --config " + ConfigFile() +
                      " --set device.backend=cuda --set 'model.layer_types=[]'",

@@ -11,6 +11,7 @@
 #include "core/cli/startup_checks.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/errors.h"
+#include "core/config/resolve.h"
 #include "core/engine/stage.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
@@ -41,8 +42,7 @@ Model BuildModel(const config::ResolvedConfig& resolved) {
   Model model;
   model.device = device::MakeCpuDevice(0, memory::CpuCapacity("", 1));
   engine::StageOptions options;
-  options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
-                  cfg.model().num_layers(), cfg.train().seq_length()};
+  options.dims = config::ModelDimsOf(cfg);
   options.device = model.device.get();
   options.seed = static_cast<uint64_t>(cfg.train().seed());
   options.block_types = resolved.block_types;

@@ -31,6 +31,7 @@
 #include "core/config/schema.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
+#include "core/device/cuda/cuda_device.h"
 #include "core/engine/trainer.h"
 #include "core/memory/allocator.h"
 #include "core/plan/plan.h"
@@ -38,6 +39,7 @@
 #include "core/util/files.h"
 #include "core/util/format.h"
 #include "core/util/stop_signal.h"
+#include "stages/gpt/cuda/constraints.h"
 
 namespace bigmac::cli {
 namespace {
@@ -177,6 +179,9 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   } catch (const checkpoint::CheckpointError& error) {
     std::fprintf(stderr, "%scheckpoint: %s\n", rank.c_str(), error.what());
     return kExitCheckpoint;
+  } catch (const device::DeviceError& error) {
+    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
+    return kExitDevice;
   } catch (const comm::TransportError& error) {
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitFailure;
@@ -198,12 +203,26 @@ std::vector<std::string> UnsupportedForTraining(const config::Config& values) {
     missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
                       ": tensor parallelism has no kernels yet; training needs tp_size=1");
   }
-  if (values.device().backend() != "cpu") {
-    missing.push_back(
-        "device.backend=" + values.device().backend() +
-        ": the CUDA backend is not implemented yet; training runs on device.backend=cpu");
+  if (values.device().backend() == "cuda") {
+    for (std::string& problem : stages::gpt::cuda::CudaModelProblems(config::ModelDimsOf(values)))
+      missing.push_back(std::move(problem));
   }
   return missing;
+}
+
+// The rank's device: host memory, or the GPU the placement chose (its memory capped by
+// device.memory_limit when that is set).
+std::unique_ptr<::bigmac::device::Device> MakeRankDevice(const comm::DevicePlacement& placement,
+                                                         int world_rank, int ranks_on_node,
+                                                         const std::string& memory_limit) {
+  if (placement.backend == "cuda") {
+    int64_t limit = 0;
+    std::string unused;
+    if (!memory_limit.empty()) memory::ParseByteSize(memory_limit, &limit, &unused);
+    return ::bigmac::device::cuda::MakeCudaDevice(placement.index, world_rank, limit);
+  }
+  return ::bigmac::device::MakeCpuDevice(placement.index,
+                                         memory::CpuCapacity(memory_limit, ranks_on_node));
 }
 
 // OpenMP and BLAS threads per rank: the node's cores shared by its ranks (spinning threads of
@@ -515,9 +534,23 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
       topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds(),
       core_each ? 2e-3 : 50e-6);
   // The rank's device, chosen above; it outlives the training run.
-  const std::unique_ptr<::bigmac::device::Device> rank_device = ::bigmac::device::MakeCpuDevice(
-      device.index,
-      memory::CpuCapacity(resolved->values().device().memory_limit(), world.local_size()));
+  std::unique_ptr<::bigmac::device::Device> rank_device;
+  try {
+    rank_device = MakeRankDevice(device, world.rank(), world.local_size(),
+                                 resolved->values().device().memory_limit());
+  } catch (const ::bigmac::device::DeviceError& error) {
+    problems = {error.what()};
+  }
+  if (int code = AllRanksAgree(world, "device set-up", problems, resolved->hash, kExitDevice))
+    return code;
+  if (device.backend == "cuda") {
+    const std::vector<std::string> lines = world.GatherToRoot(
+        "[device] rank " + std::to_string(world.rank()) + ": " +
+        ::bigmac::device::cuda::Describe(rank_device.get()) + "; " +
+        stages::gpt::cuda::CudaLayoutSummary(config::ModelDimsOf(resolved->values()),
+                                             resolved->values().precision().dtype() == "bf16"));
+    if (world.rank() == 0) PrintLines(lines);
+  }
   engine::TrainOptions train_options;
   train_options.device = rank_device.get();
   train_options.ranks_on_node = world.local_size();

@@ -13,6 +13,7 @@ inline constexpr int kExitBadData = 5;      // data::DataError: a data file that
 inline constexpr int kExitTimeout = 6;      // comm::DeadlineError: a wait on another rank timed out
 inline constexpr int kExitCheckpoint = 7;   // checkpoint::CheckpointError: unusable or unwritable
 inline constexpr int kExitOutput = 8;       // an output location that cannot be used (any command)
+inline constexpr int kExitDevice = 9;  // device::DeviceError: a CUDA/cuBLAS/cuDNN/NCCL call failed
 // A stop signal during start-up: 128 + the signal (143 SIGTERM, 130 SIGINT), util::SetStopAtOnce.
 
 }  // namespace bigmac::cli

@@ -106,8 +106,7 @@ partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance&
   spec.layers_per_stage.assign(model.layers_per_stage().begin(), model.layers_per_stage().end());
   for (int point : model.split_points()) spec.split_points.push_back(point - spec.origin);
   // balanced: the estimated compute (forward + backward FLOPs) of each layer for one micro-batch.
-  const layer::ModelDims dims{model.vocab_size(), model.hidden_size(), model.num_heads(),
-                              model.num_layers(), values.train().seq_length()};
+  const layer::ModelDims dims = ModelDimsOf(values);
   const int batch = values.train().micro_batch_size();
   const int seq = values.train().seq_length();
   if (model.num_heads() > 0 && model.hidden_size() > 0) {
@@ -320,6 +319,12 @@ uint64_t ConfigHash(const Config& values) {
     }
   }
   return hash;
+}
+
+layer::ModelDims ModelDimsOf(const Config& values) {
+  const Model& model = values.model();
+  return {model.vocab_size(), model.hidden_size(), model.num_heads(), model.num_layers(),
+          values.train().seq_length()};
 }
 
 }  // namespace bigmac::config

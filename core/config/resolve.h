@@ -7,6 +7,7 @@
 
 #include "core/config/batch.h"
 #include "core/config/loader.h"
+#include "core/layer/layer.h"
 #include "core/partition/partition.h"
 
 namespace bigmac::config {
@@ -47,6 +48,10 @@ inline constexpr char kDefaultBlockType[] = "gpt_block";
 
 // FNV-1a of the deterministic serialization of the effective values.
 uint64_t ConfigHash(const Config& values);
+
+// The model's dimensions (model.* and train.seq_length as the position table's rows): the one
+// place a config becomes layer::ModelDims.
+layer::ModelDims ModelDimsOf(const Config& values);
 
 // The partition spec the model section describes (layer numbers converted to 0-based layer_ids).
 partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance& sources);

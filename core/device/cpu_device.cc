@@ -158,6 +158,7 @@ class CpuDevice : public Device {
                  static_cast<T*>(a.v), a.n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                  a.bias_correction1, a.bias_correction2);
     });
+    if (a.compute_bf16) Convert(a.compute_bf16, DType::kBF16, a.p, a.dtype, a.n);
   }
 };
 

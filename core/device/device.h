@@ -54,6 +54,9 @@ struct AdamWArgs {
   void* v = nullptr;
   int64_t n = 0;
   DType dtype = DType::kF32;
+  // The parameter's bf16 compute copy, rewritten from the new p in the same pass (f32 only), or
+  // null. Rounded to nearest even, exactly as Convert would.
+  void* compute_bf16 = nullptr;
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   double bias_correction1 = 1, bias_correction2 = 1;
 };

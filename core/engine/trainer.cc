@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/config/resolve.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
 #include "core/engine/executor.h"
@@ -236,8 +237,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
         memory::CpuCapacity(cfg_.device().memory_limit(), options.ranks_on_node));
     device_ = owned_device_.get();
   }
-  stage_options_.dims = {cfg_.model().vocab_size(), cfg_.model().hidden_size(),
-                         cfg_.model().num_heads(), cfg_.model().num_layers(), seq_};
+  stage_options_.dims = config::ModelDimsOf(cfg_);
   stage_options_.bf16 = cfg_.precision().dtype() == "bf16";  // fp16 is refused at start-up
   stage_options_.device = device_;
   stage_options_.activation_checkpointing = train_.activation_checkpointing();

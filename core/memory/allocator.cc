@@ -67,6 +67,12 @@ void* DeviceAllocator::Allocate(int64_t bytes) {
     // Live and cached memory together stay within the capacity: drop the cache if they would not.
     if (rounded > capacity_ - current_ - cached_) ReleaseCacheLocked();
     pointer = system_.allocate(rounded);
+    // Cached blocks of other sizes may be what the system lacks (cudaMalloc fragments): return
+    // them and try once more before giving up.
+    if (!pointer && cached_ > 0) {
+      ReleaseCacheLocked();
+      pointer = system_.allocate(rounded);
+    }
     // The system itself ran out before our capacity did: report it the same way.
     if (!pointer) throw OutOfMemoryError(device_ + " (system)", bytes, capacity_, current_);
     ++system_allocations_;

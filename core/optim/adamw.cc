@@ -35,8 +35,15 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
     args.weight_decay = param->weight_decay ? options_.weight_decay : 0.0;
     args.bias_correction1 = bias1;
     args.bias_correction2 = bias2;
+    // The bf16 compute copy is written in the same pass (what RefreshComputeCopy would write).
+    const bool fused_copy = !param->compute.empty() && args.dtype == memory::DType::kF32;
+    if (fused_copy) args.compute_bf16 = param->compute.raw();
     param->value.device()->AdamWUpdate(args);
-    layer::RefreshComputeCopy(param);
+    if (fused_copy) {
+      ++param->compute_version;
+    } else {
+      layer::RefreshComputeCopy(param);
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "core/config/resolve.h"
 #include "core/engine/stage.h"
 #include "core/layer/gpt_cost.h"
 #include "core/memory/allocator.h"
@@ -15,11 +16,6 @@ using util::Format;
 
 namespace {
 
-layer::ModelDims DimsOf(const config::Config& cfg) {
-  return {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
-          cfg.model().num_layers(), cfg.train().seq_length()};
-}
-
 std::string Count(int64_t n) {
   if (n >= 1000000) return Format("%.2fM", n / 1e6);
   if (n >= 1000) return Format("%.1fK", n / 1e3);
@@ -30,7 +26,7 @@ std::string Count(int64_t n) {
 
 LayerTimes EstimateLayerTimes(const config::ResolvedConfig& config, double gflops) {
   const config::Config& cfg = config.values();
-  const layer::ModelDims dims = DimsOf(cfg);
+  const layer::ModelDims dims = config::ModelDimsOf(cfg);
   const int b = cfg.train().micro_batch_size();
   const int t = cfg.train().seq_length();
   const double ms_per_flop = 1e3 / (gflops * 1e9);
@@ -59,7 +55,7 @@ LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats) 
   partition::PartitionSpec spec;
   spec.num_layers = 1;
   engine::StageOptions options;
-  options.dims = DimsOf(cfg);
+  options.dims = config::ModelDimsOf(cfg);
   options.dims.num_layers = 1;
   options.device = device.get();
   options.activation_checkpointing = cfg.train().activation_checkpointing();
@@ -115,7 +111,7 @@ LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats) 
 std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
                                      const LayerTimes& times) {
   const config::Config& cfg = config.values();
-  const layer::ModelDims dims = DimsOf(cfg);
+  const layer::ModelDims dims = config::ModelDimsOf(cfg);
   const int b = cfg.train().micro_batch_size();
   const int t = cfg.train().seq_length();
   const bool ckpt = cfg.train().activation_checkpointing();

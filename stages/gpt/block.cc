@@ -7,13 +7,13 @@
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "plugins/sdk/init.h"
+#include "stages/gpt/params.h"
 
 namespace bigmac::stages::gpt {
 namespace {
 
 namespace cpu = sdk::cpu;
-using sdk::FillConstant, sdk::FillNormal, sdk::LayerSpec, sdk::MicroBatch, sdk::Param, sdk::Saved,
-    sdk::Tensor;
+using sdk::LayerSpec, sdk::MicroBatch, sdk::Param, sdk::Saved, sdk::Tensor;
 
 template <typename T>
 class Block : public sdk::CpuLayer<T> {
@@ -43,41 +43,20 @@ class Block : public sdk::CpuLayer<T> {
   };
 
  public:
-  explicit Block(const LayerSpec& spec) : Base(spec) {
+  explicit Block(const LayerSpec& spec) : Base(spec), specs_(BlockParams(spec.dims)) {
     const int c = this->C();
     if (c % spec.dims.num_heads != 0) {
       throw std::invalid_argument("block: hidden_size " + std::to_string(c) +
                                   " not divisible by num_heads " +
                                   std::to_string(spec.dims.num_heads));
     }
-    ln1_w_ = this->AddParam("ln1.weight", {c}, false);
-    ln1_b_ = this->AddParam("ln1.bias", {c}, false);
-    qkv_w_ = this->AddParam("attn.qkv.weight", {3 * c, c}, true);
-    qkv_b_ = this->AddParam("attn.qkv.bias", {3 * c}, false);
-    proj_w_ = this->AddParam("attn.proj.weight", {c, c}, true);
-    proj_b_ = this->AddParam("attn.proj.bias", {c}, false);
-    ln2_w_ = this->AddParam("ln2.weight", {c}, false);
-    ln2_b_ = this->AddParam("ln2.bias", {c}, false);
-    fc_w_ = this->AddParam("mlp.fc.weight", {4 * c, c}, true);
-    fc_b_ = this->AddParam("mlp.fc.bias", {4 * c}, false);
-    fcproj_w_ = this->AddParam("mlp.proj.weight", {c, 4 * c}, true);
-    fcproj_b_ = this->AddParam("mlp.proj.bias", {c}, false);
+    for (const ParamSpec& param : specs_)
+      this->AddParam(param.name, param.shape, param.weight_decay);
   }
 
   void InitParams(uint64_t seed) override {
-    // GPT-2: N(0, 0.02); projections into the residual stream scaled by 1/sqrt(2 * layers).
-    const double residual_std = 0.02 / std::sqrt(2.0 * this->spec_.dims.num_layers);
-    for (Param& param : this->params_) {
-      if (param.name.find("ln") == 0) {
-        FillConstant(&param.value, param.name.find("weight") != std::string::npos ? 1.0 : 0.0);
-      } else if (param.name.find("bias") != std::string::npos) {
-        FillConstant(&param.value, 0.0);
-      } else {
-        const bool residual = param.name == "attn.proj.weight" || param.name == "mlp.proj.weight";
-        FillNormal(&param.value, residual ? residual_std : 0.02, seed, this->layer_id(),
-                   param.name);
-      }
-    }
+    for (size_t i = 0; i < specs_.size(); ++i)
+      InitParam(specs_[i], &this->params_[i].value, seed, this->layer_id());
   }
 
   // It recomputes in BackwardInput itself: the stage must not rerun Forward as well.
@@ -107,27 +86,28 @@ class Block : public sdk::CpuLayer<T> {
     s.push_back(dy.Clone());  // kDy
     // MLP: y = res2 + proj(gelu(fc(ln2(res2)))).
     Tensor dfch_gelu = this->New({n, 4 * c});
-    cpu::MatmulBackwardInput(Base::D(dfch_gelu), Base::D(dy), this->W(fcproj_w_), n, 4 * c, c);
+    cpu::MatmulBackwardInput(Base::D(dfch_gelu), Base::D(dy), this->W(kFcProjWeight), n, 4 * c, c);
     Tensor dfch = this->New({n, 4 * c});
     cpu::GeluBackward(Base::D(dfch), Base::D(s[kFch]), Base::D(dfch_gelu), int64_t{n} * 4 * c);
     s[kFch] = Tensor();
     Tensor dln2 = this->New({n, c});
-    cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(fc_w_), n, c, 4 * c);
+    cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(kFcWeight), n, c, 4 * c);
     Tensor dres2 = dy.Clone();
-    cpu::LayerNormBackwardInput(Base::D(dres2), Base::D(dln2), Base::D(s[kRes2]), this->W(ln2_w_),
-                                Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n, c);
+    cpu::LayerNormBackwardInput(Base::D(dres2), Base::D(dln2), Base::D(s[kRes2]),
+                                this->W(kLn2Weight), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n,
+                                c);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
     Tensor datty = this->New({n, c});
-    cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(proj_w_), n, c, c);
+    cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(kProjWeight), n, c, c);
     Tensor dqkv = this->New({n, 3 * c});
     cpu::AttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]),
                            mb.batch, mb.seq, c, this->spec_.dims.num_heads);
     s[kAtt] = Tensor();
     s[kQkv] = Tensor();
     Tensor dln1 = this->New({n, c});
-    cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(qkv_w_), n, c, 3 * c);
+    cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(kQkvWeight), n, c, 3 * c);
     *dx = dres2.Clone();
-    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]), this->W(ln1_w_),
+    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]), this->W(kLn1Weight),
                                 Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n, c);
     s.push_back(std::move(dfch));
     s.push_back(std::move(dln2));
@@ -140,18 +120,18 @@ class Block : public sdk::CpuLayer<T> {
     auto& s = saved->tensors;
     const int n = mb.batch * mb.seq;
     const int c = this->C();
-    cpu::MatmulBackwardWeight(this->G(fcproj_w_), this->G(fcproj_b_), Base::D(s[kDy]),
+    cpu::MatmulBackwardWeight(this->G(kFcProjWeight), this->G(kFcProjBias), Base::D(s[kDy]),
                               Base::D(s[kFchGelu]), n, 4 * c, c);
-    cpu::MatmulBackwardWeight(this->G(fc_w_), this->G(fc_b_), Base::D(s[kDFch]), Base::D(s[kLn2]),
-                              n, c, 4 * c);
-    cpu::LayerNormBackwardWeight(this->G(ln2_w_), this->G(ln2_b_), Base::D(s[kDLn2]),
+    cpu::MatmulBackwardWeight(this->G(kFcWeight), this->G(kFcBias), Base::D(s[kDFch]),
+                              Base::D(s[kLn2]), n, c, 4 * c);
+    cpu::LayerNormBackwardWeight(this->G(kLn2Weight), this->G(kLn2Bias), Base::D(s[kDLn2]),
                                  Base::D(s[kRes2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]), n,
                                  c);
-    cpu::MatmulBackwardWeight(this->G(proj_w_), this->G(proj_b_), Base::D(s[kDRes2]),
+    cpu::MatmulBackwardWeight(this->G(kProjWeight), this->G(kProjBias), Base::D(s[kDRes2]),
                               Base::D(s[kAtty]), n, c, c);
-    cpu::MatmulBackwardWeight(this->G(qkv_w_), this->G(qkv_b_), Base::D(s[kDQkv]), Base::D(s[kLn1]),
-                              n, c, 3 * c);
-    cpu::LayerNormBackwardWeight(this->G(ln1_w_), this->G(ln1_b_), Base::D(s[kDLn1]),
+    cpu::MatmulBackwardWeight(this->G(kQkvWeight), this->G(kQkvBias), Base::D(s[kDQkv]),
+                              Base::D(s[kLn1]), n, c, 3 * c);
+    cpu::LayerNormBackwardWeight(this->G(kLn1Weight), this->G(kLn1Bias), Base::D(s[kDLn1]),
                                  Base::D(s[kX]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n, c);
     saved->Clear();
   }
@@ -187,32 +167,31 @@ class Block : public sdk::CpuLayer<T> {
     s[kFch] = this->New({n, 4 * c});
     s[kFchGelu] = this->New({n, 4 * c});
     cpu::LayerNormForward(Base::D(s[kLn1]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]),
-                          Base::D(s[kX]), this->W(ln1_w_), this->W(ln1_b_), n, c);
-    cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(qkv_w_), this->W(qkv_b_), n, c,
-                       3 * c);
+                          Base::D(s[kX]), this->W(kLn1Weight), this->W(kLn1Bias), n, c);
+    cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(kQkvWeight), this->W(kQkvBias),
+                       n, c, 3 * c);
     cpu::AttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch, mb.seq,
                           c, h);
     Tensor attn_out = this->New({n, c});
-    cpu::MatmulForward(Base::D(attn_out), Base::D(s[kAtty]), this->W(proj_w_), this->W(proj_b_), n,
-                       c, c);
+    cpu::MatmulForward(Base::D(attn_out), Base::D(s[kAtty]), this->W(kProjWeight),
+                       this->W(kProjBias), n, c, c);
     cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
     cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]),
-                          Base::D(s[kRes2]), this->W(ln2_w_), this->W(ln2_b_), n, c);
-    cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(fc_w_), this->W(fc_b_), n, c,
-                       4 * c);
+                          Base::D(s[kRes2]), this->W(kLn2Weight), this->W(kLn2Bias), n, c);
+    cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(kFcWeight), this->W(kFcBias), n,
+                       c, 4 * c);
     cpu::GeluForward(Base::D(s[kFchGelu]), Base::D(s[kFch]), int64_t{n} * 4 * c);
   }
 
   void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) {
     const int n = mb.batch * mb.seq;
     const int c = this->C();
-    cpu::MatmulForward(Base::D(*y), Base::D(saved.tensors[kFchGelu]), this->W(fcproj_w_),
-                       this->W(fcproj_b_), n, 4 * c, c);
+    cpu::MatmulForward(Base::D(*y), Base::D(saved.tensors[kFchGelu]), this->W(kFcProjWeight),
+                       this->W(kFcProjBias), n, 4 * c, c);
     cpu::AddInPlace(Base::D(*y), Base::D(saved.tensors[kRes2]), int64_t{n} * c);
   }
 
-  int ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, fcproj_w_,
-      fcproj_b_;
+  std::vector<ParamSpec> specs_;
 };
 
 const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_block", "cpu",

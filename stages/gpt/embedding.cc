@@ -4,32 +4,33 @@
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "plugins/sdk/init.h"
+#include "stages/gpt/params.h"
 
 namespace bigmac::stages::gpt {
 namespace {
 
 namespace cpu = sdk::cpu;
-using sdk::FillNormal, sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
+using sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
 
 template <typename T>
 class Embedding : public sdk::CpuLayer<T> {
   using Base = sdk::CpuLayer<T>;
 
  public:
-  explicit Embedding(const LayerSpec& spec) : Base(spec) {
-    wte_ = this->AddParam("wte", {this->V(), this->C()}, true);
-    wpe_ = this->AddParam("wpe", {spec.dims.max_seq_length, this->C()}, true);
+  explicit Embedding(const LayerSpec& spec) : Base(spec), specs_(EmbeddingParams(spec.dims)) {
+    for (const ParamSpec& param : specs_)
+      this->AddParam(param.name, param.shape, param.weight_decay);
   }
 
   void InitParams(uint64_t seed) override {
-    FillNormal(&this->params_[wte_].value, 0.02, seed, this->layer_id(), "wte");
-    FillNormal(&this->params_[wpe_].value, 0.01, seed, this->layer_id(), "wpe");
+    for (size_t i = 0; i < specs_.size(); ++i)
+      InitParam(specs_[i], &this->params_[i].value, seed, this->layer_id());
   }
 
   void Forward(const MicroBatch& mb, const Tensor&, Tensor* y, Saved* saved) override {
     CheckBatch(mb);
     *y = this->NewActivation(mb.batch, mb.seq, this->C());
-    cpu::EmbeddingForward(Base::D(*y), mb.tokens, this->W(wte_), this->W(wpe_), mb.batch, mb.seq,
+    cpu::EmbeddingForward(Base::D(*y), mb.tokens, this->W(kWte), this->W(kWpe), mb.batch, mb.seq,
                           this->C());
     saved->Clear();
   }
@@ -41,7 +42,7 @@ class Embedding : public sdk::CpuLayer<T> {
   }
 
   void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
-    cpu::EmbeddingBackwardWeight(this->G(wte_), this->G(wpe_), Base::D(saved->tensors.at(0)),
+    cpu::EmbeddingBackwardWeight(this->G(kWte), this->G(kWpe), Base::D(saved->tensors.at(0)),
                                  mb.tokens, mb.batch, mb.seq, this->C());
     saved->Clear();
   }
@@ -59,8 +60,7 @@ class Embedding : public sdk::CpuLayer<T> {
                                   std::to_string(this->spec_.dims.max_seq_length) + ")");
     }
   }
-  int wte_ = 0;
-  int wpe_ = 0;
+  std::vector<ParamSpec> specs_;
 };
 
 const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_embedding", "cpu",

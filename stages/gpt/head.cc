@@ -4,12 +4,13 @@
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "plugins/sdk/init.h"
+#include "stages/gpt/params.h"
 
 namespace bigmac::stages::gpt {
 namespace {
 
 namespace cpu = sdk::cpu;
-using sdk::FillConstant, sdk::FillNormal, sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
+using sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
 
 template <typename T>
 class Head : public sdk::CpuLayer<T> {
@@ -17,19 +18,17 @@ class Head : public sdk::CpuLayer<T> {
   enum SavedIndex { kX, kNorm, kMean, kRstd, kLogits, kDLogits, kDNorm };
 
  public:
-  explicit Head(const LayerSpec& spec) : Base(spec) {
-    lnf_w_ = this->AddParam("lnf.weight", {this->C()}, false);
-    lnf_b_ = this->AddParam("lnf.bias", {this->C()}, false);
-    wte_ = this->AddParam("wte", {this->V(), this->C()}, false);
-    this->params_[wte_].tied_copy = true;
-    this->params_[wte_].tied_owner = "embedding/wte";
+  explicit Head(const LayerSpec& spec) : Base(spec), specs_(HeadParams(spec.dims)) {
+    for (const ParamSpec& param : specs_) {
+      this->AddParam(param.name, param.shape, param.weight_decay);
+      this->params_.back().tied_copy = param.tied_copy;
+      this->params_.back().tied_owner = param.tied_owner;
+    }
   }
 
   void InitParams(uint64_t seed) override {
-    FillConstant(&this->params_[lnf_w_].value, 1.0);
-    FillConstant(&this->params_[lnf_b_].value, 0.0);
-    // Same stream as the owner's, so the copy starts equal even before the first exchange.
-    FillNormal(&this->params_[wte_].value, 0.02, seed, layer::kEmbeddingLayerId, "wte");
+    for (size_t i = 0; i < specs_.size(); ++i)
+      InitParam(specs_[i], &this->params_[i].value, seed, this->layer_id());
   }
 
   // y: the loss of this micro-batch, sum(token losses) * loss_scale, as a 1-element tensor.
@@ -43,8 +42,8 @@ class Head : public sdk::CpuLayer<T> {
     saved->tensors.push_back(this->New({n, this->V()}));
     auto& s = saved->tensors;
     cpu::LayerNormForward(Base::D(s[kNorm]), Base::D(s[kMean]), Base::D(s[kRstd]), Base::D(x),
-                          this->W(lnf_w_), this->W(lnf_b_), n, this->C());
-    cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(wte_), nullptr, n,
+                          this->W(kLnfWeight), this->W(kLnfBias), n, this->C());
+    cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(kHeadWte), nullptr, n,
                           this->C(), this->V());
     *y = this->New({1});
     Base::D(*y)[0] = static_cast<T>(
@@ -60,10 +59,10 @@ class Head : public sdk::CpuLayer<T> {
                               mb.loss_scale);
     s[kLogits] = Tensor();  // no longer needed
     Tensor dnorm = this->New({n, this->C()});
-    cpu::MatmulBackwardInput(Base::D(dnorm), Base::D(dlogits), this->W(wte_), n, this->C(),
+    cpu::MatmulBackwardInput(Base::D(dnorm), Base::D(dlogits), this->W(kHeadWte), n, this->C(),
                              this->V());
     *dx = this->NewActivation(mb.batch, mb.seq, this->C());
-    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(s[kX]), this->W(lnf_w_),
+    cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(s[kX]), this->W(kLnfWeight),
                                 Base::D(s[kMean]), Base::D(s[kRstd]), n, this->C());
     s.push_back(std::move(dlogits));
     s.push_back(std::move(dnorm));
@@ -72,9 +71,9 @@ class Head : public sdk::CpuLayer<T> {
   void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
     const int n = mb.batch * mb.seq;
     auto& s = saved->tensors;
-    cpu::MatmulBackwardWeight<T>(this->G(wte_), nullptr, Base::D(s[kDLogits]), Base::D(s[kNorm]), n,
-                                 this->C(), this->V());
-    cpu::LayerNormBackwardWeight(this->G(lnf_w_), this->G(lnf_b_), Base::D(s[kDNorm]),
+    cpu::MatmulBackwardWeight<T>(this->G(kHeadWte), nullptr, Base::D(s[kDLogits]),
+                                 Base::D(s[kNorm]), n, this->C(), this->V());
+    cpu::LayerNormBackwardWeight(this->G(kLnfWeight), this->G(kLnfBias), Base::D(s[kDNorm]),
                                  Base::D(s[kX]), Base::D(s[kMean]), Base::D(s[kRstd]), n,
                                  this->C());
     saved->Clear();
@@ -90,9 +89,7 @@ class Head : public sdk::CpuLayer<T> {
   }
 
  private:
-  int lnf_w_ = 0;
-  int lnf_b_ = 0;
-  int wte_ = 0;
+  std::vector<ParamSpec> specs_;
 };
 
 const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("gpt_head", "cpu",

@@ -1,7 +1,8 @@
 #ifndef BIGMAC_CORE_DEVICE_CUDA_CHECK_H_
 #define BIGMAC_CORE_DEVICE_CUDA_CHECK_H_
 
-// Status checks for every CUDA runtime, cuBLAS(Lt) and cuDNN call. Only CUDA targets include this (it includes the CUDA headers).
+// Status checks for every CUDA runtime, cuBLAS(Lt) and cuDNN call. Only CUDA targets include this
+// (it includes the CUDA headers).
 //
 // A failure throws device::DeviceError:
 //   "cublasLtMatmul failed: CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not

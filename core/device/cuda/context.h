@@ -20,8 +20,8 @@ inline constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
 
 // Owned by the CudaDevice (core/device/cuda/cuda_device.h); valid while it lives.
 struct CudaContext {
-  int ordinal = 0;            // the CUDA device ordinal (among the visible devices)
-  std::string label;          // "rank 2 (cuda:0)", the end of every error's text
+  int ordinal = 0;    // the CUDA device ordinal (among the visible devices)
+  std::string label;  // "rank 2 (cuda:0)", the end of every error's text
   cudaStream_t stream = nullptr;
   cublasLtHandle_t blas_lt = nullptr;
   void* blas_workspace = nullptr;  // kBlasWorkspaceBytes, for cublasLtMatmul on `stream`

@@ -18,12 +18,11 @@
 
 namespace bigmac::device::cuda {
 
-// Visible CUDA devices; 0 when there is no driver or no device (never throws).
-int VisibleDeviceCount();
-
 // Selects device `ordinal` (cudaSetDevice) and creates its stream, handles and allocator.
-// `world_rank` names the rank in errors. Throws DeviceError when the device cannot be used.
-std::unique_ptr<Device> MakeCudaDevice(int ordinal, int world_rank);
+// `world_rank` names the rank in errors. The capacity is the card's free memory at creation,
+// less what the context's buffers take, capped by `memory_limit_bytes` when it is > 0 (so
+// tune-mbs and OOM tests can bound it). Throws DeviceError when the device cannot be used.
+std::unique_ptr<Device> MakeCudaDevice(int ordinal, int world_rank, int64_t memory_limit_bytes = 0);
 
 // The CUDA context of `device`; throws std::logic_error if it is not a CUDA device.
 const CudaContext& ContextOf(const Device* device);

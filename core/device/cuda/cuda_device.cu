@@ -1,0 +1,409 @@
+// CudaDevice: a stream, cuBLASLt and cuDNN handles, a GEMM workspace, reduction scratch, the
+// caching allocator over cudaMalloc, and the engine's elementwise operations as kernels.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/device/cuda/cuda_device.h"
+
+namespace bigmac::device::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// The two-stage reductions use a fixed grid, so the partial each element lands in, and the order
+// partials are combined in, never depend on timing: the result is bitwise reproducible.
+constexpr int kReduceBlocks = 1024;
+
+int GridFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+template <typename To, typename From>
+__device__ To CastTo(From x) {
+  return static_cast<To>(x);
+}
+template <>
+__device__ __nv_bfloat16 CastTo<__nv_bfloat16, float>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ float CastTo<float, __nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename To, typename From>
+__global__ void ConvertKernel(To* to, const From* from, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    to[i] = CastTo<To>(from[i]);
+  }
+}
+
+template <typename T>
+__global__ void AddIntoKernel(T* into, const T* from, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    into[i] += from[i];
+  }
+}
+
+template <typename T>
+__global__ void ScaleKernel(T* data, int64_t n, T factor) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    data[i] *= factor;
+  }
+}
+
+// Stage one: block b sums the squares of elements b*blockDim+t, then every gridDim*blockDim-th,
+// in double, and reduces its threads in a fixed tree into partial[b].
+template <typename T>
+__global__ void SumSquaresPartial(const T* data, int64_t n, double* partial) {
+  __shared__ double shared[kThreads];
+  double sum = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const double x = static_cast<double>(data[i]);
+    sum += x * x;
+  }
+  shared[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = shared[0];
+}
+
+// Stage two: one thread adds the partials in block order.
+__global__ void SumPartials(const double* partial, int count, double* total) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double sum = 0;
+  for (int i = 0; i < count; ++i) sum += partial[i];
+  *total = sum;
+}
+
+__device__ double Widen(float x) { return x; }
+__device__ double Widen(double x) { return x; }
+__device__ double Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__global__ void NonFiniteKernel(const T* data, int64_t n, int* flag) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (!isfinite(Widen(data[i]))) {
+      *flag = 1;  // every writer writes 1: the result does not depend on order
+      return;
+    }
+  }
+}
+
+// The CPU's AdamW (core/device/cpu_device.cc) in T, with the step's scalars rounded to T once;
+// the bf16 compute copy, when given, is written from the new master in the same pass.
+template <typename T>
+__global__ void AdamWKernel(T* p, const T* g, T* m, T* v, __nv_bfloat16* compute, int64_t n,
+                            T beta1, T one_minus_beta1,
+                            T beta2, T one_minus_beta2, T inv_bias1, T inv_bias2, T step, T decay,
+                            T epsilon) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const T grad = g[i];
+    const T m_new = beta1 * m[i] + one_minus_beta1 * grad;
+    const T v_new = beta2 * v[i] + one_minus_beta2 * grad * grad;
+    m[i] = m_new;
+    v[i] = v_new;
+    const T m_hat = m_new * inv_bias1;
+    const T v_hat = v_new * inv_bias2;
+    const T p_new = p[i] - step * (m_hat / (sqrt(v_hat) + epsilon) + decay * p[i]);
+    p[i] = p_new;
+    if (compute) compute[i] = __float2bfloat16_rn(static_cast<float>(p_new));
+  }
+}
+
+[[noreturn]] void Unsupported(const std::string& what, DType dtype) {
+  throw std::logic_error("cuda device: " + what + " of " + memory::DTypeName(dtype) +
+                         " is not supported");
+}
+
+// Calls `f(T{})` with T = float for f32 and double for f64.
+template <typename F>
+auto ForFloat(DType dtype, const char* what, F f) {
+  if (dtype == DType::kF64) return f(double{});
+  if (dtype == DType::kF32) return f(float{});
+  Unsupported(what, dtype);
+}
+
+std::string Label(int ordinal, int world_rank) {
+  return "rank " + std::to_string(world_rank) + " (cuda:" + std::to_string(ordinal) + ")";
+}
+
+// The card's free memory, after the CUDA context exists, less the context's own buffers.
+int64_t CardCapacity(int ordinal, int world_rank, int64_t limit) {
+  size_t free_bytes = 0, total_bytes = 0;
+  Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo",
+        "device capacity, on " + Label(ordinal, world_rank));
+  const int64_t capacity = static_cast<int64_t>(free_bytes);
+  return limit > 0 && limit < capacity ? limit : capacity;
+}
+
+class CudaDevice : public Device {
+ public:
+  CudaDevice(int ordinal, int world_rank, int64_t capacity)
+      : Device("cuda:" + std::to_string(ordinal), capacity,
+               memory::SystemMemory{
+                   [](int64_t bytes) -> void* {
+                     void* pointer = nullptr;
+                     // Out of memory is the allocator's business (it reports OOM in the CPU's
+                     // words); any other failure is a device error.
+                     const cudaError_t status = cudaMalloc(&pointer, static_cast<size_t>(bytes));
+                     if (status == cudaErrorMemoryAllocation) {
+                       cudaGetLastError();
+                       return nullptr;
+                     }
+                     Check(status, "cudaMalloc", "the allocator");
+                     return pointer;
+                   },
+                   [](void* pointer) { cudaFree(pointer); }}) {
+    context_.ordinal = ordinal;
+    context_.label = Label(ordinal, world_rank);
+    context_.device = this;
+    const std::string where = "device set-up, on " + context_.label;
+    cudaDeviceProp props{};
+    BIGMAC_CUDA_CHECK(cudaGetDeviceProperties(&props, ordinal), where);
+    context_.multiprocessors = props.multiProcessorCount;
+    context_.compute_capability = props.major * 10 + props.minor;
+    gpu_name_ = props.name;
+    total_memory_ = static_cast<int64_t>(props.totalGlobalMem);
+    BIGMAC_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking), where);
+    BIGMAC_CUDA_CHECK(cublasLtCreate(&context_.blas_lt), where);
+    BIGMAC_CUDA_CHECK(cudnnCreate(&context_.dnn), where);
+    BIGMAC_CUDA_CHECK(cudnnSetStream(context_.dnn, context_.stream), where);
+    // The workspace and scratch are the context's, outside the allocator's accounting; the
+    // capacity was measured after they were taken.
+    BIGMAC_CUDA_CHECK(cudaMalloc(&context_.blas_workspace, kBlasWorkspaceBytes), where);
+    BIGMAC_CUDA_CHECK(cudaMalloc(&context_.reduce_scratch, kReduceScratchBytes), where);
+    BIGMAC_CUDA_CHECK(cudaMallocHost(&host_scratch_, sizeof(double) + sizeof(int)), where);
+  }
+
+  ~CudaDevice() override {
+    // Best effort: a failing teardown must not hide the error that ended the run.
+    cudaStreamSynchronize(context_.stream);
+    cudaFreeHost(host_scratch_);
+    cudaFree(context_.reduce_scratch);
+    cudaFree(context_.blas_workspace);
+    if (context_.dnn) cudnnDestroy(context_.dnn);
+    if (context_.blas_lt) cublasLtDestroy(context_.blas_lt);
+    if (context_.stream) cudaStreamDestroy(context_.stream);
+  }
+
+  Backend backend() const override { return Backend::kCuda; }
+  const CudaContext& context() const { return context_; }
+  const std::string& gpu_name() const { return gpu_name_; }
+  int64_t total_memory() const { return total_memory_; }
+
+  void Memset(void* data, int64_t bytes) override {
+    BIGMAC_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, context_.stream), Where("memset"));
+  }
+  void CopyHostToDevice(void* data, const void* host, int64_t bytes) override {
+    // From pageable memory this returns once the bytes are staged: the caller may reuse `host`.
+    BIGMAC_CUDA_CHECK(
+        cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, context_.stream),
+        Where("host-to-device copy"));
+  }
+  void CopyDeviceToHost(void* host, const void* data, int64_t bytes) override {
+    BIGMAC_CUDA_CHECK(
+        cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, context_.stream),
+        Where("device-to-host copy"));
+    BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), Where("device-to-host copy"));
+  }
+  void CopyDeviceToDevice(void* to, const void* from, int64_t bytes) override {
+    BIGMAC_CUDA_CHECK(
+        cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, context_.stream),
+        Where("device-to-device copy"));
+  }
+
+  Stream compute_stream() override { return {context_.stream}; }
+  Event RecordEvent(Stream stream) override {
+    cudaEvent_t event = nullptr;
+    BIGMAC_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), Where("event"));
+    BIGMAC_CUDA_CHECK(cudaEventRecord(event, static_cast<cudaStream_t>(stream.handle)),
+                      Where("event"));
+    return {event};
+  }
+  void WaitEvent(Stream stream, Event event) override {
+    BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle),
+                                          static_cast<cudaEvent_t>(event.handle), 0),
+                      Where("event wait"));
+  }
+  void DestroyEvent(Event event) override {
+    BIGMAC_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event.handle)), Where("event"));
+  }
+  void Synchronize() override {
+    BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), Where("synchronize"));
+  }
+
+  void* blas_handle() override { return context_.blas_lt; }
+  void* dnn_handle() override { return context_.dnn; }
+
+  void Convert(void* to, DType to_dtype, const void* from, DType from_dtype, int64_t n) override {
+    if (n == 0) return;
+    const CallSite site = SiteOf(context_, "convert " + memory::DTypeName(from_dtype) + " to " +
+                                               memory::DTypeName(to_dtype));
+    if (to_dtype == from_dtype) {
+      CopyDeviceToDevice(to, from, n * memory::DTypeSize(to_dtype));
+      return;
+    }
+    auto launch = [&](auto* out, const auto* in) {
+      ConvertKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(out, in, n);
+      CheckLaunch("ConvertKernel", site);
+    };
+    using BF16 = __nv_bfloat16;
+    if (to_dtype == DType::kBF16 && from_dtype == DType::kF32) {
+      launch(static_cast<BF16*>(to), static_cast<const float*>(from));
+    } else if (to_dtype == DType::kF32 && from_dtype == DType::kBF16) {
+      launch(static_cast<float*>(to), static_cast<const BF16*>(from));
+    } else if (to_dtype == DType::kF64 && from_dtype == DType::kF32) {
+      launch(static_cast<double*>(to), static_cast<const float*>(from));
+    } else if (to_dtype == DType::kF32 && from_dtype == DType::kF64) {
+      launch(static_cast<float*>(to), static_cast<const double*>(from));
+    } else {
+      Unsupported("conversion to " + memory::DTypeName(to_dtype), from_dtype);
+    }
+  }
+
+  void AddInto(void* into, const void* from, DType dtype, int64_t n) override {
+    if (n == 0) return;
+    ForFloat(dtype, "AddInto", [&](auto zero) {
+      using T = decltype(zero);
+      AddIntoKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(static_cast<T*>(into),
+                                                                  static_cast<const T*>(from), n);
+      CheckLaunch("AddIntoKernel", SiteOf(context_, "add"));
+    });
+  }
+
+  void Scale(void* data, DType dtype, int64_t n, double factor) override {
+    if (n == 0) return;
+    ForFloat(dtype, "Scale", [&](auto zero) {
+      using T = decltype(zero);
+      ScaleKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(static_cast<T*>(data), n,
+                                                                static_cast<T>(factor));
+      CheckLaunch("ScaleKernel", SiteOf(context_, "scale"));
+    });
+  }
+
+  double SumSquares(const void* data, DType dtype, int64_t n) override {
+    if (n == 0) return 0;
+    const CallSite site = SiteOf(context_, "sum of squares");
+    auto* partial = static_cast<double*>(context_.reduce_scratch);
+    double* total = partial + kReduceBlocks;
+    ForFloat(dtype, "SumSquares", [&](auto zero) {
+      using T = decltype(zero);
+      SumSquaresPartial<<<kReduceBlocks, kThreads, 0, context_.stream>>>(
+          static_cast<const T*>(data), n, partial);
+      CheckLaunch("SumSquaresPartial", site);
+    });
+    SumPartials<<<1, 1, 0, context_.stream>>>(partial, kReduceBlocks, total);
+    CheckLaunch("SumPartials", site);
+    double* host = static_cast<double*>(host_scratch_);
+    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(host, total, sizeof(double), cudaMemcpyDeviceToHost,
+                                      context_.stream),
+                      site.where);
+    BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), site.where);
+    return *host;
+  }
+
+  bool AllFinite(const void* data, DType dtype, int64_t n) override {
+    if (n == 0) return true;
+    const CallSite site = SiteOf(context_, "finite check");
+    int* flag = static_cast<int*>(context_.reduce_scratch);
+    BIGMAC_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), context_.stream), site.where);
+    auto launch = [&](const auto* values) {
+      NonFiniteKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(values, n, flag);
+      CheckLaunch("NonFiniteKernel", site);
+    };
+    if (dtype == DType::kBF16) {
+      launch(static_cast<const __nv_bfloat16*>(data));
+    } else {
+      ForFloat(dtype, "AllFinite", [&](auto zero) {
+        using T = decltype(zero);
+        launch(static_cast<const T*>(data));
+      });
+    }
+    int* host = reinterpret_cast<int*>(static_cast<char*>(host_scratch_) + sizeof(double));
+    BIGMAC_CUDA_CHECK(
+        cudaMemcpyAsync(host, flag, sizeof(int), cudaMemcpyDeviceToHost, context_.stream),
+        site.where);
+    BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), site.where);
+    return *host == 0;
+  }
+
+  void AdamWUpdate(const AdamWArgs& a) override {
+    if (a.n == 0) return;
+    ForFloat(a.dtype, "AdamWUpdate", [&](auto zero) {
+      using T = decltype(zero);
+      AdamWKernel<<<GridFor(a.n), kThreads, 0, context_.stream>>>(
+          static_cast<T*>(a.p), static_cast<const T*>(a.g), static_cast<T*>(a.m),
+          static_cast<T*>(a.v), static_cast<__nv_bfloat16*>(a.compute_bf16), a.n,
+          static_cast<T>(a.beta1), static_cast<T>(1 - a.beta1),
+          static_cast<T>(a.beta2), static_cast<T>(1 - a.beta2),
+          static_cast<T>(1 / a.bias_correction1), static_cast<T>(1 / a.bias_correction2),
+          static_cast<T>(a.lr), static_cast<T>(a.weight_decay), static_cast<T>(a.eps));
+      CheckLaunch("AdamWKernel", SiteOf(context_, "AdamW update"));
+    });
+  }
+
+ private:
+  std::string Where(const std::string& what) const { return what + ", on " + context_.label; }
+
+  CudaContext context_;
+  std::string gpu_name_;
+  int64_t total_memory_ = 0;
+  void* host_scratch_ = nullptr;  // pinned: a double (sum of squares) and an int (finite flag)
+};
+
+}  // namespace
+
+std::unique_ptr<Device> MakeCudaDevice(int ordinal, int world_rank, int64_t memory_limit_bytes) {
+  const std::string where = "device set-up, on " + Label(ordinal, world_rank);
+  BIGMAC_CUDA_CHECK(cudaSetDevice(ordinal), where);
+  BIGMAC_CUDA_CHECK(cudaFree(nullptr), where);  // creates the context before memory is measured
+  // The context's own buffers (workspace, scratch, library handles) are taken from what is free.
+  constexpr int64_t kContextReserve = kBlasWorkspaceBytes + kReduceScratchBytes + (int64_t{512} << 20);
+  const int64_t capacity =
+      CardCapacity(ordinal, world_rank, memory_limit_bytes) - (memory_limit_bytes > 0 ? 0 : kContextReserve);
+  if (capacity <= 0) {
+    throw DeviceError("no free memory on " + Label(ordinal, world_rank) +
+                      " (another process holds it?)");
+  }
+  return std::make_unique<CudaDevice>(ordinal, world_rank, capacity);
+}
+
+const CudaContext& ContextOf(const Device* device) {
+  const auto* cuda = dynamic_cast<const CudaDevice*>(device);
+  if (cuda == nullptr) {
+    throw std::logic_error("a CUDA layer or kernel was given the non-CUDA device " +
+                           (device ? device->name() : std::string("(null)")));
+  }
+  return cuda->context();
+}
+
+std::string Describe(const Device* device) {
+  const auto* cuda = dynamic_cast<const CudaDevice*>(device);
+  if (cuda == nullptr) return device ? device->name() : "(no device)";
+  const CudaContext& context = cuda->context();
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  char memory[32];
+  std::snprintf(memory, sizeof(memory), "%.1f GiB",
+                static_cast<double>(cuda->total_memory()) / (1 << 30));
+  return cuda->gpu_name() + ", sm_" + std::to_string(context.compute_capability) + ", " +
+         std::to_string(context.multiprocessors) + " SMs, " + memory + "; driver " +
+         std::to_string(driver) + ", runtime " + std::to_string(runtime) + ", cuBLASLt " +
+         std::to_string(cublasLtGetVersion()) + ", cuDNN " + std::to_string(cudnnGetVersion());
+}
+
+}  // namespace bigmac::device::cuda

@@ -1,0 +1,179 @@
+// CudaDevice against CpuDevice: the engine's elementwise operations on seeded random data, the
+// allocator's accounting and OOM over cudaMalloc, and errors that name the call, the rank and the
+// device. Without a GPU every case reports as skipped.
+#include "core/device/cuda/cuda_device.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/comm/cuda/cuda_probe.h"
+#include "core/memory/tensor.h"
+
+namespace bigmac {
+namespace {
+
+using memory::DType;
+using memory::Tensor;
+
+#define REQUIRE_GPU() \
+  if (comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+std::vector<float> Host(const Tensor& tensor) {
+  std::vector<float> host(tensor.numel());
+  tensor.CopyToHost(host.data());
+  return host;
+}
+
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    cpu_ = device::MakeCpuDevice(0, int64_t{1} << 30);
+    gpu_ = device::cuda::MakeCudaDevice(0, 0);
+  }
+  Tensor On(device::Device* device, const std::vector<float>& values) {
+    Tensor t(device, {static_cast<int64_t>(values.size())}, DType::kF32);
+    t.CopyFromHost(values.data());
+    return t;
+  }
+  std::unique_ptr<device::Device> cpu_, gpu_;
+};
+
+// 1000003 elements: not a multiple of any block size.
+constexpr int64_t kN = 1000003;
+
+TEST_F(CudaDeviceTest, Bf16RoundingIsBitwiseTheCpus) {
+  const std::vector<float> values = Random(kN, 1);
+  Tensor a = On(cpu_.get(), values), b = On(gpu_.get(), values);
+  Tensor a16(cpu_.get(), {kN}, DType::kBF16), b16(gpu_.get(), {kN}, DType::kBF16);
+  a16.ConvertFrom(a);
+  b16.ConvertFrom(b);
+  std::vector<uint16_t> ha(kN), hb(kN);
+  a16.CopyToHost(ha.data());
+  b16.CopyToHost(hb.data());
+  EXPECT_EQ(ha, hb);
+  Tensor back(gpu_.get(), {kN}, DType::kF32);
+  back.ConvertFrom(b16);
+  Tensor cpu_back(cpu_.get(), {kN}, DType::kF32);
+  cpu_back.ConvertFrom(a16);
+  EXPECT_EQ(Host(back), Host(cpu_back));
+}
+
+TEST_F(CudaDeviceTest, AddScaleAndSumOfSquaresMatchTheCpu) {
+  const std::vector<float> x = Random(kN, 2), y = Random(kN, 3);
+  Tensor cx = On(cpu_.get(), x), cy = On(cpu_.get(), y);
+  Tensor gx = On(gpu_.get(), x), gy = On(gpu_.get(), y);
+  cpu_->AddInto(cx.raw(), cy.raw(), DType::kF32, kN);
+  gpu_->AddInto(gx.raw(), gy.raw(), DType::kF32, kN);
+  cpu_->Scale(cx.raw(), DType::kF32, kN, 0.37);
+  gpu_->Scale(gx.raw(), DType::kF32, kN, 0.37);
+  EXPECT_EQ(Host(gx), Host(cx));  // one rounding each: bitwise
+  const double cpu_sum = cpu_->SumSquares(cx.raw(), DType::kF32, kN);
+  const double gpu_sum = gpu_->SumSquares(gx.raw(), DType::kF32, kN);
+  EXPECT_NEAR(gpu_sum, cpu_sum, 1e-12 * cpu_sum);  // double sums in another order
+  // Deterministic: the same sum every time.
+  EXPECT_EQ(gpu_->SumSquares(gx.raw(), DType::kF32, kN), gpu_sum);
+}
+
+TEST_F(CudaDeviceTest, AllFiniteFindsOneNan) {
+  std::vector<float> x = Random(kN, 4);
+  Tensor g = On(gpu_.get(), x);
+  EXPECT_TRUE(gpu_->AllFinite(g.raw(), DType::kF32, kN));
+  x[kN - 2] = std::nanf("");
+  g.CopyFromHost(x.data());
+  EXPECT_FALSE(gpu_->AllFinite(g.raw(), DType::kF32, kN));
+  Tensor g16(gpu_.get(), {kN}, DType::kBF16);
+  g16.ConvertFrom(g);
+  EXPECT_FALSE(gpu_->AllFinite(g16.raw(), DType::kBF16, kN));
+}
+
+TEST_F(CudaDeviceTest, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
+  const std::vector<float> p = Random(kN, 5), g = Random(kN, 6);
+  std::vector<float> m(kN, 0.0f), v(kN, 0.0f);
+  for (int64_t i = 0; i < kN; ++i) {
+    m[i] = 0.1f * g[(i + 7) % kN];
+    v[i] = 0.01f * g[(i + 3) % kN] * g[(i + 3) % kN];
+  }
+  std::vector<float> results[2];
+  std::vector<uint16_t> copies[2];
+  int which = 0;
+  for (device::Device* device : {cpu_.get(), gpu_.get()}) {
+    Tensor tp = On(device, p), tg = On(device, g), tm = On(device, m), tv = On(device, v);
+    Tensor copy(device, {kN}, DType::kBF16);
+    device::AdamWArgs args;
+    args.p = tp.raw();
+    args.g = tg.raw();
+    args.m = tm.raw();
+    args.v = tv.raw();
+    args.compute_bf16 = copy.raw();
+    args.n = kN;
+    args.lr = 1e-3;
+    args.beta1 = 0.9;
+    args.beta2 = 0.95;
+    args.eps = 1e-8;
+    args.weight_decay = 0.1;
+    args.bias_correction1 = 1 - 0.9 * 0.9;
+    args.bias_correction2 = 1 - 0.95 * 0.95;
+    device->AdamWUpdate(args);
+    results[which] = Host(tp);
+    copies[which].resize(kN);
+    copy.CopyToHost(copies[which].data());
+    ++which;
+  }
+  double worst = 0;
+  for (int64_t i = 0; i < kN; ++i)
+    worst = std::max(worst, double(std::fabs(results[0][i] - results[1][i])));
+  EXPECT_LE(worst, 1e-6);  // fp32; FMA contraction may differ by an ulp
+  int64_t copy_mismatches = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    const uint16_t want = memory::ToBFloat16(results[1][i]).bits;
+    copy_mismatches += copies[1][i] != want;
+  }
+  EXPECT_EQ(copy_mismatches, 0);
+}
+
+TEST_F(CudaDeviceTest, AnAllocationOverTheLimitIsAnOomInTheCpusWords) {
+  std::unique_ptr<device::Device> small = device::cuda::MakeCudaDevice(0, 0, int64_t{64} << 20);
+  Tensor fits(small.get(), {int64_t{8} << 20}, DType::kF32);  // 32 MiB
+  EXPECT_EQ(small->allocator().current_bytes(), int64_t{32} << 20);
+  try {
+    Tensor too_big(small.get(), {int64_t{16} << 20}, DType::kF32);  // 64 MiB more
+    FAIL() << "no OOM";
+  } catch (const memory::OutOfMemoryError& error) {
+    EXPECT_NE(std::string(error.what()).find("cuda:0: out of memory: tried to allocate 64.00 MiB"),
+              std::string::npos)
+        << error.what();
+  }
+  // Freed memory is cached and reused: no second cudaMalloc.
+  const int64_t before = small->allocator().system_allocations();
+  fits = Tensor();
+  Tensor again(small.get(), {int64_t{8} << 20}, DType::kF32);
+  EXPECT_EQ(small->allocator().system_allocations(), before);
+}
+
+TEST_F(CudaDeviceTest, AFailedCallNamesTheCallTheRankAndTheDevice) {
+  try {
+    device::cuda::MakeCudaDevice(999, 3);
+    FAIL() << "device 999 was accepted";
+  } catch (const device::DeviceError& error) {
+    const std::string text = error.what();
+    EXPECT_NE(text.find("cudaSetDevice"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 3 (cuda:999)"), std::string::npos) << text;
+  }
+  EXPECT_NE(device::cuda::Describe(gpu_.get()).find("sm_"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bigmac
