@@ -109,7 +109,7 @@ struct LayerPair {
     ASSERT_EQ(gpu_tensor.shape(), cpu_tensor.shape()) << what;
     const double error = RelativeError(ToHost(gpu_tensor), ToHost(cpu_tensor));
     EXPECT_LE(error, tolerance) << what << " " << gpu_tensor.ShapeString();
-    RecordProperty(what, std::to_string(error));
+    ::testing::Test::RecordProperty(what, std::to_string(error));
   }
 
   void ExpectGradientsClose() {
