@@ -226,7 +226,7 @@ TEST(Layers, ListsBuiltInAndPluginTypesWithTheirBackendsAndLibrary) {
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("layer type           backends   from"), std::string::npos)
       << run.output;
-  EXPECT_NE(run.output.find("gpt_block            cpu        built-in"), std::string::npos)
+  EXPECT_NE(run.output.find("gpt_block            cpu,cuda   built-in"), std::string::npos)
       << run.output;
   EXPECT_NE(run.output.find("rms_swiglu_block     cpu        " + Plugin()), std::string::npos)
       << run.output;
