@@ -58,10 +58,13 @@ else
   launch/setup.sh
   bazel=(flock -o /tmp/bazel.lock bazel)
   # The GPU tests and the GEMM peak that exist in this checkout (others are added over time).
-  mapfile -t test_labels < <("${bazel[@]}" query --noshow_progress \
-    "filter('^//tests:cuda_[A-Za-z0-9_]*test\$', kind('cc_test rule', //tests:all))" 2>/dev/null)
-  mapfile -t bench_labels < <("${bazel[@]}" query --noshow_progress \
-    "filter('^//bench:cuda_gemm_peak\$', //bench:all)" 2>/dev/null || true)
+  query() { "${bazel[@]}" query --noshow_progress "$1" 2>/dev/null || die "bazel query '$1' failed"; }
+  tests_found=$(query "filter('^//tests:cuda_[A-Za-z0-9_]*test\$', kind('cc_test rule', //tests:all))")
+  bench_found=$(query "filter('^//bench:cuda_gemm_peak\$', //bench:all)")
+  test_labels=()
+  bench_labels=()
+  [[ -n "$tests_found" ]] && mapfile -t test_labels <<<"$tests_found"
+  [[ -n "$bench_found" ]] && mapfile -t bench_labels <<<"$bench_found"
   plugin_label=//plugins/examples/rms_swiglu:librms_swiglu.so
   labels=(//:bigmac "$plugin_label" "${test_labels[@]}" "${bench_labels[@]}")
   echo "bundle: building ${labels[*]}"
