@@ -18,6 +18,7 @@ packages=(
   zlib1g-dev             # CRC-32 of checkpoint files
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
+  patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs
   slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/slurm_test: a real Slurm
 )
 # Extras for the commands outside the test command (launch/setup.sh --fuzz --bench).
