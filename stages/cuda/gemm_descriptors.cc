@@ -124,7 +124,8 @@ MatmulDescriptors BuildDescriptors(const LayerGemm& plan, Epilogue epilogue, Gem
   }
   if (HasGelu(epilogue)) {
     SetDesc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{plan.aux_ld}, where);
-    SetDesc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(cd), where);
+    // The aux type is left at its default, D's type: cuBLASLt documents setting it for
+    // narrow-precision (fp8) matmuls only, and a set value may empty the heuristic's answer.
   }
   BIGMAC_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, g.a_rows, g.a_cols, g.lda), where);
   BIGMAC_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, g.b_rows, g.b_cols, g.ldb), where);

@@ -38,7 +38,7 @@ struct BuiltGraph {
 
 // A graph belongs to the cuDNN handle it was built with (its operation graph holds the handle),
 // hence the handle in the key besides the device ordinal.
-using Key = std::tuple<int, const void*, int, int, int, int, Direction>;
+using Key = std::tuple<int, uint64_t, const void*, int, int, int, int, Direction>;
 
 struct Cache {
   std::mutex mutex;
@@ -221,7 +221,8 @@ std::shared_ptr<const BuiltGraph> GraphFor(Direction direction, int b, int t, in
                                 ": every size must be positive, in " + site.where);
   }
   Cache& cache = GlobalCache();
-  const Key key{site.context->ordinal, site.context->dnn, b, t, h, d, direction};
+  const Key key{
+      site.context->ordinal, site.context->generation, site.context->dnn, b, t, h, d, direction};
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
     const auto it = cache.graphs.find(key);
@@ -282,6 +283,16 @@ void Execute(Direction direction, const BuiltGraph& built,
 }
 
 }  // namespace
+
+std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h, int d) {
+  try {
+    GraphFor(Direction::kForward, b, t, h, d, site);
+    GraphFor(Direction::kBackward, b, t, h, d, site);
+  } catch (const device::DeviceError& error) {
+    return error.what();
+  }
+  return "";
+}
 
 void CudnnAttentionForward(const CallSite& site, void* out, float* stats, const void* qkv, int b,
                            int t, int h, int d) {

@@ -13,11 +13,18 @@
 // allocator (counted like any tensor). Deterministic: the backward asks for cuDNN's
 // deterministic algorithm.
 
+#include <string>
+
 #include "core/device/cuda/context.h"
 
 namespace bigmac::stages::cuda {
 
 using device::cuda::CallSite;
+
+// Builds (and caches) the forward and backward graphs for the shape: "" when both build, else why
+// not (a DeviceError's words, never thrown). A layer calls it before choosing where its
+// attention runs, so a shape this cuDNN refuses falls back as a whole, forward and backward.
+std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h, int d);
 
 // out (B,T,C) = softmax(q k^T * scale, causal) v per head; qkv (B,T,3C) holds q|k|v, heads of
 // d = C/h channels; scale = 1/sqrt(d).

@@ -32,6 +32,9 @@ struct CudaContext {
   // kReduceScratchBytes of device memory, used by one kernel sequence at a time in stream order.
   void* reduce_scratch = nullptr;
   Device* device = nullptr;  // the owner, for tensors a kernel or library needs (cuDNN workspace)
+  // Unique per CudaDevice in the process (1, 2, ...; 0 for a bare test context): caches keyed by
+  // it never hand a plan built on a destroyed handle to a new device at the same address.
+  uint64_t generation = 0;
 };
 
 inline constexpr int64_t kReduceScratchBytes = int64_t{16} << 20;

@@ -2,6 +2,7 @@
 // caching allocator over cudaMalloc, and the engine's elementwise operations as kernels.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -105,9 +106,8 @@ __global__ void NonFiniteKernel(const T* data, int64_t n, int* flag) {
 // the bf16 compute copy, when given, is written from the new master in the same pass.
 template <typename T>
 __global__ void AdamWKernel(T* p, const T* g, T* m, T* v, __nv_bfloat16* compute, int64_t n,
-                            T beta1, T one_minus_beta1,
-                            T beta2, T one_minus_beta2, T inv_bias1, T inv_bias2, T step, T decay,
-                            T epsilon) {
+                            T beta1, T one_minus_beta1, T beta2, T one_minus_beta2, T inv_bias1,
+                            T inv_bias2, T step, T decay, T epsilon) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const T grad = g[i];
@@ -140,36 +140,37 @@ std::string Label(int ordinal, int world_rank) {
   return "rank " + std::to_string(world_rank) + " (cuda:" + std::to_string(ordinal) + ")";
 }
 
-// The card's free memory, after the CUDA context exists, less the context's own buffers.
-int64_t CardCapacity(int ordinal, int world_rank, int64_t limit) {
+// The card's free memory, after the CUDA context exists.
+int64_t CardFreeMemory(int ordinal, int world_rank) {
   size_t free_bytes = 0, total_bytes = 0;
   Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo",
         "device capacity, on " + Label(ordinal, world_rank));
-  const int64_t capacity = static_cast<int64_t>(free_bytes);
-  return limit > 0 && limit < capacity ? limit : capacity;
+  return static_cast<int64_t>(free_bytes);
 }
 
 class CudaDevice : public Device {
  public:
   CudaDevice(int ordinal, int world_rank, int64_t capacity)
       : Device("cuda:" + std::to_string(ordinal), capacity,
-               memory::SystemMemory{
-                   [](int64_t bytes) -> void* {
-                     void* pointer = nullptr;
-                     // Out of memory is the allocator's business (it reports OOM in the CPU's
-                     // words); any other failure is a device error.
-                     const cudaError_t status = cudaMalloc(&pointer, static_cast<size_t>(bytes));
-                     if (status == cudaErrorMemoryAllocation) {
-                       cudaGetLastError();
-                       return nullptr;
-                     }
-                     Check(status, "cudaMalloc", "the allocator");
-                     return pointer;
-                   },
-                   [](void* pointer) { cudaFree(pointer); }}) {
+               memory::SystemMemory{[](int64_t bytes) -> void* {
+                                      void* pointer = nullptr;
+                                      // Out of memory is the allocator's business (it reports OOM
+                                      // in the CPU's words); any other failure is a device error.
+                                      const cudaError_t status =
+                                          cudaMalloc(&pointer, static_cast<size_t>(bytes));
+                                      if (status == cudaErrorMemoryAllocation) {
+                                        cudaGetLastError();
+                                        return nullptr;
+                                      }
+                                      Check(status, "cudaMalloc", "the allocator");
+                                      return pointer;
+                                    },
+                                    [](void* pointer) { cudaFree(pointer); }}) {
     context_.ordinal = ordinal;
     context_.label = Label(ordinal, world_rank);
     context_.device = this;
+    static std::atomic<uint64_t> devices{0};
+    context_.generation = ++devices;
     const std::string where = "device set-up, on " + context_.label;
     cudaDeviceProp props{};
     BIGMAC_CUDA_CHECK(cudaGetDeviceProperties(&props, ordinal), where);
@@ -209,20 +210,17 @@ class CudaDevice : public Device {
   }
   void CopyHostToDevice(void* data, const void* host, int64_t bytes) override {
     // From pageable memory this returns once the bytes are staged: the caller may reuse `host`.
-    BIGMAC_CUDA_CHECK(
-        cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, context_.stream),
-        Where("host-to-device copy"));
+    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, context_.stream),
+                      Where("host-to-device copy"));
   }
   void CopyDeviceToHost(void* host, const void* data, int64_t bytes) override {
-    BIGMAC_CUDA_CHECK(
-        cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, context_.stream),
-        Where("device-to-host copy"));
+    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, context_.stream),
+                      Where("device-to-host copy"));
     BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), Where("device-to-host copy"));
   }
   void CopyDeviceToDevice(void* to, const void* from, int64_t bytes) override {
-    BIGMAC_CUDA_CHECK(
-        cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, context_.stream),
-        Where("device-to-device copy"));
+    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, context_.stream),
+                      Where("device-to-device copy"));
   }
 
   Stream compute_stream() override { return {context_.stream}; }
@@ -308,9 +306,9 @@ class CudaDevice : public Device {
     SumPartials<<<1, 1, 0, context_.stream>>>(partial, kReduceBlocks, total);
     CheckLaunch("SumPartials", site);
     double* host = static_cast<double*>(host_scratch_);
-    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(host, total, sizeof(double), cudaMemcpyDeviceToHost,
-                                      context_.stream),
-                      site.where);
+    BIGMAC_CUDA_CHECK(
+        cudaMemcpyAsync(host, total, sizeof(double), cudaMemcpyDeviceToHost, context_.stream),
+        site.where);
     BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), site.where);
     return *host;
   }
@@ -347,10 +345,10 @@ class CudaDevice : public Device {
       AdamWKernel<<<GridFor(a.n), kThreads, 0, context_.stream>>>(
           static_cast<T*>(a.p), static_cast<const T*>(a.g), static_cast<T*>(a.m),
           static_cast<T*>(a.v), static_cast<__nv_bfloat16*>(a.compute_bf16), a.n,
-          static_cast<T>(a.beta1), static_cast<T>(1 - a.beta1),
-          static_cast<T>(a.beta2), static_cast<T>(1 - a.beta2),
-          static_cast<T>(1 / a.bias_correction1), static_cast<T>(1 / a.bias_correction2),
-          static_cast<T>(a.lr), static_cast<T>(a.weight_decay), static_cast<T>(a.eps));
+          static_cast<T>(a.beta1), static_cast<T>(1 - a.beta1), static_cast<T>(a.beta2),
+          static_cast<T>(1 - a.beta2), static_cast<T>(1 / a.bias_correction1),
+          static_cast<T>(1 / a.bias_correction2), static_cast<T>(a.lr),
+          static_cast<T>(a.weight_decay), static_cast<T>(a.eps));
       CheckLaunch("AdamWKernel", SiteOf(context_, "AdamW update"));
     });
   }
@@ -370,10 +368,12 @@ std::unique_ptr<Device> MakeCudaDevice(int ordinal, int world_rank, int64_t memo
   const std::string where = "device set-up, on " + Label(ordinal, world_rank);
   BIGMAC_CUDA_CHECK(cudaSetDevice(ordinal), where);
   BIGMAC_CUDA_CHECK(cudaFree(nullptr), where);  // creates the context before memory is measured
-  // The context's own buffers (workspace, scratch, library handles) are taken from what is free.
-  constexpr int64_t kContextReserve = kBlasWorkspaceBytes + kReduceScratchBytes + (int64_t{512} << 20);
-  const int64_t capacity =
-      CardCapacity(ordinal, world_rank, memory_limit_bytes) - (memory_limit_bytes > 0 ? 0 : kContextReserve);
+  // The context's own buffers (workspace, scratch, library handles) come out of what is free;
+  // device.memory_limit, when set, caps what is left.
+  constexpr int64_t kContextReserve =
+      kBlasWorkspaceBytes + kReduceScratchBytes + (int64_t{512} << 20);
+  int64_t capacity = CardFreeMemory(ordinal, world_rank) - kContextReserve;
+  if (memory_limit_bytes > 0 && memory_limit_bytes < capacity) capacity = memory_limit_bytes;
   if (capacity <= 0) {
     throw DeviceError("no free memory on " + Label(ordinal, world_rank) +
                       " (another process holds it?)");

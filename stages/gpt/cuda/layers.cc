@@ -4,7 +4,11 @@
 // (stages/cuda/kernels.h). Activations are T (fp32 or bf16); masters and gradients fp32.
 #include <cuda_bf16.h>
 
+#include <cstdio>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "core/layer/gpt_cost.h"
 #include "stages/cuda/gemm.h"
@@ -88,8 +92,8 @@ class Block : public CudaGptLayer<T> {
  public:
   explicit Block(const LayerSpec& spec)
       : Base(spec, BlockParams(spec.dims)),
-        head_dim_(spec.dims.hidden_size / spec.dims.num_heads),
-        cudnn_(k::ChooseAttention(Base::kActivation, head_dim_).cudnn) {
+        head_dim_(spec.dims.num_heads > 0 ? spec.dims.hidden_size / spec.dims.num_heads : 0),
+        cudnn_allowed_(k::ChooseAttention(Base::kActivation, head_dim_).cudnn) {
     if (const auto problems = CudaModelProblems(spec.dims); !problems.empty())
       throw std::invalid_argument("gpt_block (cuda): " + problems.front());
   }
@@ -141,7 +145,7 @@ class Block : public CudaGptLayer<T> {
                            this->W(kProjWeight), n, c, c);
     Tensor dqkv = this->New({n, 3 * c});
     const int h = this->spec_.dims.num_heads;
-    if (cudnn_) {
+    if (UseCudnn(mb)) {
       k::CudnnAttentionBackward(site.In("attention"), dqkv.raw(), datty.raw(), s[kQkv].raw(),
                                 s[kAtty].raw(), Base::F(s[kAtt]), mb.batch, mb.seq, h, head_dim_);
     } else {
@@ -209,8 +213,9 @@ class Block : public CudaGptLayer<T> {
     s[kLn1Mean] = this->NewFloat({n});
     s[kLn1Rstd] = this->NewFloat({n});
     s[kQkv] = this->New({n, 3 * c});
-    s[kAtt] = cudnn_ ? this->NewFloat({mb.batch, h, mb.seq})
-                     : this->NewFloat({mb.batch, h, mb.seq, mb.seq});
+    const bool cudnn = UseCudnn(mb);
+    s[kAtt] = cudnn ? this->NewFloat({mb.batch, h, mb.seq})
+                    : this->NewFloat({mb.batch, h, mb.seq, mb.seq});
     s[kAtty] = this->New({n, c});
     s[kRes2] = this->New({n, c});
     s[kLn2] = this->New({n, c});
@@ -222,7 +227,7 @@ class Block : public CudaGptLayer<T> {
                         Base::P(s[kX]), this->W(kLn1Weight), this->W(kLn1Bias), n, c);
     k::MatmulForward(site.In("attn.qkv GEMM"), dt, s[kQkv].raw(), s[kLn1].raw(),
                      this->W(kQkvWeight), this->W(kQkvBias), n, c, 3 * c);
-    if (cudnn_) {
+    if (cudnn) {
       k::CudnnAttentionForward(site.In("attention"), s[kAtty].raw(), Base::F(s[kAtt]),
                                s[kQkv].raw(), mb.batch, mb.seq, h, head_dim_);
     } else {
@@ -250,8 +255,26 @@ class Block : public CudaGptLayer<T> {
     k::AddInPlace(site, Base::P(*y), Base::P(saved.tensors[kRes2]), int64_t{n} * c);
   }
 
+  // cuDNN's fused attention when ChooseAttention allows it and this cuDNN builds both graphs for
+  // the micro-batch's shape; otherwise the fallback, for forward and backward alike (the saved
+  // tensor differs: softmax statistics vs probabilities). Decided once per shape.
+  bool UseCudnn(const MicroBatch& mb) {
+    if (!cudnn_allowed_) return false;
+    const auto shape = std::make_pair(mb.batch, mb.seq);
+    if (auto it = cudnn_by_shape_.find(shape); it != cudnn_by_shape_.end()) return it->second;
+    const std::string why = k::CudnnAttentionUnavailable(
+        this->Site("attention set-up"), mb.batch, mb.seq, this->spec_.dims.num_heads, head_dim_);
+    if (!why.empty()) {
+      std::fprintf(stderr, "[device] %s: cuDNN fused SDPA unavailable, using the fallback: %s\n",
+                   layer::LayerIdName(this->layer_id(), this->spec_.dims.num_layers).c_str(),
+                   why.c_str());
+    }
+    return cudnn_by_shape_[shape] = why.empty();
+  }
+
   const int head_dim_;
-  const bool cudnn_;
+  const bool cudnn_allowed_;
+  std::map<std::pair<int, int>, bool> cudnn_by_shape_;
 };
 
 template <typename T>
