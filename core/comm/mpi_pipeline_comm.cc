@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -31,23 +32,109 @@ int64_t MaxMessageBytes() {
 }
 
 std::string Describe(memory::DType dtype, const std::vector<int64_t>& shape) {
-  std::string text = memory::DTypeName(dtype) + "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
+  return DescribeTensor(dtype, shape);
 }
 
-class MpiPipelineComm : public PipelineComm {
+// Host buffers for staging, from the devices' AllocateHostStaging (pinned on CUDA, where a
+// cudaHostAlloc costs far more than a message): a released buffer waits for the next message that
+// fits, and at most kKeep wait (the largest are kept).
+class StagingPool {
  public:
-  MpiPipelineComm(const Topology& topology, int world_rank, const GroupComms& comms,
-                  double deadline, double spin)
+  struct Block {
+    device::Device* device = nullptr;
+    char* data = nullptr;
+    int64_t capacity = 0;
+  };
+  // A block on loan; back to the pool when destroyed.
+  class Buffer {
+   public:
+    Buffer() = default;
+    Buffer(StagingPool* pool, Block block) : pool_(pool), block_(block) {}
+    Buffer(Buffer&& other) noexcept : pool_(other.pool_), block_(other.block_) {
+      other.pool_ = nullptr;
+    }
+    Buffer& operator=(Buffer&& other) noexcept {
+      if (this != &other) {
+        Return();
+        pool_ = other.pool_;
+        block_ = other.block_;
+        other.pool_ = nullptr;
+      }
+      return *this;
+    }
+    ~Buffer() { Return(); }
+    char* data() const { return block_.data; }
+
+   private:
+    void Return() {
+      if (pool_) pool_->Release(block_);
+      pool_ = nullptr;
+    }
+    StagingPool* pool_ = nullptr;
+    Block block_;
+  };
+
+  StagingPool() = default;
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  ~StagingPool() {
+    for (const Block& block : free_) block.device->FreeHostStaging(block.data);
+  }
+
+  Buffer Acquire(device::Device* device, int64_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->device == device && it->capacity >= bytes &&
+          (best == free_.end() || it->capacity < best->capacity)) {
+        best = it;
+      }
+    }
+    if (best != free_.end()) {
+      const Block block = *best;
+      free_.erase(best);
+      return Buffer(this, block);
+    }
+    constexpr int64_t kGrain = int64_t{64} << 10;
+    const int64_t capacity = std::max<int64_t>(kGrain, (bytes + kGrain - 1) / kGrain * kGrain);
+    Block block{device, static_cast<char*>(device->AllocateHostStaging(capacity)), capacity};
+    ++buffers_;
+    bytes_ += capacity;
+    return Buffer(this, block);
+  }
+
+  int64_t buffers() const { return buffers_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr size_t kKeep = 8;
+  void Release(const Block& block) {
+    free_.push_back(block);
+    if (free_.size() <= kKeep) return;
+    auto smallest =
+        std::min_element(free_.begin(), free_.end(),
+                         [](const Block& a, const Block& b) { return a.capacity < b.capacity; });
+    smallest->device->FreeHostStaging(smallest->data);
+    free_.erase(smallest);
+  }
+
+  std::vector<Block> free_;
+  int64_t buffers_ = 0;
+  int64_t bytes_ = 0;
+};
+
+class MpiComm : public MpiPipelineComm {
+ public:
+  MpiComm(const Topology& topology, int world_rank, const GroupComms& comms, double deadline,
+          double spin, bool stage_host_tensors)
       : topology_(topology),
         world_rank_(world_rank),
         comms_(comms),
         deadline_(deadline),
-        spin_(spin) {
+        spin_(spin),
+        stage_host_(stage_host_tensors) {
     coords_ = topology.CoordsOf(world_rank);
   }
-  ~MpiPipelineComm() override {
+  ~MpiComm() override {
     // Only on an abnormal exit are sends still in flight: MPI may still read their buffers, so
     // they are released to MPI and deliberately leaked rather than freed under it.
     for (Pending& p : pending_) {
@@ -70,19 +157,12 @@ class MpiPipelineComm : public PipelineComm {
     CountSent(tag, tensor.bytes());
     pending_.emplace_back();
     Pending& p = pending_.back();
-    p.header = {kMagic,
-                static_cast<int64_t>(tensor.dtype()),
-                static_cast<int64_t>(tensor.shape().size()),
-                0,
-                0,
-                0,
-                0,
-                tensor.numel()};
-    for (size_t i = 0; i < tensor.shape().size(); ++i) p.header[3 + i] = tensor.shape()[i];
+    p.header = HeaderOf(tensor);
     const char* data = static_cast<const char*>(tensor.raw());
-    if (tensor.device()->backend() != device::Backend::kCpu) {
-      // Device memory goes through the host.
-      p.staging.resize(tensor.bytes());
+    const bool stage = Staged(tensor.device());
+    if (stage) {
+      // Device memory goes through the host; the tensor is free as soon as it is copied.
+      p.staging = staging_.Acquire(tensor.device(), tensor.bytes());
       tensor.CopyToHost(p.staging.data());
       data = p.staging.data();
     }
@@ -95,15 +175,68 @@ class MpiPipelineComm : public PipelineComm {
       MPI_Isend(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, comms_.pp,
                 &p.requests.back());
     }
-    p.tensor = std::move(tensor);
+    if (!stage) p.tensor = std::move(tensor);
     Reap();
   }
+
+  void SendHeader(const memory::Tensor& tensor, int peer, int tag) override {
+    if (tensor.shape().size() > 4)
+      throw TransportError("tensors of more than 4 dimensions cannot be sent");
+    pending_.emplace_back();
+    Pending& p = pending_.back();
+    p.header = HeaderOf(tensor);
+    p.requests.emplace_back();
+    MPI_Isend(p.header.data(), static_cast<int>(sizeof(int64_t) * kHeaderWords), MPI_BYTE, peer,
+              tag, comms_.pp, &p.requests.back());
+    Reap();
+  }
+
+  MessageHeader ReceiveNextHeader(int peer, const std::string& what) override {
+    const std::string from = what + " from pp rank " + std::to_string(peer);
+    MPI_Status status;
+    WaitUntil(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
+      int found = 0;
+      MPI_Iprobe(peer, MPI_ANY_TAG, comms_.pp, &found, &status);
+      Reap();
+      return found != 0;
+    });
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    std::vector<char> buffer(std::max(bytes, 1));
+    MPI_Request request;
+    MPI_Irecv(buffer.data(), bytes, MPI_BYTE, peer, status.MPI_TAG, comms_.pp, &request);
+    Complete(&request, from + " (receiving the matched header)");
+    int64_t header[kHeaderWords] = {};
+    if (bytes == static_cast<int>(sizeof(header))) std::memcpy(header, buffer.data(), bytes);
+    if (bytes != static_cast<int>(sizeof(header)) || header[0] != kMagic || header[2] < 0 ||
+        header[2] > 4) {
+      throw TransportError(from + ": got a malformed header (" + std::to_string(bytes) +
+                           " bytes, tag " + std::to_string(status.MPI_TAG) + ")");
+    }
+    MessageHeader result;
+    result.tag = status.MPI_TAG;
+    result.dtype = static_cast<memory::DType>(header[1]);
+    for (int i = 0; i < header[2]; ++i) result.shape.push_back(header[3 + i]);
+    result.numel = header[7];
+    return result;
+  }
+
+  void Wait(const std::string& what, const std::function<bool()>& ready) override {
+    WaitUntil(what, [&] {
+      if (ready()) return true;
+      Reap();  // MPI progresses only inside MPI calls: the headers in flight go out meanwhile
+      return false;
+    });
+  }
+
+  int64_t staging_buffers() const override { return staging_.buffers(); }
+  int64_t staging_bytes() const override { return staging_.bytes(); }
 
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override {
     const std::string from = what + " from pp rank " + std::to_string(peer);
     MPI_Status status;
-    Wait(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
+    WaitUntil(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
       int found = 0;
       MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
       Reap();
@@ -136,10 +269,11 @@ class MpiPipelineComm : public PipelineComm {
           std::to_string(bytes) + " bytes)");
     }
     memory::Tensor tensor(device, shape, dtype);
-    std::vector<char> staging;
+    StagingPool::Buffer staging;
     char* data = static_cast<char*>(tensor.raw());
-    if (device->backend() != device::Backend::kCpu) {
-      staging.resize(tensor.bytes());
+    const bool stage = Staged(device);
+    if (stage) {
+      staging = staging_.Acquire(device, tensor.bytes());
       data = staging.data();
     }
     for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
@@ -147,12 +281,16 @@ class MpiPipelineComm : public PipelineComm {
       MPI_Irecv(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, comms_.pp, &request);
       Complete(&request, from + " (its data)");
     }
-    if (!staging.empty()) tensor.CopyFromHost(staging.data());
+    if (stage) {
+      tensor.CopyFromHost(staging.data());
+      // A copy from pinned memory may still be reading it: done before the buffer is reused.
+      if (device->host_staging_pinned()) device->Synchronize();
+    }
     return tensor;
   }
 
   void FinishSends() override {
-    Wait("delivery of " + std::to_string(pending_.size()) + " sent message(s)", [&] {
+    WaitUntil("delivery of " + std::to_string(pending_.size()) + " sent message(s)", [&] {
       Reap();
       return pending_.empty();
     });
@@ -163,13 +301,14 @@ class MpiPipelineComm : public PipelineComm {
     const memory::DType dtype = tensor->dtype();
     const int64_t count = tensor->numel();
     // MPI sums f32 and f64 on the host; bf16 is summed in f32.
-    std::vector<char> staging;
+    StagingPool::Buffer staging;
     void* data = tensor->raw();
-    if (dtype == memory::DType::kBF16 || tensor->device()->backend() != device::Backend::kCpu) {
+    const bool stage = dtype == memory::DType::kBF16 || Staged(tensor->device());
+    if (stage) {
       const memory::DType wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
       memory::Tensor host_copy(tensor->device(), tensor->shape(), wide);
       host_copy.ConvertFrom(*tensor);
-      staging.resize(host_copy.bytes());
+      staging = staging_.Acquire(tensor->device(), host_copy.bytes());
       host_copy.CopyToHost(staging.data());
       data = staging.data();
     }
@@ -182,11 +321,12 @@ class MpiPipelineComm : public PipelineComm {
                      f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &request);
       Complete(&request, "ReduceDp: all-reduce of gradients over the data-parallel group");
     }
-    if (!staging.empty()) {
+    if (stage) {
       memory::Tensor wide(tensor->device(), tensor->shape(),
                           dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype);
       wide.CopyFromHost(staging.data());
       tensor->ConvertFrom(wide);
+      if (tensor->device()->host_staging_pinned()) tensor->device()->Synchronize();
     }
   }
 
@@ -249,9 +389,27 @@ class MpiPipelineComm : public PipelineComm {
   struct Pending {
     std::array<int64_t, kHeaderWords> header{};
     memory::Tensor tensor;
-    std::vector<char> staging;
+    StagingPool::Buffer staging;
     std::vector<MPI_Request> requests;
   };
+
+  static std::array<int64_t, kHeaderWords> HeaderOf(const memory::Tensor& tensor) {
+    std::array<int64_t, kHeaderWords> header = {kMagic,
+                                                static_cast<int64_t>(tensor.dtype()),
+                                                static_cast<int64_t>(tensor.shape().size()),
+                                                0,
+                                                0,
+                                                0,
+                                                0,
+                                                tensor.numel()};
+    for (size_t i = 0; i < tensor.shape().size(); ++i) header[3 + i] = tensor.shape()[i];
+    return header;
+  }
+
+  // Device memory always goes through host buffers; host memory when the tests ask for it.
+  bool Staged(const device::Device* device) const {
+    return stage_host_ || device->backend() != device::Backend::kCpu;
+  }
 
   int PeerWorldRank(int pp_peer) const {
     Coords peer = coords_;
@@ -269,7 +427,7 @@ class MpiPipelineComm : public PipelineComm {
 
   // Waits for a non-blocking collective, with the deadline.
   void Complete(MPI_Request* request, const std::string& what) {
-    Wait(what, [&] {
+    WaitUntil(what, [&] {
       int done = 0;
       MPI_Test(request, &done, MPI_STATUS_IGNORE);
       Reap();
@@ -292,7 +450,7 @@ class MpiPipelineComm : public PipelineComm {
   // core still gets it); then it sleeps, backing off to 200 us, so a long wait leaves the CPU to
   // the ranks it waits for. (A fixed back-off to 1 ms cost up to 1 ms per receive: bench/NOTES.md.)
   template <typename Ready>
-  void Wait(const std::string& what, Ready ready) {
+  void WaitUntil(const std::string& what, Ready ready) {
     const auto start = std::chrono::steady_clock::now();
     int sleep_us = 10;
     while (!ready()) {
@@ -320,18 +478,21 @@ class MpiPipelineComm : public PipelineComm {
   GroupComms comms_;
   double deadline_;
   double spin_;
+  bool stage_host_;
   Coords coords_;
   const int64_t max_message_bytes_ = MaxMessageBytes();
+  StagingPool staging_;  // before pending_, whose buffers return to it
   std::list<Pending> pending_;
 };
 
 }  // namespace
 
-std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
-                                                  const GroupComms& comms, double deadline_seconds,
-                                                  double spin_seconds) {
-  return std::make_unique<MpiPipelineComm>(topology, world_rank, comms, deadline_seconds,
-                                           spin_seconds);
+std::unique_ptr<MpiPipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
+                                                     const GroupComms& comms,
+                                                     double deadline_seconds, double spin_seconds,
+                                                     bool stage_host_tensors) {
+  return std::make_unique<MpiComm>(topology, world_rank, comms, deadline_seconds, spin_seconds,
+                                   stage_host_tensors);
 }
 
 }  // namespace bigmac::comm

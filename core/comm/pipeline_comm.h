@@ -24,6 +24,9 @@ class DeadlineError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// "bf16[4, 64, 128]": a tensor's dtype and shape, as transport errors print them.
+std::string DescribeTensor(memory::DType dtype, const std::vector<int64_t>& shape);
+
 // Message tags: activations and gradients by (stage, micro-batch), and the tied weight's exchange.
 // Tags stay below 32768 (MPI guarantees no more); equal tags between one pair of ranks are matched
 // in order, which the schedules preserve.
@@ -52,7 +55,8 @@ struct Incoming {
 
 // What the executor needs from the machines: point-to-point tensors within one pipeline (peers are
 // pp ranks), reductions over the data-parallel group and the pipeline, and a little gathering for
-// logs. Implementations: MPI (MakeMpiPipelineComm; device memory is staged through the host) and
+// logs. Implementations: MPI (MakeMpiPipelineComm; device memory is staged through pinned host
+// buffers), NCCL (core/comm/nccl: device memory over NCCL, headers over MPI; docs/transport.md) and
 // a single-process one (MakeLocalPipelineComm) for one rank without MPI. Tensors of any dtype
 // travel; the receiver states the dtype it expects. The devices outlive the transport.
 class PipelineComm {

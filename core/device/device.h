@@ -89,6 +89,16 @@ class Device {
   virtual void DestroyEvent(Event event) = 0;
   virtual void Synchronize() = 0;  // all work issued so far has finished
 
+  // Host memory for staging transfers (the MPI transport's buffers for device tensors):
+  // page-locked on CUDA (cudaHostAlloc), so copies run at the bus's speed; ordinary memory on the
+  // CPU. Outside the allocator's capacity. A copy from it into device memory may still be running
+  // when CopyHostToDevice returns: Synchronize before writing it again. Throws DeviceError when
+  // none can be had.
+  virtual void* AllocateHostStaging(int64_t bytes);
+  virtual void FreeHostStaging(void* host);
+  // Whether AllocateHostStaging's memory is page-locked.
+  virtual bool host_staging_pinned() const { return false; }
+
   // Library handles for layers (cublasLtHandle_t, cudnnHandle_t) and a GEMM workspace; null on
   // the CPU. Plugins get them as opaque pointers.
   virtual void* blas_handle() { return nullptr; }

@@ -2,6 +2,7 @@
 // caching allocator over cudaMalloc, and the engine's elementwise operations as kernels.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -242,6 +243,16 @@ class CudaDevice : public Device {
   void Synchronize() override {
     BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), Where("synchronize"));
   }
+
+  void* AllocateHostStaging(int64_t bytes) override {
+    void* host = nullptr;
+    BIGMAC_CUDA_CHECK(cudaHostAlloc(&host, static_cast<size_t>(std::max<int64_t>(bytes, 1)),
+                                    cudaHostAllocDefault),
+                      Where("pinned host staging of " + std::to_string(bytes) + " bytes"));
+    return host;
+  }
+  void FreeHostStaging(void* host) override { cudaFreeHost(host); }
+  bool host_staging_pinned() const override { return true; }
 
   void* blas_handle() override { return context_.blas_lt; }
   void* dnn_handle() override { return context_.dnn; }
