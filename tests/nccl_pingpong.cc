@@ -27,6 +27,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -57,14 +58,6 @@ struct Options {
   double deadline = 60;
 };
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  return x ^ (x >> 33);
-}
-
 uint64_t Checksum(const std::vector<char>& bytes) {
   uint64_t hash = 1469598103934665603ULL;  // FNV-1a
   for (unsigned char byte : bytes) {
@@ -77,8 +70,9 @@ uint64_t Checksum(const std::vector<char>& bytes) {
 // Host bytes of a tensor of `dtype` and `numel` elements: finite values from (seed, index).
 std::vector<char> Pattern(DType dtype, int64_t numel, uint64_t seed) {
   std::vector<char> bytes(numel * memory::DTypeSize(dtype));
+  std::mt19937_64 random(seed);
   for (int64_t i = 0; i < numel; ++i) {
-    const uint64_t h = Mix(seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(i));
+    const uint64_t h = random();
     if (dtype == DType::kBF16) {
       const uint16_t bits = static_cast<uint16_t>(h) & 0xff7f;  // exponent < 0xff: finite
       std::memcpy(bytes.data() + 2 * i, &bits, 2);
@@ -161,17 +155,9 @@ int Run(const comm::MpiWorld& world, const Options& options) {
   comm::TransportRequest request;
   request.requested = options.transport;
   request.source = "--transport";
-  request.backend = options.backend;
   request.backend_source = "--backend";
-  request.ranks_on_device =
-      placement.backend == "cuda"
-          ? comm::RanksOnDevice(world.local_rank(), world.local_size(), cuda_devices)
-          : 1;
-  for (int64_t n : world.AllGather(request.ranks_on_device))
-    request.max_ranks_on_device = std::max<int>(request.max_ranks_on_device, n);
-  request.device = placement.backend + ":" + std::to_string(placement.index);
   comm::TransportChoice choice;
-  if (!comm::ChooseTransport(request, &choice, &error))
+  if (!comm::ChooseJobTransport(world, request, placement, cuda_devices, &choice, &error))
     return Finish(world, false, "pingpong: rank " + std::to_string(rank) + ": " + error);
 
   std::unique_ptr<device::Device> device =

@@ -499,21 +499,13 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   // must pick the same one).
   comm::TransportChoice transport;
   {
-    const int on_device =
-        device.backend == "cuda"
-            ? comm::RanksOnDevice(world.local_rank(), world.local_size(), cuda_devices)
-            : 1;
     comm::TransportRequest request;
     request.requested = resolved->values().device().transport();
     request.source = resolved->sources().Get("device.transport").ToString();
-    request.backend = device.backend;
     request.backend_source = resolved->sources().Get("device.backend").ToString();
-    request.ranks_on_device = on_device;
-    for (int64_t n : world.AllGather(on_device))
-      request.max_ranks_on_device = std::max<int>(request.max_ranks_on_device, n);
-    request.device = device.backend + ":" + std::to_string(device.index);
     std::string error;
-    if (!comm::ChooseTransport(request, &transport, &error)) problems = {error};
+    if (!comm::ChooseJobTransport(world, request, device, cuda_devices, &transport, &error))
+      problems = {error};
   }
   if (int code = AllRanksAgree(world, "transport", problems, resolved->hash)) return code;
 

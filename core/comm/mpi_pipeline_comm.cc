@@ -193,13 +193,7 @@ class MpiComm : public MpiPipelineComm {
 
   MessageHeader ReceiveNextHeader(int peer, const std::string& what) override {
     const std::string from = what + " from pp rank " + std::to_string(peer);
-    MPI_Status status;
-    WaitUntil(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
-      int found = 0;
-      MPI_Iprobe(peer, MPI_ANY_TAG, comms_.pp, &found, &status);
-      Reap();
-      return found != 0;
-    });
+    const MPI_Status status = Probe(peer, MPI_ANY_TAG, from);
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
     std::vector<char> buffer(std::max(bytes, 1));
@@ -235,13 +229,7 @@ class MpiComm : public MpiPipelineComm {
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override {
     const std::string from = what + " from pp rank " + std::to_string(peer);
-    MPI_Status status;
-    WaitUntil(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
-      int found = 0;
-      MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
-      Reap();
-      return found != 0;
-    });
+    MPI_Status status = Probe(peer, tag, from);
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
     int64_t header[kHeaderWords] = {};
@@ -409,6 +397,19 @@ class MpiComm : public MpiPipelineComm {
   // Device memory always goes through host buffers; host memory when the tests ask for it.
   bool Staged(const device::Device* device) const {
     return stage_host_ || device->backend() != device::Backend::kCpu;
+  }
+
+  // Waits (with the deadline) until a message from pp rank `peer` with `tag` (or MPI_ANY_TAG)
+  // can be received.
+  MPI_Status Probe(int peer, int tag, const std::string& from) {
+    MPI_Status status;
+    WaitUntil(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
+      int found = 0;
+      MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
+      Reap();
+      return found != 0;
+    });
+    return status;
   }
 
   int PeerWorldRank(int pp_peer) const {
