@@ -149,11 +149,12 @@ def main():
         # The prediction from the median off run's measurements.
         reference = sorted(runs[False], key=lambda x: x["step_ms"])[len(runs[False]) // 2]
         prediction = predict(a, env, out, pp, reference)
-        rows.append({"pp": pp, "dp": dp, "off_ms": off, "on_ms": on, "ratio": on / off,
+        rows.append({"pp": pp, "dp": dp, "off_ms": off, "on_ms": on,
+                     "ratio": statistics.median(ratios),
                      "round_ratios": ratios, "predicted_ratio":
                      (reference["step_ms"] - prediction["saved_ms"]) / reference["step_ms"],
                      "prediction": prediction, "off": runs[False], "on": runs[True]})
-        print(f"pp={pp} dp={dp}: on/off {on / off:.3f} (rounds {', '.join(f'{x:.3f}' for x in ratios)}), "
+        print(f"pp={pp} dp={dp}: on/off {statistics.median(ratios):.3f} (rounds {', '.join(f'{x:.3f}' for x in ratios)}), "
               f"predicted {rows[-1]['predicted_ratio']:.3f}", flush=True)
     write_report(a, out, rows, cores)
 
@@ -164,9 +165,16 @@ def write_report(a, out, rows, cores):
              f"{'copies through shared memory (no CMA)' if a.no_cma else 'Open MPI defaults (CMA)'}, "
              f"{a.rounds} alternating rounds of {a.steps} steps (median of steps after "
              f"{a.warmup}).", "",
+             "Measured on/off: the median over rounds of each round's step-time ratio (the "
+             "rounds in brackets). Predicted: the schedule simulator with the all-reduce running "
+             "beside the computation (bigmac schedule --allreduce-ms). Backward: ms per step in "
+             "backward spans, mean over ranks.", "",
              "| pp x dp | ranks per core | step ms off | step ms on | on/off measured (per round) | "
-             "predicted on/off | serial all-reduce ms per pp rank (tail) | buckets | buckets started in the backward (on) | exposed all-reduce ms on |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted on/off | serial all-reduce ms per pp rank (tail) | buckets | started in the backward (on) | exposed all-reduce ms on | backward ms off -> on |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    # Per step: the backward spans, mean over ranks (m micro-batches), median over the runs.
+    backward = lambda runs: statistics.median(statistics.mean(x["backward_ms"]) * a.m
+                                              for x in runs)
     for r in rows:
         p = r["prediction"]
         on_exposed = statistics.median(statistics.mean(x["allreduce_ms"]) for x in r["on"])
@@ -176,7 +184,8 @@ def write_report(a, out, rows, cores):
             f"{r['on_ms']:.1f} | **{r['ratio']:.3f}** ({', '.join(f'{x:.3f}' for x in r['round_ratios'])}) | "
             f"**{r['predicted_ratio']:.3f}** | "
             f"{', '.join(f'{x:.1f} ({t:.1f})' for x, t in zip(p['allreduce_ms'], p['tail_ms']))} | "
-            f"{r['off'][0]['buckets'][0]} | {overlapped:.1f} | {on_exposed:.1f} |")
+            f"{r['off'][0]['buckets'][0]} | {overlapped:.1f} | {on_exposed:.1f} | "
+            f"{backward(r['off']):.1f} -> {backward(r['on']):.1f} |")
     report = "\n".join(lines)
     print(report)
     suffix = "_nocma" if a.no_cma else ""
