@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <stdexcept>
 #include <vector>
 
 namespace bigmac::comm {
@@ -16,7 +17,8 @@ namespace {
 
 constexpr int64_t kMagic = 0x424d4143;  // "BMAC"
 constexpr int kHeaderWords = 8;         // magic, dtype, ndim, 4 dims, numel
-constexpr int64_t kDpBucketFloats = int64_t{1} << 20;
+// The most elements one MPI_Iallreduce sums (its count is an int).
+constexpr int64_t kMaxReduceCount = int64_t{1} << 30;
 // MPI counts are ints: a payload goes out as messages of at most this many bytes (after its
 // header, same tag, matched in order), so tensors of 2 GiB and more travel.
 constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
@@ -56,6 +58,9 @@ class MpiPipelineComm : public PipelineComm {
       }
     }
     if (!pending_.empty()) new std::list<Pending>(std::move(pending_));  // nodes stay in place
+    // Reductions still in flight (an abnormal exit, the job is stopping): a collective's request
+    // cannot be freed, and MPI may still write their staging buffers, so those leak too.
+    if (!reductions_.empty()) new std::vector<Reduction>(std::move(reductions_));
   }
 
   int pp_rank() const override { return coords_.pp; }
@@ -159,35 +164,80 @@ class MpiPipelineComm : public PipelineComm {
   }
 
   void AllReduceSumDp(memory::Tensor* tensor) override {
-    if (topology_.dp_size() == 1) return;
+    if (!reductions_.empty())
+      throw std::logic_error("AllReduceSumDp while non-blocking reductions are in flight");
+    StartAllReduceSumDp(tensor, "ReduceDp: all-reduce of gradients over the data-parallel group");
+    WaitAllReduces();
+  }
+
+  int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what) override {
+    reductions_.emplace_back();
+    Reduction& r = reductions_.back();
+    r.tensor = tensor;
+    r.what = what;
+    if (topology_.dp_size() == 1 || tensor->numel() == 0) {
+      r.done = true;
+      return static_cast<int>(reductions_.size()) - 1;
+    }
     const memory::DType dtype = tensor->dtype();
-    const int64_t count = tensor->numel();
-    // MPI sums f32 and f64 on the host; bf16 is summed in f32.
-    std::vector<char> staging;
+    if (dtype != memory::DType::kF32 && dtype != memory::DType::kF64 &&
+        dtype != memory::DType::kBF16) {
+      throw TransportError(what + ": cannot sum " + memory::DTypeName(dtype) + " tensors");
+    }
+    // MPI sums f32 and f64 in host memory; bf16 is summed in f32, device memory is staged.
+    r.wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
     void* data = tensor->raw();
     if (dtype == memory::DType::kBF16 || tensor->device()->backend() != device::Backend::kCpu) {
-      const memory::DType wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
-      memory::Tensor host_copy(tensor->device(), tensor->shape(), wide);
+      memory::Tensor host_copy(tensor->device(), tensor->shape(), r.wide);
       host_copy.ConvertFrom(*tensor);
-      staging.resize(host_copy.bytes());
-      host_copy.CopyToHost(staging.data());
-      data = staging.data();
+      r.staging.resize(host_copy.bytes());
+      host_copy.CopyToHost(r.staging.data());
+      data = r.staging.data();
     }
-    const bool f64 = dtype == memory::DType::kF64;
+    const bool f64 = r.wide == memory::DType::kF64;
     const int64_t element = f64 ? 8 : 4;
-    for (int64_t offset = 0; offset < count; offset += kDpBucketFloats) {
-      const int n = static_cast<int>(std::min(kDpBucketFloats, count - offset));
-      MPI_Request request;
-      MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + offset * element, n,
-                     f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &request);
-      Complete(&request, "ReduceDp: all-reduce of gradients over the data-parallel group");
+    const int64_t count = tensor->numel();
+    // MPI counts are ints: one reduction per kMaxReduceCount elements (in practice one per bucket).
+    for (int64_t offset = 0; offset < count; offset += kMaxReduceCount) {
+      r.requests.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + offset * element,
+                     static_cast<int>(std::min(kMaxReduceCount, count - offset)),
+                     f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &r.requests.back());
     }
-    if (!staging.empty()) {
-      memory::Tensor wide(tensor->device(), tensor->shape(),
-                          dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype);
-      wide.CopyFromHost(staging.data());
-      tensor->ConvertFrom(wide);
+    return static_cast<int>(reductions_.size()) - 1;
+  }
+
+  bool TestAllReduce(int handle) override {
+    if (handle < 0 || handle >= static_cast<int>(reductions_.size()))
+      throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +
+                             " is in flight");
+    Reap();  // also progresses every outstanding collective
+    return Test(&reductions_[handle]);
+  }
+
+  void Progress() override {
+    Reap();
+    for (Reduction& r : reductions_) Test(&r);
+  }
+
+  void WaitAllReduces() override {
+    size_t first = 0;  // the first reduction not known to be complete
+    auto all_done = [&] {
+      Reap();
+      while (first < reductions_.size() && Test(&reductions_[first])) ++first;
+      return first == reductions_.size();
+    };
+    while (!all_done()) {
+      // Waits on the first pending one (its name goes into a deadline message), then goes on.
+      const size_t waiting_for = first;
+      Wait(reductions_[waiting_for].what + " (reduction " + std::to_string(waiting_for + 1) +
+               " of " + std::to_string(reductions_.size()) + " started this step)",
+           [&] {
+             Reap();
+             return Test(&reductions_[waiting_for]);
+           });
     }
+    reductions_.clear();
   }
 
   double AllReduceSumPp(double value) override {
@@ -252,6 +302,33 @@ class MpiPipelineComm : public PipelineComm {
     std::vector<char> staging;
     std::vector<MPI_Request> requests;
   };
+
+  // One non-blocking dp reduction: the tensor summed in place, or its host staging copy.
+  struct Reduction {
+    memory::Tensor* tensor = nullptr;
+    std::string what;
+    memory::DType wide = memory::DType::kF32;
+    std::vector<char> staging;  // bf16 widened to f32, or device memory: copied back when done
+    std::vector<MPI_Request> requests;
+    bool done = false;
+  };
+
+  // Progresses `r` without blocking; once complete, its result is in its tensor.
+  bool Test(Reduction* r) {
+    if (r->done) return true;
+    int complete = 0;
+    MPI_Testall(static_cast<int>(r->requests.size()), r->requests.data(), &complete,
+                MPI_STATUSES_IGNORE);
+    if (!complete) return false;
+    if (!r->staging.empty()) {
+      memory::Tensor wide(r->tensor->device(), r->tensor->shape(), r->wide);
+      wide.CopyFromHost(r->staging.data());
+      r->tensor->ConvertFrom(wide);
+      r->staging = {};
+    }
+    r->done = true;
+    return true;
+  }
 
   int PeerWorldRank(int pp_peer) const {
     Coords peer = coords_;
@@ -323,6 +400,7 @@ class MpiPipelineComm : public PipelineComm {
   Coords coords_;
   const int64_t max_message_bytes_ = MaxMessageBytes();
   std::list<Pending> pending_;
+  std::vector<Reduction> reductions_;  // started since the last WaitAllReduces
 };
 
 }  // namespace

@@ -13,8 +13,10 @@ namespace bigmac::comm {
 // oversubscribed CPU node is not starved by polling), then check the header. A wait polls
 // (yielding the core) for `spin_seconds` before it starts to sleep: long when every rank has a
 // core of its own (a message is seen within microseconds), short when ranks share cores.
-// `deadline_seconds`
-// bounds every wait. The communicators must outlive this object.
+// `deadline_seconds` bounds every wait. Data-parallel sums are MPI_Iallreduce on the dp
+// communicator (one per started tensor); MPI progresses them whenever this transport is called
+// (any test, probe or wait), so the executor's polls between layers move them along. The
+// communicators must outlive this object.
 std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
                                                   const GroupComms& comms, double deadline_seconds,
                                                   double spin_seconds = 200e-6);

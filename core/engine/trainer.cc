@@ -266,6 +266,12 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
                                     cfg_.parallel().virtual_stages()};
   executor_ = std::make_unique<Executor>(stage_.get(), &comm, spec, cfg_.model().hidden_size());
   executor_->set_timeline(&timeline_);
+  DpReduceOptions dp_reduce;
+  dp_reduce.overlap = cfg_.parallel().overlap_dp_reduce();
+  std::string size_error;
+  memory::ParseByteSize(cfg_.parallel().dp_bucket_size(), &dp_reduce.bucket_bytes,
+                        &size_error);  // validated at start-up
+  executor_->set_dp_reduce(dp_reduce);
   for (const Stage::NamedParam& named : stage_->OwnedParams()) params_.push_back(named.param);
   result_.parameter_count = stage_->OwnedParameterCount();
 }
@@ -365,8 +371,8 @@ StepOutcome Trainer::RunStep(int step) {
   double local_loss = 0;
   for (int flush = 0; flush < flushes_; ++flush) {
     FillBatches(step, flush);
-    local_loss +=
-        executor_->RunFlush([&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; });
+    local_loss += executor_->RunFlush(
+        [&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; }, flush + 1 == flushes_);
   }
   executor_->RunTail([&] { OptimizerStep(step, &outcome); });
   comm_.FinishSends();
@@ -477,6 +483,13 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
       {"backward_ms", get("backward") + get("backward_input") + get("backward_weight")},
       {"wait_ms", get("wait")},
       {"allreduce_ms", get("allreduce")},
+      // The dp all-reduce's buckets, how many started during the last flush (overlapped with its
+      // backward), and their time in flight (overlapping other spans).
+      {"dp_buckets", executor_->dp_reducer().buckets().size()},
+      {"dp_reduce_bytes", executor_->dp_reducer().bytes()},
+      {"dp_tied_bytes", executor_->dp_reducer().tied_bytes()},
+      {"dp_buckets_overlapped", executor_->dp_reducer().started_early()},
+      {"dp_reduce_inflight_ms", get("dp_reduce")},
       {"peak_bytes", device_->allocator().peak_bytes()},
       {"rss_bytes", ResidentBytes()},
       {"activation_bytes_sent", outcome.activation_bytes}};
