@@ -46,6 +46,11 @@ class Executor {
 
   // Where every action's span goes (null: nowhere).
   void set_timeline(metrics::Timeline* timeline) { timeline_ = timeline; }
+  // Called before each action (or exchange) runs, after the progress record names it; the
+  // fault-injection hooks of the tests use it.
+  void set_action_hook(std::function<void(const schedule::Action&)> hook) {
+    action_hook_ = std::move(hook);
+  }
 
  private:
   using Batch = std::function<const layer::MicroBatch&(int)>;
@@ -76,6 +81,7 @@ class Executor {
   memory::Tensor loss_;                                   // f64[1]: this flush's loss sum
   memory::Tensor loss_term_;                              // f64[1]: one micro-batch's, widened
   metrics::Timeline* timeline_ = nullptr;
+  std::function<void(const schedule::Action&)> action_hook_;
 };
 
 }  // namespace bigmac::engine
