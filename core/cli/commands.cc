@@ -22,6 +22,7 @@
 #include "core/cli/startup_checks.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
+#include "core/comm/hang_watch.h"
 #include "core/comm/mpi_pipeline_comm.h"
 #include "core/comm/mpi_world.h"
 #include "core/comm/topology.h"
@@ -564,6 +565,13 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   std::unique_ptr<comm::PipelineComm> pipeline = comm::MakeMpiPipelineComm(
       topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds(),
       core_each ? 2e-3 : 50e-6);
+  // Hangs explained: every rank answers status requests from here on, and a wait past its
+  // deadline prints the wait-for graph's verdict before the job stops (docs/reliability.md).
+  std::unique_ptr<comm::HangWatch> hang_watch;
+  if (world.size() > 1) {
+    hang_watch = comm::HangWatch::Start(topology, world.rank(), world.host(),
+                                        resolved->values().train().comm_timeout_seconds());
+  }
   // The rank's device, chosen above; it outlives the training run.
   std::unique_ptr<::bigmac::device::Device> rank_device;
   try {

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,8 @@
 #include <list>
 #include <stdexcept>
 #include <vector>
+
+#include "core/comm/progress.h"
 
 namespace bigmac::comm {
 namespace {
@@ -75,6 +78,7 @@ class MpiPipelineComm : public PipelineComm {
     CountSent(tag, tensor.bytes());
     pending_.emplace_back();
     Pending& p = pending_.back();
+    p.world_peer = PeerWorldRank(peer);
     p.header = {kMagic,
                 static_cast<int64_t>(tensor.dtype()),
                 static_cast<int64_t>(tensor.shape().size()),
@@ -107,6 +111,12 @@ class MpiPipelineComm : public PipelineComm {
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override {
     const std::string from = what + " from pp rank " + std::to_string(peer);
+    const progress::WaitScope waiting({progress::WaitKind::kReceive,
+                                       what,
+                                       "pp",
+                                       Describe(dtype, shape),
+                                       tag,
+                                       {PeerWorldRank(peer)}});
     MPI_Status status;
     Wait(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
       int found = 0;
@@ -157,7 +167,10 @@ class MpiPipelineComm : public PipelineComm {
   }
 
   void FinishSends() override {
-    Wait("delivery of " + std::to_string(pending_.size()) + " sent message(s)", [&] {
+    const std::string what = "delivery of " + std::to_string(pending_.size()) + " sent message(s)";
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kSends, what, "pp", "", -1, PendingPeers()});
+    Wait(what, [&] {
       Reap();
       return pending_.empty();
     });
@@ -228,8 +241,11 @@ class MpiPipelineComm : public PipelineComm {
       return first == reductions_.size();
     };
     while (!all_done()) {
-      // Waits on the first pending one (its name goes into a deadline message), then goes on.
+      // Waits on the first pending one (its name goes into a deadline message and the hang
+      // report's wait record), then goes on.
       const size_t waiting_for = first;
+      const progress::WaitScope waiting(
+          {progress::WaitKind::kCollective, reductions_[waiting_for].what, "dp"});
       Wait(reductions_[waiting_for].what + " (reduction " + std::to_string(waiting_for + 1) +
                " of " + std::to_string(reductions_.size()) + " started this step)",
            [&] {
@@ -242,6 +258,9 @@ class MpiPipelineComm : public PipelineComm {
 
   double AllReduceSumPp(double value) override {
     double sum = 0;
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective,
+         "OptimizerStep: all-reduce of the gradient norm over the pipeline", "pp"});
     MPI_Request request;
     MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, comms_.pp, &request);
     Complete(&request, "OptimizerStep: all-reduce of the gradient norm over the pipeline");
@@ -257,12 +276,16 @@ class MpiPipelineComm : public PipelineComm {
   }
 
   std::vector<std::string> GatherToRoot(const std::string& text) override {
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective, "gathering report lines on rank 0", "world"});
     return GatherStringsToRoot(text, MPI_COMM_WORLD, [&](MPI_Request* request) {
       Complete(request, "gathering report lines on rank 0");
     });
   }
 
   bool AllOk(bool ok) override {
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective, "agreement of all ranks", "world"});
     int local = ok ? 1 : 0;
     int all = 0;
     MPI_Request request;
@@ -272,6 +295,8 @@ class MpiPipelineComm : public PipelineComm {
   }
 
   std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) override {
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective, "the pipeline's layer_ids (all-gather)", "pp"});
     const int p = topology_.pp_size();
     const int count = static_cast<int>(values.size());
     std::vector<int> counts(p), offsets(p);
@@ -301,6 +326,7 @@ class MpiPipelineComm : public PipelineComm {
     memory::Tensor tensor;
     std::vector<char> staging;
     std::vector<MPI_Request> requests;
+    int world_peer = -1;
   };
 
   // One non-blocking dp reduction: the tensor summed in place, or its host staging copy.
@@ -338,10 +364,21 @@ class MpiPipelineComm : public PipelineComm {
 
   double ReduceToRoot(double value, MPI_Op op, const std::string& what) {
     double result = 0;
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what, "world"});
     MPI_Request request;
     MPI_Ireduce(&value, &result, 1, MPI_DOUBLE, op, 0, MPI_COMM_WORLD, &request);
     Complete(&request, what);
     return result;
+  }
+
+  // The world ranks of the pipeline neighbours whose sends are still in flight.
+  std::vector<int> PendingPeers() const {
+    std::vector<int> peers;
+    for (const Pending& p : pending_) {
+      if (std::find(peers.begin(), peers.end(), p.world_peer) == peers.end())
+        peers.push_back(p.world_peer);
+    }
+    return peers;
   }
 
   // Waits for a non-blocking collective, with the deadline.
@@ -371,6 +408,8 @@ class MpiPipelineComm : public PipelineComm {
   template <typename Ready>
   void Wait(const std::string& what, Ready ready) {
     const auto start = std::chrono::steady_clock::now();
+    // Shows in the hang report where the caller did not describe the wait.
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what});
     int sleep_us = 10;
     while (!ready()) {
       const double waited =
@@ -382,10 +421,12 @@ class MpiPipelineComm : public PipelineComm {
       if (waited > deadline_) {
         char limit[32];
         std::snprintf(limit, sizeof(limit), "%g", deadline_);
-        throw DeadlineError("pp " + std::to_string(coords_.pp) + ", dp " +
-                            std::to_string(coords_.dp) + ": waited " +
-                            std::to_string(static_cast<int>(waited)) + " s for " + what +
-                            ", past the deadline of " + limit + " s (train.comm_timeout_seconds)");
+        const std::string message =
+            "pp " + std::to_string(coords_.pp) + ", dp " + std::to_string(coords_.dp) +
+            ": waited " + std::to_string(static_cast<int>(waited)) + " s for " + what +
+            ", past the deadline of " + limit + " s (train.comm_timeout_seconds)";
+        // Before the job stops: the hang report (core/comm/hang_watch.h), if one is installed.
+        throw DeadlineError(message + progress::OnDeadline(message));
       }
       usleep(sleep_us);
       sleep_us = std::min(sleep_us * 2, 200);

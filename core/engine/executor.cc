@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "core/comm/progress.h"
+
 namespace bigmac::engine {
 
 using memory::Tensor;
@@ -15,6 +17,29 @@ bool IsCommunication(Op op) { return schedule::Info(op).peer != 0; }
 bool IsReceive(Op op) { return op == Op::kRecvAct || op == Op::kRecvGrad; }
 
 std::string Category(Op op) { return schedule::Info(op).category; }
+
+// The tag a receive's message carries: the consumer stage and the micro-batch.
+int ReceiveTag(const Action& a) {
+  return a.op == Op::kRecvAct ? comm::ActivationTag(a.stage, a.microbatch)
+                              : comm::GradientTag(a.stage, a.microbatch);
+}
+
+// "Forward mb5", "RecvGrad mb3", "OptimizerStep": how the hang report names an action.
+std::string Label(const Action& a) {
+  return schedule::OpName(a.op) + (a.microbatch >= 0 ? " mb" + std::to_string(a.microbatch) : "");
+}
+
+// Actions [begin, end) about to run (one computation, or one exchange), for the hang report.
+void RecordProgress(const std::vector<Action>& actions, size_t begin, size_t end,
+                    const std::string& name) {
+  std::vector<comm::progress::ExpectedReceive> receives;
+  for (size_t i = begin; i < end; ++i) {
+    if (IsReceive(actions[i].op))
+      receives.push_back(
+          {ReceiveTag(actions[i]), Label(actions[i]), schedule::ShortName(actions[i])});
+  }
+  comm::progress::SetAction(name, Label(actions[begin]), receives);
+}
 
 Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
             const std::string& what) {
@@ -100,8 +125,12 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
         if (IsReceive(actions[end].op)) category = "wait";
         ++end;
       }
+      RecordProgress(actions, i, end, name);
+      if (action_hook_) action_hook_(actions[i]);
       RunExchange(actions, i, end, batch);
     } else {
+      RecordProgress(actions, i, end, name);
+      if (action_hook_) action_hook_(actions[i]);
       RunCompute(actions[i], batch, optimizer_step, keep);
       comm_->Progress();  // sends and dp reductions in flight move on between computations
     }
@@ -144,11 +173,9 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
           if (earlier->microbatch == a.microbatch && earlier->stage == a.stage) DuplicateReceive(a);
         }
         if (inbox_.count({a.microbatch, a.stage})) DuplicateReceive(a);
-        receives.push_back({a.peer,
-                            act ? comm::ActivationTag(a.stage, a.microbatch)
-                                : comm::GradientTag(a.stage, a.microbatch),
-                            ActivationShape(batch(a.microbatch)), stage_->activation_dtype(),
-                            stage_->device(), Describe(a) + (act ? " activation" : " gradient")});
+        receives.push_back({a.peer, ReceiveTag(a), ActivationShape(batch(a.microbatch)),
+                            stage_->activation_dtype(), stage_->device(),
+                            Describe(a) + (act ? " activation" : " gradient")});
         receive_actions.push_back(&a);
         break;
       }

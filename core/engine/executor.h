@@ -56,6 +56,11 @@ class Executor {
   // 25 MiB).
   void set_dp_reduce(const DpReduceOptions& options);
   const DpReducer& dp_reducer() const { return *dp_reducer_; }
+  // Called before each action (or exchange) runs, after the progress record names it; the
+  // fault-injection hooks of the tests use it.
+  void set_action_hook(std::function<void(const schedule::Action&)> hook) {
+    action_hook_ = std::move(hook);
+  }
 
  private:
   using Batch = std::function<const layer::MicroBatch&(int)>;
@@ -86,6 +91,7 @@ class Executor {
   memory::Tensor loss_term_;                              // f64[1]: one micro-batch's, widened
   metrics::Timeline* timeline_ = nullptr;
   std::unique_ptr<DpReducer> dp_reducer_;
+  std::function<void(const schedule::Action&)> action_hook_;
 };
 
 }  // namespace bigmac::engine
