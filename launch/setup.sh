@@ -19,6 +19,7 @@ packages=(
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
   patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs
+  iproute2               # launch/two_hosts.sh: `ip netns`, veth pairs (tests/two_hosts_test)
   slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/slurm_test: a real Slurm
 )
 # Extras for the commands outside the test command (launch/setup.sh --fuzz --bench).

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/comm/pipeline_comm.h"
 #include "core/device/device.h"
+#include "core/engine/dp_reduce.h"
 #include "core/engine/stage.h"
 #include "core/partition/partition.h"
 #include "tests/testing/expect.h"
@@ -95,6 +97,152 @@ TEST(Executor, Bf16ActivationsTravelAsBf16) {
   TwoStages fp32;
   fp32.Run(kForwardBackward);
   EXPECT_EQ(fp32.comm->activation_bytes_sent(), 2 * (2 * 8 * 16 * 4));
+}
+
+// One rank of a two-replica data-parallel group with identical replicas: a reduction doubles its
+// tensor, but only once it is tested or waited for (as if it were still in flight before). Records
+// every reduction it starts: its size, and whether the stage still held activations then (that
+// is, whether the backward was still running).
+class FakeDpComm : public comm::LocalPipelineComm {
+ public:
+  explicit FakeDpComm(const engine::Stage* stage) : stage_(stage) {}
+  int dp_size() const override { return 2; }
+  void AllReduceSumDp(memory::Tensor* tensor) override { Double(tensor); }
+  int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what) override {
+    started.push_back({tensor->numel(), stage_->in_flight() > 0, what});
+    in_flight_.push_back(tensor);
+    return static_cast<int>(in_flight_.size()) - 1;
+  }
+  bool TestAllReduce(int handle) override {
+    Complete(handle);
+    return true;
+  }
+  void WaitAllReduces() override {
+    for (size_t i = 0; i < in_flight_.size(); ++i) Complete(static_cast<int>(i));
+    in_flight_.clear();
+  }
+
+  struct Started {
+    int64_t numel;
+    bool during_backward;
+    std::string what;
+  };
+  std::vector<Started> started;
+
+ private:
+  static void Double(memory::Tensor* tensor) {
+    float* data = tensor->data<float>();
+    for (int64_t i = 0; i < tensor->numel(); ++i) data[i] *= 2;
+  }
+  void Complete(int handle) {
+    if (in_flight_.at(handle) == nullptr) return;
+    Double(in_flight_[handle]);
+    in_flight_[handle] = nullptr;
+  }
+  const engine::Stage* stage_;
+  std::vector<memory::Tensor*> in_flight_;
+};
+
+// Every owned gradient of the stage, flattened in OwnedParams order.
+std::vector<float> Gradients(engine::Stage& stage) {
+  std::vector<float> all;
+  for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
+    const float* g = named.param->grad.data<float>();
+    all.insert(all.end(), g, g + named.param->grad.numel());
+  }
+  return all;
+}
+
+// Both stages, two micro-batches, then the tail, with a dp group of two: returns the reduced
+// gradients and what the transport saw.
+struct DpRun {
+  std::vector<float> reduced;
+  std::vector<float> local;  // after the flush, before the tail
+  std::vector<FakeDpComm::Started> started;
+  int overlapped = 0;
+  size_t buckets = 0;
+};
+
+DpRun RunWithDp(bool overlap, int64_t bucket_bytes) {
+  TwoStages two;
+  FakeDpComm comm(two.stage.get());
+  const schedule::ScheduleSpec spec{schedule::Kind::kInterleaved1F1B, 1, 2, 2};
+  const std::string mb0 =
+      "F0@s0 SendAct0@s0>r0 RecvAct0@s1<r0 F0@s1 B0@s1 SendGrad0@s1>r0 RecvGrad0@s0<r0 B0@s0 ";
+  std::string mb1 = mb0;
+  for (size_t at; (at = mb1.find("0@")) != std::string::npos;) mb1[at] = '1';
+  engine::Executor executor(two.stage.get(), &comm, spec, 16, schedule::ParseActions(mb0 + mb1),
+                            schedule::ParseActions("ReduceTied ReduceDp OptimizerStep"));
+  executor.set_dp_reduce({overlap, bucket_bytes});
+  two.stage->ZeroGrads();
+  executor.RunFlush([&two](int) -> const layer::MicroBatch& { return two.mb; });
+  DpRun run;
+  run.local = Gradients(*two.stage);  // serial: nothing is reduced before the tail
+  executor.RunTail([&] { run.reduced = Gradients(*two.stage); });
+  run.started = comm.started;
+  run.overlapped = executor.dp_reducer().started_early();
+  run.buckets = executor.dp_reducer().buckets().size();
+  return run;
+}
+
+TEST(DpReduce, BucketsFollowReverseLayerOrderWithTheTiedWeightLast) {
+  TwoStages two;
+  FakeDpComm comm(two.stage.get());
+  // 1 byte: every parameter is a bucket of its own.
+  const std::vector<engine::DpBucket> each = engine::MakeDpBuckets(*two.stage, 1);
+  const std::vector<engine::Stage::NamedParam> owned = two.stage->OwnedParams();
+  ASSERT_EQ(each.size(), owned.size());
+  EXPECT_EQ(each.front().params.front().name, "head/lnf.weight");
+  EXPECT_EQ(each.back().params.front().name, "embedding/wte");
+  EXPECT_TRUE(each.back().tied);
+  EXPECT_EQ(each[each.size() - 2].params.front().name, "embedding/wpe");
+  for (size_t b = 0; b + 1 < each.size(); ++b) {
+    EXPECT_FALSE(each[b].tied) << b;
+    EXPECT_GE(each[b].params.front().layer_id, each[b + 1].params.front().layer_id) << b;
+  }
+  // Large buckets: everything but the tied weight in one, the tied weight alone.
+  const std::vector<engine::DpBucket> two_buckets = engine::MakeDpBuckets(*two.stage, 1 << 30);
+  ASSERT_EQ(two_buckets.size(), 2u);
+  EXPECT_EQ(two_buckets[0].layer_ids, (std::vector<int>{2, 1, 0, -1}));
+  EXPECT_EQ(two_buckets[1].numel, 32 * 16);
+  // A bucket closes before the parameter that would take it over the size.
+  const int64_t block_bytes = 4 * (16 * 16 * 12 + 16 * 13);  // one block's parameters
+  for (const engine::DpBucket& b : engine::MakeDpBuckets(*two.stage, block_bytes)) {
+    EXPECT_TRUE(b.numel * 4 <= block_bytes || b.params.size() == 1) << b.params.front().name;
+  }
+}
+
+TEST(DpReduce, OverlapStartsBucketsDuringTheBackwardAndSumsTheSame) {
+  const int64_t bucket = 4 * 16 * 16 * 4;  // a few parameters per bucket
+  const DpRun serial = RunWithDp(/*overlap=*/false, bucket);
+  const DpRun overlapped = RunWithDp(/*overlap=*/true, bucket);
+  ASSERT_GT(serial.buckets, 3u);
+  // The same reductions, in the same order, give the same sums: bitwise.
+  ASSERT_EQ(serial.started.size(), serial.buckets);
+  ASSERT_EQ(overlapped.started.size(), serial.buckets);
+  for (size_t b = 0; b < serial.buckets; ++b) {
+    EXPECT_EQ(serial.started[b].numel, overlapped.started[b].numel) << b;
+    EXPECT_EQ(serial.started[b].what, overlapped.started[b].what) << b;
+    EXPECT_FALSE(serial.started[b].during_backward) << b;
+  }
+  EXPECT_EQ(serial.reduced, overlapped.reduced);
+  EXPECT_NE(serial.local, overlapped.local) << "overlapped: some buckets were reduced already";
+  ASSERT_EQ(serial.reduced.size(), serial.local.size());
+  // wte (first in OwnedParams) still receives the head's part in ReduceTied; the rest is doubled.
+  for (size_t i = 32 * 16; i < serial.local.size(); ++i)
+    ASSERT_EQ(serial.reduced[i], 2 * serial.local[i]) << i;
+  EXPECT_EQ(serial.overlapped, 0);
+  // Stage 1's buckets (head, block 1) start while stage 0 still holds micro-batch 1's
+  // activations, that is during the backward; the tied weight (which ReduceTied completes) only
+  // in the tail.
+  EXPECT_TRUE(overlapped.started.front().during_backward);
+  EXPECT_FALSE(overlapped.started.back().during_backward);
+  EXPECT_GT(overlapped.overlapped, 0);
+  EXPECT_LT(overlapped.overlapped, static_cast<int>(overlapped.buckets));
+  testutil::ExpectContains(overlapped.started.back().what, "embedding/wte");
+  testutil::ExpectContains(overlapped.started.front().what, "ReduceDp: all-reduce of bucket 1 of " +
+                                                                std::to_string(overlapped.buckets) +
+                                                                " (head/lnf.weight");
 }
 
 }  // namespace

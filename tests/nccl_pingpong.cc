@@ -13,7 +13,7 @@
 //      one Exchange and receives the peer's four in it (one NCCL group both ways); every checksum
 //      is checked.
 //   3. all-reduce: a second layout with dp = 2 sums an f32 and a bf16 tensor of small integers
-//      (exact) over both ranks.
+//      (exact) over both ranks: the f32 one blocking, the bf16 one non-blocking (Start/Test/Wait).
 // Rank 0 prints one line per phase and the verdict: "pingpong: PASS ...", "pingpong: FAIL ..." or
 // "pingpong: SKIPPED (...)" (NCCL with fewer GPUs than ranks: it refuses two ranks on one GPU).
 // Exit 0 on PASS or SKIPPED, 1 on FAIL, 2 on a usage error.
@@ -265,8 +265,13 @@ int Run(const comm::MpiWorld& world, const Options& options) {
     Tensor b(device.get(), {n}, DType::kBF16);
     b.CopyFromHost(bf16.data());
     device->Synchronize();
+    // The f32 sum blocking; the bf16 one non-blocking, as the overlapped backward starts it
+    // (tested once, then waited for).
     transport->AllReduceSumDp(&a);
-    transport->AllReduceSumDp(&b);
+    const int handle = transport->StartAllReduceSumDp(&b, "the ping-pong's bf16 sum");
+    transport->Progress();
+    transport->TestAllReduce(handle);
+    transport->WaitAllReduces();
     a.CopyToHost(f32.data());
     b.CopyToHost(bf16.data());
     int64_t wrong = 0;

@@ -295,5 +295,30 @@ TEST(Trace, IsChromeJsonWithOneTrackPerRank) {
       << grid;
 }
 
+// The dp all-reduce after the flush: serial, it follows each rank's last computation; overlapped,
+// bucket k starts once (k + 1) / buckets of the rank's last backward has run and the bucket before
+// it is done; a tail (the tied weight) waits for the flush's end.
+TEST(Simulator, PredictsTheDataParallelAllReduceSerialAndOverlapped) {
+  // gpipe, p = 1, m = 2, unit costs: F0 [0,1] F1 [1,2] B0 [2,4] B1 [4,6].
+  const SimResult one = Simulate(BuildAllActions({Kind::kGpipe, 1, 2, 1}), 1, Costs{});
+  DpReducePrediction p = PredictDpReduce(one, {{2.0}, {}, 2});
+  EXPECT_DOUBLE_EQ(p.compute_end[0], 6);
+  EXPECT_DOUBLE_EQ(p.serial_end[0], 8);
+  EXPECT_DOUBLE_EQ(p.overlap_end[0], 7);  // buckets final at 5 and 6, one unit each
+  p = PredictDpReduce(one, {{2.0}, {}, 4});
+  EXPECT_DOUBLE_EQ(p.overlap_end[0], 6.5);  // final at 4.5 .. 6: only the last half bucket shows
+  p = PredictDpReduce(one, {{2.0}, {0.5}, 2});
+  EXPECT_DOUBLE_EQ(p.overlap_end[0], 7.25);  // 0.75 each at 5 and 6, then the tail at 6.75
+  EXPECT_DOUBLE_EQ(p.serial_end[0], 8);
+  // 1f1b, p = 2, m = 2: rank 0's B1 is [7,9], rank 1's [5,7] (the grid of the Trace test).
+  const SimResult two = Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1}), 1, Costs{});
+  p = PredictDpReduce(two, {{3.0, 3.0}, {}, 3});
+  EXPECT_DOUBLE_EQ(p.serial_end[1], 10);
+  EXPECT_NEAR(p.overlap_end[1], 8 + 2.0 / 3, 1e-12);
+  EXPECT_DOUBLE_EQ(p.serial_makespan, 12);
+  EXPECT_NEAR(p.overlap_makespan, 10 + 2.0 / 3, 1e-12);
+  EXPECT_THROW(PredictDpReduce(two, {{3.0}, {}, 3}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace bigmac::schedule

@@ -22,6 +22,7 @@
 #include "core/cli/startup_checks.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
+#include "core/comm/hang_watch.h"
 #include "core/comm/mpi_world.h"
 #include "core/comm/nccl/nccl_pipeline_comm.h"
 #include "core/comm/topology.h"
@@ -398,6 +399,37 @@ int RunSchedule(const ScheduleOptions& options) {
     std::printf("rank %d: busy %.3f, waiting %.3f, last computation ends at %.3f\n", rank,
                 result.busy[rank], last_end[rank] - result.busy[rank], last_end[rank]);
   }
+  if (!options.allreduce_ms.empty() || !options.allreduce_tail_ms.empty()) {
+    auto per_rank = [&](const std::vector<double>& values) {
+      if (values.size() == 1) return std::vector<double>(options.pp, values[0]);
+      return values;
+    };
+    schedule::DpReduceCosts dp;
+    dp.allreduce = per_rank(options.allreduce_ms);
+    dp.tail = per_rank(options.allreduce_tail_ms);
+    dp.buckets = options.dp_buckets;
+    bool valid = static_cast<int>(dp.allreduce.size()) == options.pp &&
+                 (dp.tail.empty() || static_cast<int>(dp.tail.size()) == options.pp);
+    for (size_t r = 0; valid && r < dp.tail.size(); ++r) valid = dp.tail[r] <= dp.allreduce[r];
+    if (!valid) {
+      std::fprintf(stderr,
+                   "bigmac: --allreduce-ms needs 1 or pp=%d values, --allreduce-tail-ms 0, 1 or "
+                   "pp values, each at most its rank's --allreduce-ms\n",
+                   options.pp);
+      return kExitConfig;
+    }
+    const schedule::DpReducePrediction dp_result = schedule::PredictDpReduce(result, dp);
+    for (int rank = 0; rank < options.pp; ++rank) {
+      std::printf(
+          "dp all-reduce rank %d: %.3f (tail %.3f, %d bucket(s)); flush ends at %.3f; serial "
+          "ends at %.3f; overlapped ends at %.3f\n",
+          rank, dp.allreduce[rank], dp.tail.empty() ? 0.0 : dp.tail[rank], dp.buckets,
+          dp_result.compute_end[rank], dp_result.serial_end[rank], dp_result.overlap_end[rank]);
+    }
+    std::printf("dp all-reduce step: serial %.3f, overlapped %.3f, saved %.3f\n",
+                dp_result.serial_makespan, dp_result.overlap_makespan,
+                dp_result.serial_makespan - dp_result.overlap_makespan);
+  }
   if (const std::filesystem::path parent = std::filesystem::path(trace_path).parent_path();
       !parent.empty()) {
     std::filesystem::create_directories(parent);
@@ -547,6 +579,13 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   // poll briefly, leaving the core to the rank they wait for (bench/NOTES.md).
   const bool core_each =
       world.local_size() <= static_cast<int>(std::thread::hardware_concurrency());
+  // Hangs explained: every rank answers status requests from here on, and a wait past its
+  // deadline prints the wait-for graph's verdict before the job stops (docs/reliability.md).
+  std::unique_ptr<comm::HangWatch> hang_watch;
+  if (world.size() > 1) {
+    hang_watch = comm::HangWatch::Start(topology, world.rank(), world.host(),
+                                        resolved->values().train().comm_timeout_seconds());
+  }
   // The rank's device, chosen above; it outlives the training run and the transport.
   std::unique_ptr<::bigmac::device::Device> rank_device;
   try {

@@ -69,6 +69,12 @@ struct ScheduleOptions {
   std::vector<double> forward_ms;
   std::vector<double> backward_ms;
   double transfer_ms = 0;
+  // The dp all-reduce after the flush, serial and overlapped (schedule::PredictDpReduce): ms per
+  // rank (one value: every rank), the part of it that waits for the flush's end (a tied weight),
+  // and the buckets of the rest. Empty: not predicted.
+  std::vector<double> allreduce_ms;
+  std::vector<double> allreduce_tail_ms;
+  int dp_buckets = 1;
 };
 
 // `bigmac schedule`: the per-rank grid of a schedule, its simulated bubble and memory, and a

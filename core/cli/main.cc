@@ -221,6 +221,22 @@ int main(int argc, char** argv) {
       ->add_option("--transfer-ms", schedule_options.transfer_ms,
                    "ms from a send to its receive (default 0)")
       ->check(kMilliseconds);
+  schedule
+      ->add_option("--allreduce-ms", schedule_options.allreduce_ms,
+                   "dp all-reduce ms per step after the flush: one value, or one per rank; "
+                   "predicts it serial and overlapped with the backward")
+      ->delimiter(',')
+      ->check(kMilliseconds);
+  schedule
+      ->add_option("--allreduce-tail-ms", schedule_options.allreduce_tail_ms,
+                   "of --allreduce-ms, the part that starts only after the flush (a tied "
+                   "weight's bucket): one value, or one per rank (default 0)")
+      ->delimiter(',')
+      ->check(kMilliseconds);
+  schedule
+      ->add_option("--dp-buckets", schedule_options.dp_buckets,
+                   "equal buckets of the rest of the all-reduce (default 1)")
+      ->check(CLI::Range(1, 1 << 20));
 
   CLI::App* ckpt =
       app.add_subcommand("ckpt", "Inspect, export and import checkpoints (docs/checkpoint.md).");

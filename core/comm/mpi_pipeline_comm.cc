@@ -10,14 +10,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <stdexcept>
 #include <vector>
+
+#include "core/comm/progress.h"
 
 namespace bigmac::comm {
 namespace {
 
 constexpr int64_t kMagic = 0x424d4143;  // "BMAC"
 constexpr int kHeaderWords = 8;         // magic, dtype, ndim, 4 dims, numel
-constexpr int64_t kDpBucketFloats = int64_t{1} << 20;
+// The most elements one MPI_Iallreduce sums (its count is an int).
+constexpr int64_t kMaxReduceCount = int64_t{1} << 30;
 // MPI counts are ints: a payload goes out as messages of at most this many bytes (after its
 // header, same tag, matched in order), so tensors of 2 GiB and more travel.
 constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
@@ -143,6 +147,9 @@ class MpiComm : public MpiPipelineComm {
       }
     }
     if (!pending_.empty()) new std::list<Pending>(std::move(pending_));  // nodes stay in place
+    // Reductions still in flight (an abnormal exit, the job is stopping): a collective's request
+    // cannot be freed, and MPI may still write their staging buffers, so those leak too.
+    if (!reductions_.empty()) new std::vector<Reduction>(std::move(reductions_));
   }
 
   int pp_rank() const override { return coords_.pp; }
@@ -158,6 +165,7 @@ class MpiComm : public MpiPipelineComm {
     pending_.emplace_back();
     Pending& p = pending_.back();
     p.header = HeaderOf(tensor);
+    p.world_peer = PeerWorldRank(peer);
     const char* data = static_cast<const char*>(tensor.raw());
     const bool stage = Staged(tensor.device());
     if (stage) {
@@ -185,6 +193,7 @@ class MpiComm : public MpiPipelineComm {
     pending_.emplace_back();
     Pending& p = pending_.back();
     p.header = HeaderOf(tensor);
+    p.world_peer = PeerWorldRank(peer);
     p.requests.emplace_back();
     MPI_Isend(p.header.data(), static_cast<int>(sizeof(int64_t) * kHeaderWords), MPI_BYTE, peer,
               tag, comms_.pp, &p.requests.back());
@@ -193,6 +202,8 @@ class MpiComm : public MpiPipelineComm {
 
   MessageHeader ReceiveNextHeader(int peer, const std::string& what) override {
     const std::string from = what + " from pp rank " + std::to_string(peer);
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kReceive, what, "pp", "", -1, {PeerWorldRank(peer)}});
     const MPI_Status status = Probe(peer, MPI_ANY_TAG, from);
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
@@ -229,6 +240,12 @@ class MpiComm : public MpiPipelineComm {
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override {
     const std::string from = what + " from pp rank " + std::to_string(peer);
+    const progress::WaitScope waiting({progress::WaitKind::kReceive,
+                                       what,
+                                       "pp",
+                                       Describe(dtype, shape),
+                                       tag,
+                                       {PeerWorldRank(peer)}});
     MPI_Status status = Probe(peer, tag, from);
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
@@ -278,48 +295,102 @@ class MpiComm : public MpiPipelineComm {
   }
 
   void FinishSends() override {
-    WaitUntil("delivery of " + std::to_string(pending_.size()) + " sent message(s)", [&] {
+    const std::string what = "delivery of " + std::to_string(pending_.size()) + " sent message(s)";
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kSends, what, "pp", "", -1, PendingPeers()});
+    WaitUntil(what, [&] {
       Reap();
       return pending_.empty();
     });
   }
 
   void AllReduceSumDp(memory::Tensor* tensor) override {
-    if (topology_.dp_size() == 1) return;
+    if (!reductions_.empty())
+      throw std::logic_error("AllReduceSumDp while non-blocking reductions are in flight");
+    StartAllReduceSumDp(tensor, "ReduceDp: all-reduce of gradients over the data-parallel group");
+    WaitAllReduces();
+  }
+
+  int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what) override {
+    reductions_.emplace_back();
+    Reduction& r = reductions_.back();
+    r.tensor = tensor;
+    r.what = what;
+    if (topology_.dp_size() == 1 || tensor->numel() == 0) {
+      r.done = true;
+      return static_cast<int>(reductions_.size()) - 1;
+    }
     const memory::DType dtype = tensor->dtype();
-    const int64_t count = tensor->numel();
-    // MPI sums f32 and f64 on the host; bf16 is summed in f32.
-    StagingPool::Buffer staging;
+    if (dtype != memory::DType::kF32 && dtype != memory::DType::kF64 &&
+        dtype != memory::DType::kBF16) {
+      throw TransportError(what + ": cannot sum " + memory::DTypeName(dtype) + " tensors");
+    }
+    // MPI sums f32 and f64 in host memory; bf16 is summed in f32, device memory is staged
+    // through the pool (pinned on CUDA).
+    r.wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
     void* data = tensor->raw();
-    const bool stage = dtype == memory::DType::kBF16 || Staged(tensor->device());
-    if (stage) {
-      const memory::DType wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
-      memory::Tensor host_copy(tensor->device(), tensor->shape(), wide);
+    if (dtype == memory::DType::kBF16 || Staged(tensor->device())) {
+      memory::Tensor host_copy(tensor->device(), tensor->shape(), r.wide);
       host_copy.ConvertFrom(*tensor);
-      staging = staging_.Acquire(tensor->device(), host_copy.bytes());
-      host_copy.CopyToHost(staging.data());
-      data = staging.data();
+      r.staging = staging_.Acquire(tensor->device(), host_copy.bytes());
+      r.staged = true;
+      host_copy.CopyToHost(r.staging.data());
+      data = r.staging.data();
     }
-    const bool f64 = dtype == memory::DType::kF64;
+    const bool f64 = r.wide == memory::DType::kF64;
     const int64_t element = f64 ? 8 : 4;
-    for (int64_t offset = 0; offset < count; offset += kDpBucketFloats) {
-      const int n = static_cast<int>(std::min(kDpBucketFloats, count - offset));
-      MPI_Request request;
-      MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + offset * element, n,
-                     f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &request);
-      Complete(&request, "ReduceDp: all-reduce of gradients over the data-parallel group");
+    const int64_t count = tensor->numel();
+    // MPI counts are ints: one reduction per kMaxReduceCount elements (in practice one per bucket).
+    for (int64_t offset = 0; offset < count; offset += kMaxReduceCount) {
+      r.requests.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + offset * element,
+                     static_cast<int>(std::min(kMaxReduceCount, count - offset)),
+                     f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &r.requests.back());
     }
-    if (stage) {
-      memory::Tensor wide(tensor->device(), tensor->shape(),
-                          dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype);
-      wide.CopyFromHost(staging.data());
-      tensor->ConvertFrom(wide);
-      if (tensor->device()->host_staging_pinned()) tensor->device()->Synchronize();
+    return static_cast<int>(reductions_.size()) - 1;
+  }
+
+  bool TestAllReduce(int handle) override {
+    if (handle < 0 || handle >= static_cast<int>(reductions_.size()))
+      throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +
+                             " is in flight");
+    Reap();  // also progresses every outstanding collective
+    return Test(&reductions_[handle]);
+  }
+
+  void Progress() override {
+    Reap();
+    for (Reduction& r : reductions_) Test(&r);
+  }
+
+  void WaitAllReduces() override {
+    size_t first = 0;  // the first reduction not known to be complete
+    auto all_done = [&] {
+      Reap();
+      while (first < reductions_.size() && Test(&reductions_[first])) ++first;
+      return first == reductions_.size();
+    };
+    while (!all_done()) {
+      // Waits on the first pending one (its name goes into a deadline message and the hang
+      // report's wait record), then goes on.
+      const size_t waiting_for = first;
+      const progress::WaitScope waiting(
+          {progress::WaitKind::kCollective, reductions_[waiting_for].what, "dp"});
+      WaitUntil(reductions_[waiting_for].what + " (reduction " + std::to_string(waiting_for + 1) +
+                    " of " + std::to_string(reductions_.size()) + " started this step)",
+                [&] {
+                  Reap();
+                  return Test(&reductions_[waiting_for]);
+                });
     }
+    reductions_.clear();
   }
 
   double AllReduceSumPp(double value) override {
     double sum = 0;
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective,
+         "OptimizerStep: all-reduce of the gradient norm over the pipeline", "pp"});
     MPI_Request request;
     MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, comms_.pp, &request);
     Complete(&request, "OptimizerStep: all-reduce of the gradient norm over the pipeline");
@@ -335,12 +406,16 @@ class MpiComm : public MpiPipelineComm {
   }
 
   std::vector<std::string> GatherToRoot(const std::string& text) override {
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective, "gathering report lines on rank 0", "world"});
     return GatherStringsToRoot(text, MPI_COMM_WORLD, [&](MPI_Request* request) {
       Complete(request, "gathering report lines on rank 0");
     });
   }
 
   bool AllOk(bool ok) override {
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective, "agreement of all ranks", "world"});
     int local = ok ? 1 : 0;
     int all = 0;
     MPI_Request request;
@@ -350,6 +425,8 @@ class MpiComm : public MpiPipelineComm {
   }
 
   std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) override {
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kCollective, "the pipeline's layer_ids (all-gather)", "pp"});
     const int p = topology_.pp_size();
     const int count = static_cast<int>(values.size());
     std::vector<int> counts(p), offsets(p);
@@ -379,6 +456,7 @@ class MpiComm : public MpiPipelineComm {
     memory::Tensor tensor;
     StagingPool::Buffer staging;
     std::vector<MPI_Request> requests;
+    int world_peer = -1;
   };
 
   static std::array<int64_t, kHeaderWords> HeaderOf(const memory::Tensor& tensor) {
@@ -412,6 +490,37 @@ class MpiComm : public MpiPipelineComm {
     return status;
   }
 
+  // One non-blocking dp reduction: the tensor summed in place, or its host staging copy.
+  struct Reduction {
+    memory::Tensor* tensor = nullptr;
+    std::string what;
+    memory::DType wide = memory::DType::kF32;
+    StagingPool::Buffer staging;  // bf16 widened to f32, or device memory: copied back when done
+    bool staged = false;
+    std::vector<MPI_Request> requests;
+    bool done = false;
+  };
+
+  // Progresses `r` without blocking; once complete, its result is in its tensor.
+  bool Test(Reduction* r) {
+    if (r->done) return true;
+    int complete = 0;
+    MPI_Testall(static_cast<int>(r->requests.size()), r->requests.data(), &complete,
+                MPI_STATUSES_IGNORE);
+    if (!complete) return false;
+    if (r->staged) {
+      memory::Tensor wide(r->tensor->device(), r->tensor->shape(), r->wide);
+      wide.CopyFromHost(r->staging.data());
+      r->tensor->ConvertFrom(wide);
+      // A copy from pinned memory may still be reading it: done before the buffer is reused.
+      if (r->tensor->device()->host_staging_pinned()) r->tensor->device()->Synchronize();
+      r->staging = {};
+      r->staged = false;
+    }
+    r->done = true;
+    return true;
+  }
+
   int PeerWorldRank(int pp_peer) const {
     Coords peer = coords_;
     peer.pp = pp_peer;
@@ -420,10 +529,21 @@ class MpiComm : public MpiPipelineComm {
 
   double ReduceToRoot(double value, MPI_Op op, const std::string& what) {
     double result = 0;
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what, "world"});
     MPI_Request request;
     MPI_Ireduce(&value, &result, 1, MPI_DOUBLE, op, 0, MPI_COMM_WORLD, &request);
     Complete(&request, what);
     return result;
+  }
+
+  // The world ranks of the pipeline neighbours whose sends are still in flight.
+  std::vector<int> PendingPeers() const {
+    std::vector<int> peers;
+    for (const Pending& p : pending_) {
+      if (std::find(peers.begin(), peers.end(), p.world_peer) == peers.end())
+        peers.push_back(p.world_peer);
+    }
+    return peers;
   }
 
   // Waits for a non-blocking collective, with the deadline.
@@ -453,6 +573,8 @@ class MpiComm : public MpiPipelineComm {
   template <typename Ready>
   void WaitUntil(const std::string& what, Ready ready) {
     const auto start = std::chrono::steady_clock::now();
+    // Shows in the hang report where the caller did not describe the wait.
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what});
     int sleep_us = 10;
     while (!ready()) {
       const double waited =
@@ -464,10 +586,12 @@ class MpiComm : public MpiPipelineComm {
       if (waited > deadline_) {
         char limit[32];
         std::snprintf(limit, sizeof(limit), "%g", deadline_);
-        throw DeadlineError("pp " + std::to_string(coords_.pp) + ", dp " +
-                            std::to_string(coords_.dp) + ": waited " +
-                            std::to_string(static_cast<int>(waited)) + " s for " + what +
-                            ", past the deadline of " + limit + " s (train.comm_timeout_seconds)");
+        const std::string message =
+            "pp " + std::to_string(coords_.pp) + ", dp " + std::to_string(coords_.dp) +
+            ": waited " + std::to_string(static_cast<int>(waited)) + " s for " + what +
+            ", past the deadline of " + limit + " s (train.comm_timeout_seconds)";
+        // Before the job stops: the hang report (core/comm/hang_watch.h), if one is installed.
+        throw DeadlineError(message + progress::OnDeadline(message));
       }
       usleep(sleep_us);
       sleep_us = std::min(sleep_us * 2, 200);
@@ -484,6 +608,7 @@ class MpiComm : public MpiPipelineComm {
   const int64_t max_message_bytes_ = MaxMessageBytes();
   StagingPool staging_;  // before pending_, whose buffers return to it
   std::list<Pending> pending_;
+  std::vector<Reduction> reductions_;  // started since the last WaitAllReduces
 };
 
 }  // namespace

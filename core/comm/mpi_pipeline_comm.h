@@ -26,7 +26,10 @@ struct MessageHeader {
 // oversubscribed CPU node is not starved by polling), then check the header. A wait polls
 // (yielding the core) for `spin_seconds` before it starts to sleep: long when every rank has a
 // core of its own (a message is seen within microseconds), short when ranks share cores.
-// `deadline_seconds` bounds every wait. Device tensors are staged through host buffers from
+// `deadline_seconds` bounds every wait. Data-parallel sums are MPI_Iallreduce on the dp
+// communicator (one per started tensor); MPI progresses them whenever this transport is called
+// (any test, probe or wait), so the executor's polls between layers move them along. Device
+// tensors are staged through host buffers from
 // their device (Device::AllocateHostStaging: pinned on CUDA), reused from message to message;
 // `stage_host_tensors` stages host tensors the same way (the CPU tests of the staged path).
 // The communicators and the devices must outlive this object.

@@ -1,7 +1,6 @@
 #include "core/comm/pipeline_comm.h"
 
-#include <deque>
-#include <map>
+#include <stdexcept>
 
 namespace bigmac::comm {
 
@@ -23,50 +22,40 @@ std::vector<memory::Tensor> PipelineComm::Exchange(std::vector<Outgoing> sends,
   return received;
 }
 
-namespace {
+int PipelineComm::StartAllReduceSumDp(memory::Tensor* tensor, const std::string&) {
+  AllReduceSumDp(tensor);
+  return default_reductions_++;
+}
 
-class LocalPipelineComm : public PipelineComm {
- public:
-  int pp_rank() const override { return 0; }
-  int pp_size() const override { return 1; }
-  int dp_rank() const override { return 0; }
-  int dp_size() const override { return 1; }
-  int world_rank() const override { return 0; }
+bool PipelineComm::TestAllReduce(int handle) {
+  if (handle < 0 || handle >= default_reductions_)
+    throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +
+                           " was started");
+  return true;
+}
 
-  void Send(memory::Tensor tensor, int, int tag, const std::string&) override {
-    CountSent(tag, tensor.bytes());
-    queues_[tag].push_back(std::move(tensor));
+void PipelineComm::WaitAllReduces() { default_reductions_ = 0; }
+
+void LocalPipelineComm::Send(memory::Tensor tensor, int, int tag, const std::string&) {
+  CountSent(tag, tensor.bytes());
+  queues_[tag].push_back(std::move(tensor));
+}
+
+memory::Tensor LocalPipelineComm::Receive(int peer, int tag, const std::vector<int64_t>& shape,
+                                          memory::DType dtype, device::Device*,
+                                          const std::string& what) {
+  auto it = queues_.find(tag);
+  if (it == queues_.end() || it->second.empty()) {
+    throw DeadlineError(what + " from rank " + std::to_string(peer) +
+                        ": nothing was sent, so this would wait forever");
   }
-  memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
-                         device::Device*, const std::string& what) override {
-    auto it = queues_.find(tag);
-    if (it == queues_.end() || it->second.empty()) {
-      throw DeadlineError(what + " from rank " + std::to_string(peer) +
-                          ": nothing was sent, so this would wait forever");
-    }
-    memory::Tensor tensor = std::move(it->second.front());
-    it->second.pop_front();
-    if (tensor.shape() != shape || tensor.dtype() != dtype) {
-      throw TransportError(what + ": shape or dtype mismatch (" + tensor.ShapeString() + ")");
-    }
-    return tensor;
+  memory::Tensor tensor = std::move(it->second.front());
+  it->second.pop_front();
+  if (tensor.shape() != shape || tensor.dtype() != dtype) {
+    throw TransportError(what + ": shape or dtype mismatch (" + tensor.ShapeString() + ")");
   }
-  void FinishSends() override {}
-  void AllReduceSumDp(memory::Tensor*) override {}
-  double AllReduceSumPp(double value) override { return value; }
-  double SumToRoot(double value) override { return value; }
-  double MaxToRoot(double value) override { return value; }
-  std::vector<std::string> GatherToRoot(const std::string& text) override { return {text}; }
-  std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) override {
-    return {values};
-  }
-  bool AllOk(bool ok) override { return ok; }
-
- private:
-  std::map<int, std::deque<memory::Tensor>> queues_;
-};
-
-}  // namespace
+  return tensor;
+}
 
 std::unique_ptr<PipelineComm> MakeLocalPipelineComm() {
   return std::make_unique<LocalPipelineComm>();

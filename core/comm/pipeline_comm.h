@@ -2,6 +2,8 @@
 #define BIGMAC_CORE_COMM_PIPELINE_COMM_H_
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -94,6 +96,25 @@ class PipelineComm {
 
   // Sums `tensor` (f32, f64 or bf16, summed in f32) over the data-parallel group, in place.
   virtual void AllReduceSumDp(memory::Tensor* tensor) = 0;
+
+  // The same sum, non-blocking, so that gradient buckets are reduced while the backward still
+  // computes (the executor's overlap, docs/pipeline.md). StartAllReduceSumDp begins summing
+  // `tensor` in place over the data-parallel group and returns at once with a handle (0, 1, ...
+  // in start order since the last WaitAllReduces); `tensor` must stay alive and must not be read
+  // or written until TestAllReduce says it is done or WaitAllReduces returns. Every rank of the
+  // group starts the same reductions (same counts, dtypes) in the same order, and a reduction's
+  // result does not depend on when it is waited for, so the overlapped and the serial step give
+  // bitwise the same sums. `what` names the reduction in a deadline message.
+  // TestAllReduce lets the transport progress (it never blocks) and says whether reduction
+  // `handle` is complete, its result in `tensor`. WaitAllReduces waits, with the deadline, until
+  // every started reduction is complete, then forgets them (DeadlineError names the first one
+  // still pending). The defaults reduce at once through AllReduceSumDp: correct, not overlapped.
+  virtual int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what);
+  virtual bool TestAllReduce(int handle);
+  virtual void WaitAllReduces();
+  // Moves messages in flight along without blocking (MPI needs calls into it to progress a
+  // rendezvous send or a collective); the executor calls it between actions. Default: nothing.
+  virtual void Progress() {}
   virtual double AllReduceSumPp(double value) = 0;
   virtual double SumToRoot(double value) = 0;  // over all ranks; the result is valid on rank 0
   virtual double MaxToRoot(double value) = 0;
@@ -110,9 +131,36 @@ class PipelineComm {
 
  private:
   int64_t activation_bytes_sent_ = 0;
+  int default_reductions_ = 0;  // started through the default StartAllReduceSumDp
 };
 
-// One process, one rank: sends to oneself are queued, reductions are identities.
+// One process, one rank: sends to oneself are queued, reductions are identities. Tests derive
+// from it to stand in for a larger group (overriding the sizes and the reductions).
+class LocalPipelineComm : public PipelineComm {
+ public:
+  int pp_rank() const override { return 0; }
+  int pp_size() const override { return 1; }
+  int dp_rank() const override { return 0; }
+  int dp_size() const override { return 1; }
+  int world_rank() const override { return 0; }
+  void Send(memory::Tensor tensor, int peer, int tag, const std::string& what) override;
+  memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
+                         device::Device* device, const std::string& what) override;
+  void FinishSends() override {}
+  void AllReduceSumDp(memory::Tensor*) override {}
+  double AllReduceSumPp(double value) override { return value; }
+  double SumToRoot(double value) override { return value; }
+  double MaxToRoot(double value) override { return value; }
+  std::vector<std::string> GatherToRoot(const std::string& text) override { return {text}; }
+  std::vector<std::vector<int>> AllGatherPp(const std::vector<int>& values) override {
+    return {values};
+  }
+  bool AllOk(bool ok) override { return ok; }
+
+ private:
+  std::map<int, std::deque<memory::Tensor>> queues_;
+};
+
 std::unique_ptr<PipelineComm> MakeLocalPipelineComm();
 
 }  // namespace bigmac::comm

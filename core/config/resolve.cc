@@ -249,6 +249,14 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                          ExplainSizeError(values.device().memory_limit(), error));
     }
   }
+  {
+    int64_t bytes = 0;
+    std::string error;
+    if (!memory::ParseByteSize(parallel.dp_bucket_size(), &bytes, &error)) {
+      problems.push_back(describe("parallel.dp_bucket_size", parallel.dp_bucket_size()) + ": " +
+                         ExplainSizeError(parallel.dp_bucket_size(), error));
+    }
+  }
   const Optim& optim = values.optim();
   auto check_range = [&](const std::string& key, double value, double low, bool low_open,
                          double high, bool high_open, const std::string& rule) {

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "core/comm/progress.h"
+
 namespace bigmac::engine {
 
 using memory::Tensor;
@@ -15,6 +17,29 @@ bool IsCommunication(Op op) { return schedule::Info(op).peer != 0; }
 bool IsReceive(Op op) { return op == Op::kRecvAct || op == Op::kRecvGrad; }
 
 std::string Category(Op op) { return schedule::Info(op).category; }
+
+// The tag a receive's message carries: the consumer stage and the micro-batch.
+int ReceiveTag(const Action& a) {
+  return a.op == Op::kRecvAct ? comm::ActivationTag(a.stage, a.microbatch)
+                              : comm::GradientTag(a.stage, a.microbatch);
+}
+
+// "Forward mb5", "RecvGrad mb3", "OptimizerStep": how the hang report names an action.
+std::string Label(const Action& a) {
+  return schedule::OpName(a.op) + (a.microbatch >= 0 ? " mb" + std::to_string(a.microbatch) : "");
+}
+
+// Actions [begin, end) about to run (one computation, or one exchange), for the hang report.
+void RecordProgress(const std::vector<Action>& actions, size_t begin, size_t end,
+                    const std::string& name) {
+  std::vector<comm::progress::ExpectedReceive> receives;
+  for (size_t i = begin; i < end; ++i) {
+    if (IsReceive(actions[i].op))
+      receives.push_back(
+          {ReceiveTag(actions[i]), Label(actions[i]), schedule::ShortName(actions[i])});
+  }
+  comm::progress::SetAction(name, Label(actions[begin]), receives);
+}
 
 Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
             const std::string& what) {
@@ -43,7 +68,22 @@ Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::Sched
       tail_(std::move(tail)),
       hidden_size_(hidden_size),
       loss_(stage->device(), {1}, memory::DType::kF64),
-      loss_term_(stage->device(), {1}, memory::DType::kF64) {}
+      loss_term_(stage->device(), {1}, memory::DType::kF64) {
+  set_dp_reduce(DpReduceOptions());
+  stage_->set_weight_gradient_hook([this](int layer) { dp_reducer_->WeightGradientDone(layer); });
+}
+
+Executor::~Executor() { stage_->set_weight_gradient_hook(nullptr); }
+
+void Executor::set_timeline(metrics::Timeline* timeline) {
+  timeline_ = timeline;
+  dp_reducer_->set_timeline(timeline);
+}
+
+void Executor::set_dp_reduce(const DpReduceOptions& options) {
+  dp_reducer_ = std::make_unique<DpReducer>(stage_, comm_, options, spec_.microbatches);
+  dp_reducer_->set_timeline(timeline_);
+}
 
 std::vector<int64_t> Executor::ActivationShape(const layer::MicroBatch& mb) const {
   return {mb.batch, mb.seq, hidden_size_};
@@ -54,8 +94,9 @@ std::string Executor::Describe(const Action& a) const {
          std::to_string(a.stage) + ")";
 }
 
-double Executor::RunFlush(const Batch& batch) {
+double Executor::RunFlush(const Batch& batch, bool last) {
   loss_.Zero();
+  if (last) dp_reducer_->BeginLastFlush();
   Run(flush_, batch, [] {});
   return loss_.Scalar();
 }
@@ -84,9 +125,14 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
         if (IsReceive(actions[end].op)) category = "wait";
         ++end;
       }
+      RecordProgress(actions, i, end, name);
+      if (action_hook_) action_hook_(actions[i]);
       RunExchange(actions, i, end, batch);
     } else {
+      RecordProgress(actions, i, end, name);
+      if (action_hook_) action_hook_(actions[i]);
       RunCompute(actions[i], batch, optimizer_step, keep);
+      comm_->Progress();  // sends and dp reductions in flight move on between computations
     }
     if (timeline_ && record)
       timeline_->Record(name, category, start, metrics::Timeline::Clock::now());
@@ -127,11 +173,9 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
           if (earlier->microbatch == a.microbatch && earlier->stage == a.stage) DuplicateReceive(a);
         }
         if (inbox_.count({a.microbatch, a.stage})) DuplicateReceive(a);
-        receives.push_back({a.peer,
-                            act ? comm::ActivationTag(a.stage, a.microbatch)
-                                : comm::GradientTag(a.stage, a.microbatch),
-                            ActivationShape(batch(a.microbatch)), stage_->activation_dtype(),
-                            stage_->device(), Describe(a) + (act ? " activation" : " gradient")});
+        receives.push_back({a.peer, ReceiveTag(a), ActivationShape(batch(a.microbatch)),
+                            stage_->activation_dtype(), stage_->device(),
+                            Describe(a) + (act ? " activation" : " gradient")});
         receive_actions.push_back(&a);
         break;
       }
@@ -176,9 +220,10 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
       break;
     case Op::kReduceTied:
       for (TiedWeight& tie : stage_->tied()) tie.ReduceGradient(comm_);
+      dp_reducer_->TiedReduced();
       break;
     case Op::kReduceDp:
-      ReduceDp();
+      dp_reducer_->Finish();
       break;
     case Op::kOptimizerStep:
       optimizer_step();
@@ -190,34 +235,6 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
 
 void Executor::SendTiedWeight() {
   for (TiedWeight& tie : stage_->tied()) tie.SyncValue(comm_);
-}
-
-void Executor::ReduceDp() {
-  if (comm_->dp_size() == 1) return;
-  // One flat buffer in a fixed parameter order; the comm splits it into buckets.
-  std::vector<Stage::NamedParam> params = stage_->OwnedParams();
-  int64_t total = 0;
-  for (const auto& named : params) total += named.param->grad.numel();
-  if (total == 0) return;
-  const memory::DType dtype = params.front().param->grad.dtype();
-  const int64_t element = memory::DTypeSize(dtype);
-  // Staged in one buffer from the device allocator, so it counts against the capacity.
-  Tensor flat(stage_->device(), {total}, dtype);
-  device::Device* device = stage_->device();
-  int64_t offset = 0;
-  for (const auto& named : params) {
-    device->CopyDeviceToDevice(static_cast<char*>(flat.raw()) + offset * element,
-                               named.param->grad.raw(), named.param->grad.bytes());
-    offset += named.param->grad.numel();
-  }
-  comm_->AllReduceSumDp(&flat);
-  offset = 0;
-  for (const auto& named : params) {
-    device->CopyDeviceToDevice(named.param->grad.raw(),
-                               static_cast<const char*>(flat.raw()) + offset * element,
-                               named.param->grad.bytes());
-    offset += named.param->grad.numel();
-  }
 }
 
 double Executor::Evaluate(const layer::MicroBatch& mb) {

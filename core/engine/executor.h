@@ -3,9 +3,11 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/comm/pipeline_comm.h"
+#include "core/engine/dp_reduce.h"
 #include "core/engine/stage.h"
 #include "core/metrics/timeline.h"
 #include "core/schedule/schedule.h"
@@ -15,7 +17,8 @@ namespace bigmac::engine {
 // Runs one rank's action lists (core/schedule) against its Stage and the PipelineComm: it owns
 // the activations and gradients in transit between actions, batches adjacent communication with
 // one neighbour into one exchange, hands the tied weight's gradient to its owner and all-reduces
-// gradients over the data-parallel group. The stage and the transport outlive the executor.
+// gradients over the data-parallel group in buckets (DpReducer), overlapped with the backward of
+// the step's last flush. The stage and the transport outlive the executor.
 class Executor {
  public:
   // The lists of pp rank comm->pp_rank() under `spec`: one flush (BuildRankActions), the
@@ -29,10 +32,13 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
+  ~Executor();
+
   // One pipeline flush. `batch(mb)` gives micro-batch mb of this flush (it must stay valid until
   // the flush ends). Returns the sum of this rank's scaled losses (non-zero on the last stage),
-  // accumulated on the device and read once.
-  double RunFlush(const std::function<const layer::MicroBatch&(int)>& batch);
+  // accumulated on the device and read once. `last`: the step's last flush, in which the dp
+  // all-reduce of final gradient buckets may start (DpReducer).
+  double RunFlush(const std::function<const layer::MicroBatch&(int)>& batch, bool last = true);
   // The per-step tail; OptimizerStep calls `optimizer_step`.
   void RunTail(const std::function<void()>& optimizer_step);
 
@@ -45,7 +51,16 @@ class Executor {
   void SendTiedWeight();
 
   // Where every action's span goes (null: nowhere).
-  void set_timeline(metrics::Timeline* timeline) { timeline_ = timeline; }
+  void set_timeline(metrics::Timeline* timeline);
+  // How ReduceDp runs: overlapped with the last flush or not, its bucket size (default: on,
+  // 25 MiB).
+  void set_dp_reduce(const DpReduceOptions& options);
+  const DpReducer& dp_reducer() const { return *dp_reducer_; }
+  // Called before each action (or exchange) runs, after the progress record names it; the
+  // fault-injection hooks of the tests use it.
+  void set_action_hook(std::function<void(const schedule::Action&)> hook) {
+    action_hook_ = std::move(hook);
+  }
 
  private:
   using Batch = std::function<const layer::MicroBatch&(int)>;
@@ -58,7 +73,6 @@ class Executor {
   // Actions [begin, end): adjacent sends and receives with one peer, as one exchange.
   void RunExchange(const std::vector<schedule::Action>& actions, size_t begin, size_t end,
                    const Batch& batch);
-  void ReduceDp();
   // A received tensor into the inbox; a second one for the same (micro-batch, stage) is an error.
   void Deliver(const schedule::Action& action, memory::Tensor tensor);
   [[noreturn]] void DuplicateReceive(const schedule::Action& action) const;
@@ -76,6 +90,8 @@ class Executor {
   memory::Tensor loss_;                                   // f64[1]: this flush's loss sum
   memory::Tensor loss_term_;                              // f64[1]: one micro-batch's, widened
   metrics::Timeline* timeline_ = nullptr;
+  std::unique_ptr<DpReducer> dp_reducer_;
+  std::function<void(const schedule::Action&)> action_hook_;
 };
 
 }  // namespace bigmac::engine

@@ -152,7 +152,10 @@ Tensor Stage::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool
                         &it->second[i]);
     // Weight gradients right away free this layer's (possibly recomputed) activations before the
     // next layer recomputes its own.
-    if (with_weights) layer.BackwardWeight(mb, &it->second[i]);
+    if (with_weights) {
+      layer.BackwardWeight(mb, &it->second[i]);
+      if (weight_gradient_hook_) weight_gradient_hook_(indices[i]);
+    }
     grad = std::move(dx);
   }
   RecordActivations();
@@ -174,7 +177,10 @@ void Stage::BackwardWeightStage(int stage, const layer::MicroBatch& mb) {
   auto it = saved_.find({mb.index, stage});
   if (it == saved_.end())
     throw std::logic_error("weight gradient without backward for stage " + std::to_string(stage));
-  for (size_t i = indices.size(); i-- > 0;) layers_[indices[i]]->BackwardWeight(mb, &it->second[i]);
+  for (size_t i = indices.size(); i-- > 0;) {
+    layers_[indices[i]]->BackwardWeight(mb, &it->second[i]);
+    if (weight_gradient_hook_) weight_gradient_hook_(indices[i]);
+  }
   saved_.erase(it);
 }
 

@@ -2,6 +2,7 @@
 #define BIGMAC_CORE_ENGINE_STAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,6 +67,13 @@ class Stage {
   memory::Tensor BackwardInputStage(int stage, const layer::MicroBatch& mb, memory::Tensor grad);
   void BackwardWeightStage(int stage, const layer::MicroBatch& mb);
 
+  // Called right after each layer's weight gradient of one micro-batch has been accumulated
+  // (BackwardStage, BackwardWeightStage), with the layer's index in layers(): the executor counts
+  // these to know when a layer's gradient is final and polls the transport in between.
+  void set_weight_gradient_hook(std::function<void(int layer_index)> hook) {
+    weight_gradient_hook_ = std::move(hook);
+  }
+
   // Whole model on this rank (pp = 1): forward and backward of one micro-batch; returns its loss.
   double ForwardBackward(const layer::MicroBatch& mb);
   // Forward only (evaluation); nothing is kept. Returns the scaled loss.
@@ -127,6 +135,7 @@ class Stage {
   std::map<int, std::vector<int>> layers_of_stage_;
   int last_stage_ = 0;
   std::map<std::pair<int, int>, std::vector<layer::Saved>> saved_;  // (mb, stage) -> per layer
+  std::function<void(int)> weight_gradient_hook_;
   int max_in_flight_ = 0;
   int64_t max_activation_bytes_ = 0;
   void RecordActivations();

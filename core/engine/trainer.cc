@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/comm/progress.h"
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
@@ -102,6 +104,10 @@ struct FaultHooks {
   int kill_step = -1;
   int nan_step = -1;  // BIGMAC_TEST_NAN_GRAD=<step>:<layer_id>: a NaN in that layer's gradient
   int nan_layer = 0;
+  // BIGMAC_TEST_SIGSTOP=<rank>:<step>: SIGSTOP itself before its Forward of micro-batch 1
+  int sigstop_rank = -1;
+  int sigstop_step = -1;
+  int mismatch_rank = -1;  // BIGMAC_TEST_MISMATCH_SCHEDULE=<rank>: schedule::MismatchForTesting
 
   static FaultHooks FromEnvironment() {
     FaultHooks hooks;
@@ -114,6 +120,9 @@ struct FaultHooks {
     pair("BIGMAC_TEST_STALL_RANK", &hooks.stall_rank, &hooks.stall_step);
     pair("BIGMAC_TEST_KILL", &hooks.kill_rank, &hooks.kill_step);
     pair("BIGMAC_TEST_NAN_GRAD", &hooks.nan_step, &hooks.nan_layer);
+    pair("BIGMAC_TEST_SIGSTOP", &hooks.sigstop_rank, &hooks.sigstop_step);
+    int unused = 0;
+    pair("BIGMAC_TEST_MISMATCH_SCHEDULE", &hooks.mismatch_rank, &unused);
     return hooks;
   }
 };
@@ -207,6 +216,7 @@ class Trainer {
   int skipped_steps_ = 0;
   int last_saved_step_ = -1;
   int stopped_at_ = -1;
+  int running_step_ = 0;  // 1-based, for the hooks
 };
 
 Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
@@ -264,8 +274,31 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   schedule::ParseKind(cfg_.parallel().schedule(), &kind);
   const schedule::ScheduleSpec spec{kind, comm.pp_size(), microbatches_,
                                     cfg_.parallel().virtual_stages()};
-  executor_ = std::make_unique<Executor>(stage_.get(), &comm, spec, cfg_.model().hidden_size());
+  if (hooks_.mismatch_rank == comm.world_rank()) {
+    executor_ = std::make_unique<Executor>(
+        stage_.get(), &comm, spec, cfg_.model().hidden_size(),
+        schedule::MismatchForTesting(schedule::BuildRankActions(spec, comm.pp_rank())),
+        schedule::BuildStepTail(spec, comm.pp_rank()));
+  } else {
+    executor_ = std::make_unique<Executor>(stage_.get(), &comm, spec, cfg_.model().hidden_size());
+  }
   executor_->set_timeline(&timeline_);
+  DpReduceOptions dp_reduce;
+  dp_reduce.overlap = cfg_.parallel().overlap_dp_reduce();
+  std::string size_error;
+  memory::ParseByteSize(cfg_.parallel().dp_bucket_size(), &dp_reduce.bucket_bytes,
+                        &size_error);  // validated at start-up
+  executor_->set_dp_reduce(dp_reduce);
+  if (hooks_.sigstop_rank == comm.world_rank()) {
+    const int microbatch = std::min(1, microbatches_ - 1);
+    executor_->set_action_hook([this, microbatch](const schedule::Action& action) {
+      if (running_step_ == hooks_.sigstop_step && action.op == schedule::Op::kForward &&
+          action.microbatch == microbatch) {
+        std::fflush(stdout);
+        std::raise(SIGSTOP);
+      }
+    });
+  }
   for (const Stage::NamedParam& named : stage_->OwnedParams()) params_.push_back(named.param);
   result_.parameter_count = stage_->OwnedParameterCount();
 }
@@ -327,6 +360,7 @@ void Trainer::Evaluate(int step) {
   BatchSlot slot;
   slot.tokens.resize(int64_t{batch_} * seq_);
   slot.targets.resize(slot.tokens.size());
+  comm::progress::SetAction("", "evaluation");
   for (int i = comm_.dp_rank(); i < train_.eval_batches(); i += comm_.dp_size()) {
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
     slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i);
@@ -364,11 +398,13 @@ StepOutcome Trainer::RunStep(int step) {
   stage_->ZeroGrads();
   double local_loss = 0;
   for (int flush = 0; flush < flushes_; ++flush) {
+    comm::progress::SetStep(step + 1, flush, flushes_);
     FillBatches(step, flush);
-    local_loss +=
-        executor_->RunFlush([&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; });
+    local_loss += executor_->RunFlush(
+        [&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; }, flush + 1 == flushes_);
   }
   executor_->RunTail([&] { OptimizerStep(step, &outcome); });
+  comm::progress::SetAction("", "losses and metrics");
   comm_.FinishSends();
   outcome.loss = comm_.SumToRoot(local_loss);
   if (root_) {
@@ -477,6 +513,13 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
       {"backward_ms", get("backward") + get("backward_input") + get("backward_weight")},
       {"wait_ms", get("wait")},
       {"allreduce_ms", get("allreduce")},
+      // The dp all-reduce's buckets, how many started during the last flush (overlapped with its
+      // backward), and their time in flight (overlapping other spans).
+      {"dp_buckets", executor_->dp_reducer().buckets().size()},
+      {"dp_reduce_bytes", executor_->dp_reducer().bytes()},
+      {"dp_tied_bytes", executor_->dp_reducer().tied_bytes()},
+      {"dp_buckets_overlapped", executor_->dp_reducer().started_early()},
+      {"dp_reduce_inflight_ms", get("dp_reduce")},
       {"peak_bytes", device_->allocator().peak_bytes()},
       {"rss_bytes", ResidentBytes()},
       {"activation_bytes_sent", outcome.activation_bytes}};
@@ -514,6 +557,7 @@ void Trainer::ReportProgress(int step, const StepOutcome& outcome) {
 }
 
 void Trainer::Save(int step) {
+  comm::progress::SetAction("", "checkpoint");
   const checkpoint::SaveStats stats =
       checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, stage_->State(), adamw_, comm_,
                        cfg_.checkpoint().keep_last());
@@ -619,6 +663,8 @@ TrainResult Trainer::Run() {
   for (int step = start_step_; step < train_.max_steps(); ++step) {
     if (step == start_step_ + 1)
       system_allocations_after_first_step = allocator.system_allocations();
+    running_step_ = step + 1;
+    comm::progress::SetStep(step + 1);
     // Testing hook: the named rank stops responding, so that tests can show a peer's deadline
     // firing with a diagnostic instead of a hang.
     if (hooks_.stall_rank == comm_.world_rank() && hooks_.stall_step <= step + 1) {

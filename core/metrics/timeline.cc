@@ -8,14 +8,14 @@
 namespace bigmac::metrics {
 
 void Timeline::Record(const std::string& name, const std::string& category, Clock::time_point start,
-                      Clock::time_point end) {
+                      Clock::time_point end, int track) {
   const double duration_ms = std::chrono::duration<double, std::milli>(end - start).count();
   window_ms_[category] += duration_ms;
   total_ms_[category] += duration_ms;
   if (!recording_) return;
   const double start_us =
       std::chrono::duration<double, std::micro>(start.time_since_epoch()).count();
-  spans_.push_back({name, category, start_us, duration_ms * 1000.0});
+  spans_.push_back({name, category, start_us, duration_ms * 1000.0, track});
 }
 
 std::string Timeline::TraceEvents(int rank, const std::string& process_name) const {
@@ -26,12 +26,21 @@ std::string Timeline::TraceEvents(int rank, const std::string& process_name) con
                     {"ph", "M"},
                     {"pid", rank},
                     {"args", {{"sort_index", rank}}}});
+  bool comm_track = false;
+  for (const Span& span : spans_) comm_track = comm_track || span.track == kCommTrack;
+  for (int track = kActionTrack; track <= (comm_track ? kCommTrack : kActionTrack); ++track) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank},
+                      {"tid", track},
+                      {"args", {{"name", track == kActionTrack ? "actions" : "communication"}}}});
+  }
   for (const Span& span : spans_) {
     events.push_back({{"name", span.name},
                       {"cat", span.category},
                       {"ph", "X"},
                       {"pid", rank},
-                      {"tid", 0},
+                      {"tid", span.track},
                       {"ts", span.start_us},
                       {"dur", span.duration_us}});
   }

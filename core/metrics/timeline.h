@@ -15,10 +15,17 @@ class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // Tracks (the trace's threads of a rank): the actions the rank runs one after the other, and
+  // communication in flight beside them (a dp all-reduce bucket from its start to its
+  // completion), which may overlap the actions.
+  static constexpr int kActionTrack = 0;
+  static constexpr int kCommTrack = 1;
+
   // Categories: "forward", "backward", "backward_input", "backward_weight", "wait" (receives),
-  // "send", "tied", "allreduce", "optimizer", "eval".
+  // "send", "tied", "allreduce" (the ReduceDp action: waiting for the dp sum), "optimizer",
+  // "eval"; on the communication track "dp_reduce" (a bucket in flight).
   void Record(const std::string& name, const std::string& category, Clock::time_point start,
-              Clock::time_point end);
+              Clock::time_point end, int track = kActionTrack);
   void set_recording(bool on) { recording_ = on; }
 
   // Milliseconds per category since the last ResetWindow (per step) and since the start.
@@ -35,6 +42,7 @@ class Timeline {
     std::string category;
     double start_us;
     double duration_us;
+    int track;
   };
   bool recording_ = true;
   std::vector<Span> spans_;

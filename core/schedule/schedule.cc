@@ -304,4 +304,17 @@ std::vector<std::vector<Action>> BuildAllActions(const ScheduleSpec& spec) {
   return all;
 }
 
+std::vector<Action> MismatchForTesting(std::vector<Action> actions) {
+  auto first = [&](Op op) {
+    return std::find_if(actions.begin(), actions.end(),
+                        [op](const Action& a) { return a.op == op; });
+  };
+  if (auto receive = first(Op::kRecvGrad); receive != actions.end()) {
+    std::rotate(actions.begin(), receive, receive + 1);
+  } else if (auto send = first(Op::kSendGrad); send != actions.end()) {
+    std::rotate(send, send + 1, actions.end());
+  }
+  return actions;
+}
+
 }  // namespace bigmac::schedule

@@ -86,6 +86,16 @@ std::vector<Action> BuildForwardOnlyActions(const ScheduleSpec& spec, int rank, 
 // Every rank's list for one flush (BuildRankActions).
 std::vector<std::vector<Action>> BuildAllActions(const ScheduleSpec& spec);
 
+// A deliberately wrong list, for the fault-injection hook BIGMAC_TEST_MISMATCH_SCHEDULE
+// (docs/exit_codes.md): `actions` (one rank's flush) with its first RecvGrad moved to the front,
+// so that it waits for the gradient of a micro-batch whose activation it has not sent yet: a
+// cycle with the next stage under every schedule. The last stage receives no gradient; its first
+// SendGrad moves to the end instead, so that the previous stage waits for that gradient while
+// this one waits for an activation the previous stage sends only after it (a cycle when the
+// previous stage needs the gradient before it has sent every activation: 1F1B with 3 or more
+// micro-batches). Unchanged without either (one stage). Simulate finds the deadlock.
+std::vector<Action> MismatchForTesting(std::vector<Action> actions);
+
 }  // namespace bigmac::schedule
 
 #endif  // BIGMAC_CORE_SCHEDULE_SCHEDULE_H_

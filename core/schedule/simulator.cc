@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "nlohmann/json.hpp"
@@ -115,6 +116,57 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
   for (double b : result.busy) total_busy += b;
   result.bubble_fraction = result.makespan > 0 ? 1.0 - total_busy / (p * result.makespan) : 0;
   return result;
+}
+
+DpReducePrediction PredictDpReduce(const SimResult& flush, const DpReduceCosts& costs) {
+  const int p = static_cast<int>(flush.busy.size());
+  if (static_cast<int>(costs.allreduce.size()) != p ||
+      (!costs.tail.empty() && static_cast<int>(costs.tail.size()) != p) || costs.buckets < 1) {
+    throw std::invalid_argument(
+        "PredictDpReduce: one all-reduce time (and tail) per rank, and at "
+        "least one bucket");
+  }
+  DpReducePrediction prediction;
+  prediction.compute_end.assign(p, 0);
+  // Per rank and stage: the last weight-gradient computation (its start and end).
+  std::vector<std::map<int, std::pair<double, double>>> last_weight(p);
+  for (const SimEvent& e : flush.events) {
+    if (!IsCompute(e.action.op)) continue;
+    prediction.compute_end[e.rank] = std::max(prediction.compute_end[e.rank], e.end);
+    if (e.action.op == Op::kBackward || e.action.op == Op::kBackwardWeight)
+      last_weight[e.rank][e.action.stage] = {e.start, e.end};
+  }
+  for (int r = 0; r < p; ++r) {
+    const double tail = costs.tail.empty() ? 0 : costs.tail[r];
+    const double end = prediction.compute_end[r];
+    prediction.serial_end.push_back(end + costs.allreduce[r]);
+    std::vector<std::pair<double, double>> spans;
+    double total = 0;
+    for (const auto& [stage, span] : last_weight[r]) {
+      spans.push_back(span);
+      total += span.second - span.first;
+    }
+    std::sort(spans.begin(), spans.end());
+    // When a share `f` of the rank's last weight-gradient time has passed.
+    auto final_at = [&](double f) {
+      double left = f * total;
+      for (const auto& [start, stop] : spans) {
+        if (left <= stop - start) return start + left;
+        left -= stop - start;
+      }
+      return end;
+    };
+    const double bucket = std::max(0.0, costs.allreduce[r] - tail) / costs.buckets;
+    double done = 0;
+    for (int k = 0; k < costs.buckets; ++k)
+      done = std::max(done, spans.empty() ? end : final_at(double(k + 1) / costs.buckets)) + bucket;
+    prediction.overlap_end.push_back(std::max(done, end) + tail);
+  }
+  for (int r = 0; r < p; ++r) {
+    prediction.serial_makespan = std::max(prediction.serial_makespan, prediction.serial_end[r]);
+    prediction.overlap_makespan = std::max(prediction.overlap_makespan, prediction.overlap_end[r]);
+  }
+  return prediction;
 }
 
 std::string FormatGrid(const SimResult& result, int pp) {

@@ -47,6 +47,32 @@ struct SimResult {
 SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_stages,
                    const Costs& costs);
 
+// The data-parallel all-reduce of a step whose last flush is `flush`, serial or overlapped with
+// that flush's backward (the executor's DpReducer, docs/pipeline.md). Per rank: `allreduce` is
+// the whole all-reduce of its gradients when nothing else runs, of which `tail` (a tied weight's
+// bucket, final only after ReduceTied) can only start after the flush; the rest goes in
+// `buckets` equal buckets. A rank's gradients become final in proportion to the time of its
+// last weight-gradient computation of each stage it hosts (Backward or BackwardWeight of the
+// flush's last micro-batch there), so bucket k is final when (k + 1) / buckets of that time has
+// passed. Buckets run one after the other, each once it is final and the one before it is done.
+// Not modelled: communication slowing computation down (shared cores and memory bandwidth) and
+// progress only at the executor's polls.
+struct DpReduceCosts {
+  std::vector<double> allreduce;  // per rank
+  std::vector<double> tail;       // per rank; empty: 0
+  int buckets = 1;
+};
+
+struct DpReducePrediction {
+  std::vector<double> compute_end;  // per rank: its last computation of the flush ends
+  std::vector<double> serial_end;   // the all-reduce after the flush: compute_end + allreduce
+  std::vector<double> overlap_end;  // the buckets started as they become final
+  double serial_makespan = 0;       // the latest rank, each way
+  double overlap_makespan = 0;
+};
+
+DpReducePrediction PredictDpReduce(const SimResult& flush, const DpReduceCosts& costs);
+
 // The per-rank grid, one character cell per unit of time ("F3", "B3", "W3", ".").
 std::string FormatGrid(const SimResult& result, int pp);
 

@@ -18,29 +18,8 @@ using sdk::LayerSpec, sdk::MicroBatch, sdk::Param, sdk::Saved, sdk::Tensor;
 template <typename T>
 class Block : public sdk::CpuLayer<T> {
   using Base = sdk::CpuLayer<T>;
-  // Saved tensors, in the order Forward (then BackwardInput) appends them.
-  enum SavedIndex {
-    kX,
-    kLn1,
-    kLn1Mean,
-    kLn1Rstd,
-    kQkv,
-    kAtt,
-    kAtty,
-    kRes2,
-    kLn2,
-    kLn2Mean,
-    kLn2Rstd,
-    kFch,
-    kFchGelu,
-    kForwardCount,
-    kDy = kForwardCount,
-    kDFch,
-    kDLn2,
-    kDRes2,
-    kDQkv,
-    kDLn1,
-  };
+  // Saved tensors: the order both backends share (stages/gpt/params.h).
+  using enum BlockSaved::Index;
 
  public:
   explicit Block(const LayerSpec& spec) : Base(spec), specs_(BlockParams(spec.dims)) {

@@ -44,6 +44,34 @@ enum BlockParam {
   kFcProjWeight,
   kFcProjBias,
 };
+// The tensors a block keeps between Forward and its backward, in the order Forward (then
+// BackwardInput) appends them: one order for both backends. kAtt holds the attention's softmax
+// probabilities (B,h,T,T), or cuDNN's softmax statistics (B,h,T) on the CUDA path.
+struct BlockSaved {
+  enum Index {
+    kX,
+    kLn1,
+    kLn1Mean,
+    kLn1Rstd,
+    kQkv,
+    kAtt,
+    kAtty,
+    kRes2,
+    kLn2,
+    kLn2Mean,
+    kLn2Rstd,
+    kFch,
+    kFchGelu,
+    kForwardCount,
+    kDy = kForwardCount,
+    kDFch,
+    kDLn2,
+    kDRes2,
+    kDQkv,
+    kDLn1,
+  };
+};
+
 enum EmbeddingParam { kWte, kWpe };
 enum HeadParam { kLnfWeight, kLnfBias, kHeadWte };
 

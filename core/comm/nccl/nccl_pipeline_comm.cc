@@ -8,12 +8,14 @@
 #include <chrono>
 #include <list>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/comm/mpi_pipeline_comm.h"
 #include "core/comm/nccl/nccl_check.h"
+#include "core/comm/progress.h"
 #include "core/device/cuda/check.h"
 #include "core/device/cuda/cuda_device.h"
 
@@ -27,6 +29,7 @@ class NcclComm : public PipelineComm {
   NcclComm(const Topology& topology, int world_rank, const GroupComms& comms,
            device::Device* device, double deadline, double spin)
       : control_(MakeMpiPipelineComm(topology, world_rank, comms, deadline, spin)),
+        topology_(topology),
         device_(device),
         context_(device::cuda::ContextOf(device)),
         deadline_(deadline) {
@@ -52,6 +55,9 @@ class NcclComm : public PipelineComm {
     for (const InFlight& f : in_flight_) {
       if (cudaEventQuery(f.done) != cudaSuccess) clean = false;
     }
+    for (const Reduction& r : reductions_) {
+      if (r.done_event && cudaEventQuery(r.done_event) != cudaSuccess) clean = false;
+    }
     for (ncclComm_t comm : comms_) {
       if (clean && Finalize(comm)) {
         ncclCommDestroy(comm);
@@ -62,6 +68,9 @@ class NcclComm : public PipelineComm {
     comms_.clear();
     for (const InFlight& f : in_flight_) cudaEventDestroy(f.done);
     in_flight_.clear();
+    for (const Reduction& r : reductions_) {
+      if (r.done_event) cudaEventDestroy(r.done_event);
+    }
     for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
     cudaGetLastError();
   }
@@ -116,7 +125,8 @@ class NcclComm : public PipelineComm {
                        nccl::TypeOf(send.tensor.dtype()), link.peer, link.comm, link.stream),
               "ncclSend", link.comm, at);
       // The compute stream goes on; the tensor waits here for its event.
-      in_flight_.push_back({RecordOn(link.stream, at), std::move(send.tensor), send.what});
+      in_flight_.push_back(
+          {RecordOn(link.stream, at), std::move(send.tensor), send.what, PeerWorldRank(send.peer)});
     }
     std::vector<cudaEvent_t> arrived;
     for (size_t i = 0; i < receives.size(); ++i) {
@@ -135,6 +145,13 @@ class NcclComm : public PipelineComm {
     // The compute stream uses what arrived only after it has arrived; the host waits for it
     // under the deadline (no wait on a peer without one).
     for (size_t i = 0; i < arrived.size(); ++i) {
+      const Incoming& in = receives[i];
+      const progress::WaitScope waiting({progress::WaitKind::kReceive,
+                                         in.what,
+                                         "pp",
+                                         DescribeTensor(in.dtype, in.shape),
+                                         in.tag,
+                                         {PeerWorldRank(in.peer)}});
       BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(context_.stream, arrived[i], 0), where);
       WaitDone(arrived[i], receives[i].what + " from pp rank " + std::to_string(receives[i].peer),
                where);
@@ -146,6 +163,8 @@ class NcclComm : public PipelineComm {
   void FinishSends() override {
     while (!in_flight_.empty()) {
       InFlight& f = in_flight_.front();
+      const progress::WaitScope waiting(
+          {progress::WaitKind::kSends, "delivery of " + f.what, "pp", "", -1, {f.world_peer}});
       WaitDone(f.done, "delivery of " + f.what, f.what + ", on " + context_.label);
       cudaEventDestroy(f.done);
       in_flight_.pop_front();
@@ -154,19 +173,35 @@ class NcclComm : public PipelineComm {
   }
 
   void AllReduceSumDp(Tensor* tensor) override {
-    if (dp_size() == 1) return;
-    const std::string what = "ReduceDp: all-reduce of gradients over the data-parallel group";
+    if (!reductions_.empty())
+      throw std::logic_error("AllReduceSumDp while non-blocking reductions are in flight");
+    StartAllReduceSumDp(tensor, "ReduceDp: all-reduce of gradients over the data-parallel group");
+    WaitAllReduces();
+  }
+
+  // ncclAllReduce on the dp stream after the compute stream's work so far (the gradients were
+  // written there); the compute stream goes on and waits for the sum only when it is taken
+  // (TestAllReduce true, or WaitAllReduces), so later layers' backward overlaps with it.
+  int StartAllReduceSumDp(Tensor* tensor, const std::string& what) override {
+    const int handle = static_cast<int>(reductions_.size());
+    reductions_.emplace_back();
+    Reduction& r = reductions_.back();
+    r.tensor = tensor;
+    r.what = what;
+    if (dp_size() == 1 || tensor->numel() == 0) {
+      r.done = true;
+      return handle;
+    }
     const std::string where = what + ", on " + context_.label;
     CheckDevice(tensor->device(), what);
     if (dp_ == nullptr) throw TransportError(what + ": no NCCL communicator for the group");
     Reap();
     // bf16 is summed in f32, as over MPI.
-    Tensor wide;
     Tensor* target = tensor;
     if (tensor->dtype() == memory::DType::kBF16) {
-      wide = Tensor(tensor->device(), tensor->shape(), memory::DType::kF32);
-      wide.ConvertFrom(*tensor);
-      target = &wide;
+      r.wide = Tensor(tensor->device(), tensor->shape(), memory::DType::kF32);
+      r.wide.ConvertFrom(*tensor);
+      target = &r.wide;
     } else if (tensor->dtype() != memory::DType::kF32 && tensor->dtype() != memory::DType::kF64) {
       throw TransportError(what + ": sums f32, f64 or bf16, got " +
                            DescribeTensor(tensor->dtype(), tensor->shape()));
@@ -177,11 +212,41 @@ class NcclComm : public PipelineComm {
     Enqueue(ncclAllReduce(target->raw(), target->raw(), static_cast<size_t>(target->numel()),
                           nccl::TypeOf(target->dtype()), ncclSum, dp_, dp_stream_),
             "ncclAllReduce", dp_, where);
-    cudaEvent_t done = RecordOn(dp_stream_, where);
-    BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(context_.stream, done, 0), where);
-    WaitDone(done, what, where);
-    cudaEventDestroy(done);
-    if (target != tensor) tensor->ConvertFrom(wide);
+    r.done_event = RecordOn(dp_stream_, where);
+    return handle;
+  }
+
+  bool TestAllReduce(int handle) override {
+    if (handle < 0 || handle >= static_cast<int>(reductions_.size()))
+      throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +
+                             " is in flight");
+    Reap();
+    Reduction& r = reductions_[handle];
+    if (r.done) return true;
+    const cudaError_t status = cudaEventQuery(r.done_event);
+    if (status == cudaErrorNotReady) return false;
+    device::cuda::Check(status, "cudaEventQuery", r.what + ", on " + context_.label);
+    Take(&r);
+    return true;
+  }
+
+  void Progress() override {
+    Reap();
+    for (int i = 0; i < static_cast<int>(reductions_.size()); ++i) TestAllReduce(i);
+  }
+
+  void WaitAllReduces() override {
+    for (size_t i = 0; i < reductions_.size(); ++i) {
+      Reduction& r = reductions_[i];
+      if (r.done) continue;
+      const progress::WaitScope waiting({progress::WaitKind::kCollective, r.what, "dp"});
+      WaitDone(r.done_event,
+               r.what + " (reduction " + std::to_string(i + 1) + " of " +
+                   std::to_string(reductions_.size()) + " started this step)",
+               r.what + ", on " + context_.label);
+      Take(&r);
+    }
+    reductions_.clear();
   }
 
   double AllReduceSumPp(double value) override { return control_->AllReduceSumPp(value); }
@@ -210,7 +275,32 @@ class NcclComm : public PipelineComm {
     cudaEvent_t done = nullptr;
     Tensor tensor;
     std::string what;
+    int world_peer = -1;
   };
+
+  // One non-blocking dp sum: its tensor, the f32 copy a bf16 tensor is summed in, and the event
+  // that fires on the dp stream when the sum is done.
+  struct Reduction {
+    Tensor* tensor = nullptr;
+    std::string what;
+    Tensor wide;
+    cudaEvent_t done_event = nullptr;
+    bool done = false;
+  };
+
+  // A finished sum, handed to the compute stream: it waits for the dp stream's event before it
+  // touches the tensor (a bf16 one is narrowed there from its f32 sum).
+  void Take(Reduction* r) {
+    const std::string where = r->what + ", on " + context_.label;
+    BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(context_.stream, r->done_event, 0), where);
+    cudaEventDestroy(r->done_event);
+    r->done_event = nullptr;
+    if (r->wide.numel() > 0) {
+      r->tensor->ConvertFrom(r->wide);
+      r->wide = Tensor();
+    }
+    r->done = true;
+  }
 
   static void Name(std::string* what, const std::string& part) {
     *what += (what->empty() ? "" : " + ") + part;
@@ -221,6 +311,12 @@ class NcclComm : public PipelineComm {
       throw TransportError(what + ": the NCCL transport moves the memory of " + device_->name() +
                            " only, got a tensor on " + (device ? device->name() : "no device"));
     }
+  }
+
+  int PeerWorldRank(int pp_peer) const {
+    Coords peer = topology_.CoordsOf(world_rank());
+    peer.pp = pp_peer;
+    return topology_.RankOf(peer);
   }
 
   const Link& LinkFor(int from, int to, const std::string& what) const {
@@ -483,6 +579,7 @@ class NcclComm : public PipelineComm {
   }
 
   std::unique_ptr<MpiPipelineComm> control_;  // headers, deadlines, small collectives
+  Topology topology_;
   device::Device* device_;
   const device::cuda::CudaContext& context_;
   double deadline_;
@@ -493,6 +590,7 @@ class NcclComm : public PipelineComm {
   std::vector<cudaStream_t> streams_;  // every stream created
   bool aborted_ = false;
   std::list<InFlight> in_flight_;
+  std::vector<Reduction> reductions_;  // started since the last WaitAllReduces
 };
 
 }  // namespace

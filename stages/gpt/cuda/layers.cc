@@ -64,30 +64,8 @@ class Embedding : public CudaGptLayer<T> {
 template <typename T>
 class Block : public CudaGptLayer<T> {
   using Base = CudaGptLayer<T>;
-  // Saved tensors, in the order Forward (then BackwardInput) fills them, as the CPU block's.
-  // kAtt holds cuDNN's softmax statistics (B,h,T) or the fallback's probabilities (B,h,T,T).
-  enum SavedIndex {
-    kX,
-    kLn1,
-    kLn1Mean,
-    kLn1Rstd,
-    kQkv,
-    kAtt,
-    kAtty,
-    kRes2,
-    kLn2,
-    kLn2Mean,
-    kLn2Rstd,
-    kFch,
-    kFchGelu,
-    kForwardCount,
-    kDy = kForwardCount,
-    kDFch,
-    kDLn2,
-    kDRes2,
-    kDQkv,
-    kDLn1,
-  };
+  // Saved tensors: the CPU block's order (stages/gpt/params.h).
+  using enum BlockSaved::Index;
 
  public:
   explicit Block(const LayerSpec& spec)

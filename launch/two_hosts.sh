@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# Two hosts for real, on one machine: trains the tiny GPT with pp=2 dp=2 (4 ranks, 2 per host)
+# across two network namespaces, then the same job on this one host, and compares the per-step
+# losses (bitwise). docs/launch.md, "Two hosts".
+#
+# Each host is a network namespace with its own address on a veth pair (hostA 10.250.16.1,
+# hostB 10.250.16.2), its own hostname (a UTS namespace: Open MPI tells nodes apart by hostname),
+# its own /etc/hosts naming both and its own /dev/shm (a private tmpfs: no shared memory between
+# the hosts); the filesystem is shared, as a cluster shares /home. The job is launched the way a
+# cluster without a scheduler launches it: launch/bigmac-mpirun --nodes 2 --hostfile on hostA,
+# whose mpirun starts hostB's orted through a launch agent (this script, --agent, standing in for
+# ssh); Open MPI is held to TCP (btl tcp,self, both restricted to the veth subnet). The one-host
+# run is plain launch/bigmac-mpirun --cpu --np 4 on this machine (shared memory).
+#
+# Usage: launch/two_hosts.sh [--bigmac BIN] [--steps N] [--keep]
+#   --bigmac BIN  the bigmac binary (default: bazel-bin/bigmac of this checkout, or $BIGMAC_BIN)
+#   --steps N     training steps (default 5)
+#   --keep        keep the work directory (metrics, logs) and print its path
+#
+# Needs root, iproute2 (`ip netns`), util-linux (`unshare`), Open MPI. Exit status: 0 the losses
+# are identical, 1 they differ or a run failed, 2 bad usage, 77 this machine cannot make the two
+# hosts (the line `two_hosts: skipped: REASON` says why). Everything it makes (namespaces, veth,
+# work directory under /tmp) is removed on exit, also on failure or interruption; leftovers of a
+# run that was killed with SIGKILL are removed by the next run.
+#
+# Internal modes: --enter HOST CMD... (run CMD on HOST), --agent HOST WORDS... (what mpirun runs
+# instead of `ssh HOST WORDS...`); both read the run's directory from BIGMAC_TWO_HOSTS_DIR.
+set -euo pipefail
+
+# Bazel test actions and sudo may leave the sbin directories off PATH (ip is in /usr/sbin).
+export PATH="$PATH:/usr/sbin:/sbin"
+self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+repo=$(cd "$(dirname "$self")/.." && pwd)
+subnet=10.250.16
+hosts=(hostA hostB)
+prefix=bm2h # namespaces bm2h<PID>a / bm2h<PID>b, work directory /tmp/bm2h-<PID>.XXXXXX
+
+log() { echo "two_hosts: $*"; }
+die() {
+  echo "two_hosts: error: $*" >&2
+  exit 1
+}
+skip() {
+  echo "two_hosts: skipped: $*"
+  exit 77
+}
+
+# --- internal modes: a process on one of the hosts ---------------------------------------------
+# On HOST: its network namespace (ip netns exec, which also gives it a private mount namespace),
+# a UTS namespace with its hostname, its /etc/hosts and a private /dev/shm; TMPDIR (Open MPI's
+# session directory) on the host's own directory.
+if [[ "${1:-}" == --enter || "${1:-}" == --agent ]]; then
+  mode=$1
+  host=${2:?host}
+  shift 2
+  dir=${BIGMAC_TWO_HOSTS_DIR:?BIGMAC_TWO_HOSTS_DIR is not set}
+  [[ -f "$dir/$host.netns" ]] || die "unknown host '$host' (no $dir/$host.netns)"
+  if [[ "$mode" == --agent ]]; then
+    # Like ssh: the words after the host are one command line for the remote shell.
+    set -- /bin/sh -c "$*"
+  fi
+  exec ip netns exec "$(cat "$dir/$host.netns")" unshare --uts --mount --propagation private \
+    "$self" --inside "$host" "$@"
+fi
+if [[ "${1:-}" == --inside ]]; then
+  host=$2
+  shift 2
+  dir=$BIGMAC_TWO_HOSTS_DIR
+  hostname "$host" 2>/dev/null || echo "$host" >/proc/sys/kernel/hostname
+  mount --bind "$dir/etc_hosts" /etc/hosts
+  mount -t tmpfs -o size=512m,mode=1777 "shm-$host" /dev/shm
+  export TMPDIR=$dir/$host/tmp
+  exec "$@"
+fi
+
+# --- options -----------------------------------------------------------------------------------
+bigmac=${BIGMAC_BIN:-$repo/bazel-bin/bigmac}
+steps=5
+keep=0
+while (($#)); do
+  case "$1" in
+    --bigmac) bigmac=${2:?--bigmac needs a path}; shift 2 ;;
+    --steps) steps=${2:?--steps needs a number}; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$self" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "two_hosts: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "two_hosts: --steps must be a positive integer" >&2; exit 2; }
+
+# --- can this machine make two hosts? ----------------------------------------------------------
+[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (uid $(id -u)); run: sudo $self"
+[[ "$bigmac" == /* ]] || bigmac=$PWD/$bigmac
+[[ -x "$bigmac" ]] || die "$bigmac is not an executable: build it (bazel build //:bigmac) or pass --bigmac"
+for tool in ip unshare mount timeout mpirun; do
+  command -v "$tool" >/dev/null || skip "'$tool' not found (Debian: iproute2, util-linux, coreutils, openmpi-bin)"
+done
+
+# Leftovers of runs killed before their cleanup (SIGKILL): namespaces and work directories whose
+# creating process is gone.
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}[0-9]+[ab]$" || true); do
+  pid=${ns#"$prefix"}
+  pid=${pid%[ab]}
+  kill -0 "$pid" 2>/dev/null && continue
+  log "removing leftover namespace $ns (its run, pid $pid, is gone)"
+  for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+  ip netns del "$ns" 2>/dev/null || true
+done
+for old in /tmp/"$prefix"-*; do
+  [[ -d "$old" ]] || continue
+  pid=${old#/tmp/"$prefix"-}
+  pid=${pid%%.*}
+  [[ "$pid" =~ ^[0-9]+$ ]] || continue
+  # A directory kept with --keep stays.
+  kill -0 "$pid" 2>/dev/null || [[ -e "$old/kept" ]] || rm -rf "$old"
+done
+
+ns_a=$prefix$$a
+ns_b=$prefix$$b
+veth_a=bm$$a
+veth_b=bm$$b
+work=$(mktemp -d "/tmp/$prefix-$$.XXXXXX")
+made_ns=()
+child= # the running job (timeout, mpirun and its ranks), stopped first on an interruption
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  set +e
+  local ns p
+  if [[ -n "$child" ]] && kill -0 "$child" 2>/dev/null; then
+    log "stopping the running job"
+    kill -TERM "$child" 2>/dev/null # timeout passes it on to mpirun, which stops its ranks
+    for _ in $(seq 20); do
+      kill -0 "$child" 2>/dev/null || break
+      sleep 0.25
+    done
+    kill -KILL "$child" 2>/dev/null
+    wait "$child" 2>/dev/null
+  fi
+  for ns in "${made_ns[@]}"; do
+    # A rank or orted that outlived mpirun keeps the namespace alive: kill what runs in it.
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  # The veth pair, if the run stopped before it was moved into the namespaces.
+  ip link del "$veth_a" 2>/dev/null
+  if ((keep)); then
+    touch "$work/kept"
+    log "kept $work"
+  else
+    rm -rf "$work"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A bazel test sandbox or a container may forbid namespaces: that is a skip, with the reason.
+if ! err=$(ip netns add "$ns_a" 2>&1); then
+  skip "'ip netns add' is not permitted here: ${err//$'\n'/ }"
+fi
+made_ns+=("$ns_a")
+ip netns add "$ns_b"
+made_ns+=("$ns_b")
+if ! err=$(ip link add "$veth_a" type veth peer name "$veth_b" 2>&1); then
+  skip "cannot create a veth pair: ${err//$'\n'/ }"
+fi
+if ! err=$(unshare --uts --mount true 2>&1); then
+  skip "'unshare --uts --mount' is not permitted here: ${err//$'\n'/ }"
+fi
+# Each end becomes its host's eth0.
+ip link set "$veth_a" netns "$ns_a"
+ip link set "$veth_b" netns "$ns_b"
+i=1
+for ns in "$ns_a" "$ns_b"; do
+  end=$([[ "$ns" == "$ns_a" ]] && echo "$veth_a" || echo "$veth_b")
+  ip -n "$ns" link set "$end" name eth0
+  ip -n "$ns" addr add "$subnet.$i/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  i=$((i + 1))
+done
+
+{
+  echo "127.0.0.1 localhost"
+  echo "$subnet.1 hostA"
+  echo "$subnet.2 hostB"
+} >"$work/etc_hosts"
+echo "$ns_a" >"$work/hostA.netns"
+echo "$ns_b" >"$work/hostB.netns"
+mkdir -p "$work/hostA/tmp" "$work/hostB/tmp"
+printf '%s slots=2\n' "${hosts[@]}" >"$work/hostfile"
+export BIGMAC_TWO_HOSTS_DIR=$work
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
+
+# hostA reaches hostB over the veth: a connection to a closed port there is refused (not
+# "no route to host").
+reach=$(timeout 10 "$self" --enter hostA bash -c "exec 3<>/dev/tcp/$subnet.2/9" 2>&1 || true)
+[[ "$reach" == *refused* ]] || die "hostA cannot reach hostB ($subnet.2) over the veth pair: $reach"
+log "hosts up: hostA $subnet.1 (netns $ns_a), hostB $subnet.2 (netns $ns_b)"
+
+# --- data: a fixed corpus, byte-level shards ----------------------------------------------------
+awk 'BEGIN { for (i = 0; i < 4000; i++)
+  printf "Host %d sends its gradients to host %d over TCP, %d bytes per step.\n",
+    i % 2, 1 - i % 2, (i * 7919) % 1000 }' >"$work/corpus.txt"
+"$bigmac" data prep --input "$work/corpus.txt" --output "$work/data" >/dev/null
+
+train_args=(
+  --config "$repo/configs/tiny.yaml"
+  --set "data.dir=$work/data"
+  --set parallel.pp_size=2 --set parallel.schedule=1f1b
+  --set parallel.num_microbatches=4 --set train.gradient_accumulation_steps=4
+  --set train.micro_batch_size=2 --set train.seq_length=32
+  --set model.hidden_size=32 --set model.num_heads=2
+  --set "train.max_steps=$steps" --set train.log_interval=1 --set train.eval_interval=0
+  --set optim.warmup_steps=2
+)
+run_timeout=150
+
+# bounded LOG CMD...: runs CMD under a deadline, output to LOG, in the background so that a
+# signal to this script is handled at once (bash runs a trap only after the foreground command
+# ends); sets rc to its exit status.
+bounded() {
+  local out=$1
+  shift
+  timeout -k 10 "$run_timeout" "$@" >"$out" 2>&1 &
+  child=$!
+  rc=0
+  wait "$child" || rc=$?
+  child=
+}
+
+# --- the two-host run --------------------------------------------------------------------------
+counters() { # bytes received and sent by hostB's eth0
+  "$self" --enter hostB cat /sys/class/net/eth0/statistics/rx_bytes /sys/class/net/eth0/statistics/tx_bytes | paste -sd' '
+}
+read -r rx0 tx0 < <(counters)
+# Open MPI splits the agent setting on spaces: a link with a space-free path to this script.
+ln -s "$self" "$work/agent"
+# shellcheck disable=SC2054 # (tcp,self is one word)
+mca=(--mca plm_rsh_agent "$work/agent --agent" --mca plm_rsh_no_tree_spawn 1
+  --mca btl tcp,self --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24")
+mpirun_args=()
+for a in "${mca[@]}"; do mpirun_args+=("--mpirun-arg=$a"); done
+echo "== two hosts: on hostA, launch/bigmac-mpirun --nodes 2 --cpu --np 4 --hostfile (hostA slots=2, hostB slots=2)"
+BIGMAC_BIN=$bigmac bounded "$work/two_hosts.log" "$self" --enter hostA "$repo/launch/bigmac-mpirun" \
+  --nodes 2 --cpu --np 4 --hostfile "$work/hostfile" "${mpirun_args[@]}" "${train_args[@]}" \
+  --set "train.output_dir=$work/two_hosts"
+read -r rx1 tx1 < <(counters)
+grep -E '^(mpirun|\[rank\]|step )' "$work/two_hosts.log" | sed 's/^/  /' || true
+echo "  hostB eth0: received $((rx1 - rx0)) bytes, sent $((tx1 - tx0)) bytes during the run"
+if ((rc != 0)); then
+  tail -n 40 "$work/two_hosts.log" >&2
+  die "the two-host run failed (exit $rc$( ((rc == 124)) && echo ": past ${run_timeout} s"))"
+fi
+for host in hostA hostB; do
+  n=$(grep -c "^\[rank\] rank [0-9]*: .*host=$host local_rank=[01]/2" "$work/two_hosts.log" || true)
+  ((n == 2)) || die "expected 2 ranks on $host with local_rank of 2, found $n (the [rank] lines above)"
+done
+(((rx1 - rx0) > 10000 && (tx1 - tx0) > 10000)) || die "hardly any traffic crossed the veth pair"
+
+# --- the one-host run --------------------------------------------------------------------------
+echo "== one host: launch/bigmac-mpirun --cpu --np 4 on this machine (shared memory)"
+BIGMAC_BIN=$bigmac bounded "$work/one_host.log" "$repo/launch/bigmac-mpirun" --cpu --np 4 \
+  --mpirun-arg=--mca --mpirun-arg=btl --mpirun-arg=self,vader \
+  --mpirun-arg=--mca --mpirun-arg=btl_vader_single_copy_mechanism --mpirun-arg=none \
+  "${train_args[@]}" --set "train.output_dir=$work/one_host"
+grep -E '^(mpirun|\[rank\]|step )' "$work/one_host.log" | sed 's/^/  /' || true
+if ((rc != 0)); then
+  tail -n 40 "$work/one_host.log" >&2
+  die "the one-host run failed (exit $rc)"
+fi
+
+# --- compare: the loss and gradient norm of every step, as metrics.jsonl wrote them ------------
+field() { grep -o "\"$1\":[^,}]*" "$2" | cut -d: -f2; }
+paste <(field loss "$work/two_hosts/metrics.jsonl") <(field loss "$work/one_host/metrics.jsonl") \
+  <(field grad_norm "$work/two_hosts/metrics.jsonl") <(field grad_norm "$work/one_host/metrics.jsonl") \
+  >"$work/compare.txt"
+echo "== per-step loss from metrics.jsonl (the gradient norms are compared too), two hosts vs one host"
+# As strings (awk would compare number-like fields as numbers).
+awk '{ same = ($1 "" == $2 "" && $3 "" == $4 "")
+  printf "  step %d  %-20s %-20s %s\n", NR, $1, $2, (same ? "identical" : "DIFFERENT") }' \
+  "$work/compare.txt"
+lines=$(wc -l <"$work/compare.txt")
+different=$(awk 'NF != 4 || $1 "" != $2 "" || $3 "" != $4 ""' "$work/compare.txt" | wc -l)
+if ((lines != steps || different != 0)); then
+  die "$different of $lines steps differ (expected $steps identical steps)"
+fi
+echo "two_hosts: the two-host losses equal the one-host losses, bit for bit ($steps steps)"

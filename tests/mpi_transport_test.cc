@@ -1,0 +1,211 @@
+// The MPI transport under mpirun, on two ranks: a send returns before its receiver computes,
+// and the non-blocking data-parallel sums (StartAllReduceSumDp, TestAllReduce, WaitAllReduces)
+// complete later with exact sums, in f32, f64 and bf16, and a reduction that a peer never joins
+// ends in the deadline. The test binary runs itself under mpirun: with --child=SCENARIO it is one
+// rank of that scenario and prints "RESULT key=value" lines.
+#include <gtest/gtest.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/comm/mpi_pipeline_comm.h"
+#include "core/comm/mpi_world.h"
+#include "core/device/device.h"
+#include "core/memory/dtype.h"
+#include "tests/testing/expect.h"
+#include "tests/testing/run.h"
+
+namespace bigmac {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string Self() {
+  char path[PATH_MAX] = {};
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, n) : "";
+}
+
+// ---------------------------------------------------------------- the ranks' side
+
+// One rank of a two-rank world laid out as pp x dp, with its transport (deadline in seconds).
+struct TwoRanks {
+  comm::Topology topology;
+  comm::GroupComms comms;
+  std::unique_ptr<device::Device> cpu;
+  std::unique_ptr<comm::PipelineComm> comm;
+  int rank;
+  TwoRanks(const comm::MpiWorld& world, int pp, int dp, double deadline)
+      : topology(2, pp, dp, 1),
+        comms(comm::GroupComms::Create(topology, world.rank())),
+        cpu(device::MakeCpuDevice(world.rank(), int64_t{1} << 30)),
+        comm(comm::MakeMpiPipelineComm(topology, world.rank(), comms, deadline)),
+        rank(world.rank()) {}
+  ~TwoRanks() {
+    comm.reset();
+    comms.Free();
+  }
+};
+
+// Rank 0 sends 8 MiB (far past any eager limit) to rank 1, which computes (sleeps) 1 s before it
+// receives.
+int ChildSends(comm::MpiWorld& world) {
+  TwoRanks two(world, 2, 1, 30);
+  const int64_t n = int64_t{1} << 21;
+  if (two.rank == 0) {
+    memory::Tensor tensor(two.cpu.get(), {n}, memory::DType::kF32);
+    for (int64_t i = 0; i < n; ++i) tensor.data<float>()[i] = static_cast<float>(i % 1000);
+    const auto start = Clock::now();
+    two.comm->Send(std::move(tensor), 1, comm::ActivationTag(1, 0), "SendAct0@s0>r1");
+    std::printf("RESULT send_ms=%.3f\n", MsSince(start));
+    two.comm->FinishSends();
+    std::printf("RESULT delivered_ms=%.3f\n", MsSince(start));
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const memory::Tensor got = two.comm->Receive(
+        0, comm::ActivationTag(1, 0), {n}, memory::DType::kF32, two.cpu.get(), "RecvAct0@s1<r0");
+    bool same = true;
+    for (int64_t i = 0; i < n; ++i) same = same && got.data<float>()[i] == float(i % 1000);
+    std::printf("RESULT received_intact=%d\n", same ? 1 : 0);
+  }
+  return 0;
+}
+
+// Three reductions (f32, f64, bf16). Rank 1 starts its own 1 s late, so rank 0's have to wait
+// for it: started at once, not complete when first tested, exact once waited for.
+int ChildReduce(comm::MpiWorld& world) {
+  TwoRanks two(world, 1, 2, 30);
+  comm::PipelineComm& comm = *two.comm;
+  const int r = two.rank;
+  const int64_t n = 300000;
+  memory::Tensor f32(two.cpu.get(), {n}, memory::DType::kF32);
+  memory::Tensor f64(two.cpu.get(), {7}, memory::DType::kF64);
+  memory::Tensor bf16(two.cpu.get(), {5}, memory::DType::kBF16);
+  for (int64_t i = 0; i < n; ++i) f32.data<float>()[i] = 0.25f * float(i % 97) * float(r + 1);
+  for (int64_t i = 0; i < 7; ++i) f64.data<double>()[i] = 0.125 * double(i) + r;
+  for (int64_t i = 0; i < 5; ++i)
+    bf16.data<memory::BFloat16>()[i] = memory::ToBFloat16(float(i) + 0.5f * r);
+  if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto start = Clock::now();
+  const int a = comm.StartAllReduceSumDp(&f32, "bucket 1 of 3");
+  const int b = comm.StartAllReduceSumDp(&f64, "bucket 2 of 3");
+  const int c = comm.StartAllReduceSumDp(&bf16, "bucket 3 of 3");
+  std::printf("RESULT handles=%d,%d,%d\n", a, b, c);
+  std::printf("RESULT start_ms=%.3f\n", MsSince(start));
+  if (r == 0) std::printf("RESULT complete_at_once=%d\n", comm.TestAllReduce(a) ? 1 : 0);
+  // Rank 1 polls its bf16 reduction to completion (the result comes back through Test).
+  if (r == 1) {
+    while (!comm.TestAllReduce(c)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  comm.WaitAllReduces();
+  std::printf("RESULT waited_ms=%.3f\n", MsSince(start));
+  bool exact = true;
+  for (int64_t i = 0; i < n; ++i) exact = exact && f32.data<float>()[i] == 0.75f * float(i % 97);
+  for (int64_t i = 0; i < 7; ++i) exact = exact && f64.data<double>()[i] == 0.25 * double(i) + 1;
+  for (int64_t i = 0; i < 5; ++i)
+    exact = exact && memory::ToFloat(bf16.data<memory::BFloat16>()[i]) == 2 * float(i) + 0.5f;
+  std::printf("RESULT exact=%d\n", exact ? 1 : 0);
+  // A second round numbers its handles from 0 again.
+  std::printf("RESULT next_handle=%d\n", comm.StartAllReduceSumDp(&f64, "again"));
+  comm.WaitAllReduces();
+  return 0;
+}
+
+// Rank 1 joins rank 0's reduction only after 3 s; rank 0 waits with a deadline of 2 s (twice).
+int ChildDeadline(comm::MpiWorld& world) {
+  TwoRanks two(world, 1, 2, 2);
+  memory::Tensor tensor(two.cpu.get(), {1000}, memory::DType::kF32);
+  tensor.Zero();
+  if (two.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+  two.comm->StartAllReduceSumDp(&tensor, "ReduceDp: all-reduce of bucket 2 of 4 (block 1/mlp)");
+  try {
+    two.comm->WaitAllReduces();
+    std::printf("RESULT deadline=0\n");
+  } catch (const comm::DeadlineError& error) {
+    std::printf("RESULT deadline=1\nRESULT message=%s\n", error.what());
+    two.comm->WaitAllReduces();  // rank 1 has joined by now: both finish cleanly
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- the test's side
+
+testutil::RunResult RunScenario(const std::string& scenario) {
+  return testutil::RunCommand(testutil::Mpirun(2) + " " + Self() + " --child=" + scenario, 120);
+}
+
+// The values of every "RESULT key=..." line, in the order printed.
+std::vector<std::string> Results(const std::string& output, const std::string& key) {
+  std::vector<std::string> values;
+  const std::string needle = "RESULT " + key + "=";
+  for (size_t at = output.find(needle); at != std::string::npos; at = output.find(needle, at + 1)) {
+    const size_t begin = at + needle.size();
+    values.push_back(output.substr(begin, output.find('\n', begin) - begin));
+  }
+  return values;
+}
+
+TEST(MpiTransport, ASendReturnsBeforeTheReceiverComputes) {
+  const testutil::RunResult r = RunScenario("sends");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(Results(r.output, "send_ms").size(), 1u) << r.output;
+  // The receiver sleeps 1 s before it receives; the send returns long before, and only
+  // FinishSends waits for the delivery.
+  EXPECT_LT(std::stod(Results(r.output, "send_ms")[0]), 300) << r.output;
+  EXPECT_GT(std::stod(Results(r.output, "delivered_ms")[0]), 900) << r.output;
+  EXPECT_EQ(Results(r.output, "received_intact"), std::vector<std::string>{"1"}) << r.output;
+}
+
+TEST(MpiTransport, NonBlockingDpSumsStartAtOnceAndCompleteExactly) {
+  const testutil::RunResult r = RunScenario("reduce");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Results(r.output, "handles"), (std::vector<std::string>{"0,1,2", "0,1,2"}));
+  for (const std::string& ms : Results(r.output, "start_ms")) EXPECT_LT(std::stod(ms), 300);
+  // Rank 0 started 1 s before rank 1: its first reduction cannot have completed at once, and
+  // its wait lasted until rank 1 joined.
+  EXPECT_EQ(Results(r.output, "complete_at_once"), std::vector<std::string>{"0"}) << r.output;
+  const std::vector<std::string> waited = Results(r.output, "waited_ms");
+  ASSERT_EQ(waited.size(), 2u) << r.output;
+  EXPECT_GT(std::max(std::stod(waited[0]), std::stod(waited[1])), 800) << r.output;
+  EXPECT_EQ(Results(r.output, "exact"), (std::vector<std::string>{"1", "1"})) << r.output;
+  EXPECT_EQ(Results(r.output, "next_handle"), (std::vector<std::string>{"0", "0"}));
+}
+
+TEST(MpiTransport, AReductionThatAPeerDoesNotJoinEndsInTheDeadline) {
+  const testutil::RunResult r = RunScenario("deadline");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Results(r.output, "deadline"), (std::vector<std::string>{"1", "0"})) << r.output;
+  ASSERT_FALSE(Results(r.output, "message").empty()) << r.output;
+  const std::string message = Results(r.output, "message")[0];
+  testutil::ExpectContains(message, "ReduceDp: all-reduce of bucket 2 of 4 (block 1/mlp)");
+  testutil::ExpectContains(message, "(reduction 1 of 1 started this step)");
+  testutil::ExpectContains(message, "past the deadline of 2 s (train.comm_timeout_seconds)");
+}
+
+}  // namespace
+}  // namespace bigmac
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--child=", 8) != 0) continue;
+    const std::string scenario = argv[i] + 8;
+    bigmac::comm::MpiWorld world(&argc, &argv);
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (scenario == "sends") return bigmac::ChildSends(world);
+    if (scenario == "reduce") return bigmac::ChildReduce(world);
+    if (scenario == "deadline") return bigmac::ChildDeadline(world);
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
