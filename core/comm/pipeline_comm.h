@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/device_spans.h"
 #include "core/memory/tensor.h"
 
 namespace bigmac::comm {
@@ -115,6 +116,9 @@ class PipelineComm {
   // Moves messages in flight along without blocking (MPI needs calls into it to progress a
   // rendezvous send or a collective); the executor calls it between actions. Default: nothing.
   virtual void Progress() {}
+  // Where a transport with streams of its own (NCCL) times its operations on them, for the
+  // trace's device track (null: nowhere). `spans` outlives the transport's use of it.
+  virtual void set_device_spans(device::DeviceSpans* /*spans*/) {}
   virtual double AllReduceSumPp(double value) = 0;
   virtual double SumToRoot(double value) = 0;  // over all ranks; the result is valid on rank 0
   virtual double MaxToRoot(double value) = 0;

@@ -18,6 +18,7 @@
 #include "core/comm/progress.h"
 #include "core/device/cuda/check.h"
 #include "core/device/cuda/cuda_device.h"
+#include "core/metrics/timeline.h"
 
 namespace bigmac::comm {
 namespace {
@@ -121,9 +122,11 @@ class NcclComm : public PipelineComm {
           send.what + " to pp rank " + std::to_string(send.peer) + ", on " + context_.label;
       const Link& link = LinkFor(me, send.peer, send.what);
       BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(link.stream, ready, 0), at);
+      const device::Event span_start = MarkOn(link.stream);
       Enqueue(ncclSend(send.tensor.raw(), static_cast<size_t>(send.tensor.numel()),
                        nccl::TypeOf(send.tensor.dtype()), link.peer, link.comm, link.stream),
               "ncclSend", link.comm, at);
+      AddSpan(send.what, span_start, link.stream);
       // The compute stream goes on; the tensor waits here for its event.
       in_flight_.push_back(
           {RecordOn(link.stream, at), std::move(send.tensor), send.what, PeerWorldRank(send.peer)});
@@ -135,9 +138,11 @@ class NcclComm : public PipelineComm {
           in.what + " from pp rank " + std::to_string(in.peer) + ", on " + context_.label;
       const Link& link = LinkFor(in.peer, me, in.what);
       BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(link.stream, ready, 0), at);
+      const device::Event span_start = MarkOn(link.stream);
       Enqueue(ncclRecv(received[i].raw(), static_cast<size_t>(received[i].numel()),
                        nccl::TypeOf(in.dtype), link.peer, link.comm, link.stream),
               "ncclRecv", link.comm, at);
+      AddSpan(in.what, span_start, link.stream);
       arrived.push_back(RecordOn(link.stream, at));
     }
     cudaEventDestroy(ready);  // released once it has fired
@@ -209,9 +214,11 @@ class NcclComm : public PipelineComm {
     cudaEvent_t ready = RecordOn(context_.stream, where);
     BIGMAC_CUDA_CHECK(cudaStreamWaitEvent(dp_stream_, ready, 0), where);
     cudaEventDestroy(ready);
+    const device::Event span_start = MarkOn(dp_stream_);
     Enqueue(ncclAllReduce(target->raw(), target->raw(), static_cast<size_t>(target->numel()),
                           nccl::TypeOf(target->dtype()), ncclSum, dp_, dp_stream_),
             "ncclAllReduce", dp_, where);
+    AddSpan(what, span_start, dp_stream_);
     r.done_event = RecordOn(dp_stream_, where);
     return handle;
   }
@@ -259,6 +266,7 @@ class NcclComm : public PipelineComm {
     return control_->AllGatherPp(values);
   }
   bool AllOk(bool ok) override { return control_->AllOk(ok); }
+  void set_device_spans(device::DeviceSpans* spans) override { spans_ = spans; }
 
  private:
   // One direction of a pipeline link: a communicator of two ranks (the sender is its rank 0) and
@@ -300,6 +308,18 @@ class NcclComm : public PipelineComm {
       r->wide = Tensor();
     }
     r->done = true;
+  }
+
+  // The trace's device track of the transport's streams: a timed event before an operation is
+  // enqueued, and the span to the event after it (nothing while the trace is not recording).
+  device::Event MarkOn(cudaStream_t stream) {
+    if (spans_ == nullptr || !spans_->enabled()) return {};
+    return spans_->Mark(device::Stream{stream});
+  }
+  void AddSpan(const std::string& what, device::Event start, cudaStream_t stream) {
+    if (start.handle == nullptr) return;
+    spans_->Add(what, "device_comm", metrics::Timeline::kDeviceCommTrack, start,
+                spans_->Mark(device::Stream{stream}));
   }
 
   static void Name(std::string* what, const std::string& part) {
@@ -590,7 +610,8 @@ class NcclComm : public PipelineComm {
   std::vector<cudaStream_t> streams_;  // every stream created
   bool aborted_ = false;
   std::list<InFlight> in_flight_;
-  std::vector<Reduction> reductions_;  // started since the last WaitAllReduces
+  std::vector<Reduction> reductions_;     // started since the last WaitAllReduces
+  device::DeviceSpans* spans_ = nullptr;  // the trainer's, while it runs
 };
 
 }  // namespace
