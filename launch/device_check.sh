@@ -367,6 +367,16 @@ rc_cpu_fp32=$rc
 train_run gpu_fp32 90 "$backend" fp32
 rc_gpu_fp32=$rc
 loss_check "tiny fp32 gpu vs cpu" gpu_fp32 cpu_fp32 "$tol_fp32" "$rc_gpu_fp32" "$rc_cpu_fp32"
+# The trace's device tracks (CUDA events, docs/gpu.md): the GPU run's trace.json must have them.
+if [[ "$backend" == cuda ]]; then
+  device_spans=$(grep -o '"cat":"device_compute"' run_gpu_fp32/trace.json 2>/dev/null | wc -l || true)
+  if ((rc_gpu_fp32 == 0)) && grep -q 'device: compute stream' run_gpu_fp32/trace.json 2>/dev/null &&
+    ((device_spans > 0)); then
+    record "trace device tracks" PASS "$device_spans device_compute spans in run_gpu_fp32/trace.json"
+  else
+    record "trace device tracks" FAIL "no 'device: compute stream' spans in run_gpu_fp32/trace.json"
+  fi
+fi
 train_run cpu_bf16 90 cpu bf16
 rc_cpu_bf16=$rc
 train_run gpu_bf16 90 "$backend" bf16
