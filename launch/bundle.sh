@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Packs BigMac for a machine that has a GPU but no Bazel, no Open MPI and no network (docs/gpu.md):
-# the binary, the example plugin, the GPU test binaries, bench's GEMM peak (where they exist), Open
+# the binary, the example plugin, the GPU test binaries, bench's GEMM peak and the transport
+# ping-pong (tests/nccl_pingpong; where they exist), Open
 # MPI relocated into the bundle (mpirun, orted, its MCA components, PMIx, help files, parameter
 # files), every shared library they need except glibc's and the big CUDA libraries
 # (launch/bundle/libs.sh), configs/, tiny token shards and launch/device_check.sh. Prints the size.
 #
 #   launch/bundle.sh [OUT.tar.gz]        build with Bazel, then pack (default out/bigmac-bundle.tar.gz)
 #   launch/bundle.sh --assemble OUT.tar.gz --bigmac FILE [--plugin FILE]... [--gpu-test FILE]...
-#       [--gemm-peak FILE] [--corpus TEXT]...
+#       [--gemm-peak FILE] [--pingpong FILE] [--corpus TEXT]...
 #                                        pack prebuilt files (what //tests:bundle_test does); the
 #                                        corpus defaults to the fortunes package
 #
@@ -29,6 +30,7 @@ bigmac=""
 plugins=()
 gpu_tests=()
 gemm_peak=""
+pingpong=""
 corpus=()
 
 if [[ "${1:-}" == --assemble ]]; then
@@ -42,6 +44,7 @@ if [[ "${1:-}" == --assemble ]]; then
       --plugin) plugins+=("$2") ;;
       --gpu-test) gpu_tests+=("$2") ;;
       --gemm-peak) gemm_peak=$2 ;;
+      --pingpong) pingpong=$2 ;;
       --corpus) corpus+=("$2") ;;
       *) die "unknown option $1" ;;
     esac
@@ -50,7 +53,7 @@ if [[ "${1:-}" == --assemble ]]; then
   [[ -n "$bigmac" ]] || die "--assemble needs --bigmac FILE"
 else
   case "${1:-}" in
-    -h | --help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
   esac
   out=${1:-$repo/out/bigmac-bundle.tar.gz}
@@ -61,12 +64,13 @@ else
   query() { "${bazel[@]}" query --noshow_progress "$1" 2>/dev/null || die "bazel query '$1' failed"; }
   tests_found=$(query "filter('^//tests:cuda_[A-Za-z0-9_]*test\$', kind('cc_test rule', //tests:all))")
   bench_found=$(query "filter('^//bench:cuda_gemm_peak\$', //bench:all)")
+  pingpong_found=$(query "filter('^//tests:nccl_pingpong\$', //tests:all)")
   test_labels=()
   bench_labels=()
   [[ -n "$tests_found" ]] && mapfile -t test_labels <<<"$tests_found"
   [[ -n "$bench_found" ]] && mapfile -t bench_labels <<<"$bench_found"
   plugin_label=//plugins/examples/rms_swiglu:librms_swiglu.so
-  labels=(//:bigmac "$plugin_label" "${test_labels[@]}" "${bench_labels[@]}")
+  labels=(//:bigmac "$plugin_label" "${test_labels[@]}" "${bench_labels[@]}" ${pingpong_found:+"$pingpong_found"})
   echo "bundle: building ${labels[*]}"
   "${bazel[@]}" build --noshow_progress "${labels[@]}"
   bin_dir=$("${bazel[@]}" info bazel-bin 2>/dev/null)
@@ -80,6 +84,7 @@ else
   plugins=("$(path_of "$plugin_label")")
   for label in "${test_labels[@]}"; do gpu_tests+=("$(path_of "$label")"); done
   for label in "${bench_labels[@]}"; do gemm_peak=$(path_of "$label"); done
+  if [[ -n "$pingpong_found" ]]; then pingpong=$(path_of "$pingpong_found"); fi
 fi
 
 if ((${#corpus[@]} == 0)); then
@@ -87,7 +92,7 @@ if ((${#corpus[@]} == 0)); then
   mapfile -t corpus < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
   ((${#corpus[@]})) || die "no corpus: install the fortunes package (launch/setup.sh) or pass --corpus"
 fi
-for file in "$bigmac" "${plugins[@]}" "${gpu_tests[@]}" ${gemm_peak:+"$gemm_peak"}; do
+for file in "$bigmac" "${plugins[@]}" "${gpu_tests[@]}" ${gemm_peak:+"$gemm_peak"} ${pingpong:+"$pingpong"}; do
   [[ -f "$file" ]] || die "missing input file $file"
 done
 command -v patchelf >/dev/null || die "patchelf is missing (launch/setup.sh installs it)"
@@ -127,6 +132,7 @@ for launcher in bigmac mpirun mpiexec orterun ompi_info; do
 done
 install -m 0644 "$repo/launch/bundle/env.sh" "$stage/bin/env.sh"
 if [[ -n "$gemm_peak" ]]; then copy "$gemm_peak" "$stage/bin"; fi
+if [[ -n "$pingpong" ]]; then copy "$pingpong" "$stage/bin"; fi
 for file in "${gpu_tests[@]}"; do copy "$file" "$stage/tests"; done
 for file in "${plugins[@]}"; do copy "$file" "$stage/plugins"; done
 
@@ -213,6 +219,7 @@ if [[ -n "$(git -C "$repo" status --porcelain 2>/dev/null)" ]]; then revision+="
   echo "open_mpi=$(ompi_info --version 2>/dev/null | sed -n 's/^Open MPI v//p')"
   echo "gpu_tests=$(find "$stage/tests" -type f -printf '%f\n' | sort | paste -sd' ' -)"
   echo "gemm_peak=${gemm_peak:+bin/${gemm_peak##*/}}"
+  echo "pingpong=${pingpong:+bin/${pingpong##*/}}"
   echo "openmpi_components_left_out=${left_out[*]}"
   echo "libraries_carried=$(printf '%s\n' "${!carried[@]}" | sort | paste -sd' ' -)"
   echo "libraries_from_the_machine=${BUNDLE_GLIBC_NAMES[*]} ${BUNDLE_CUDA_NAMES[*]}"
@@ -231,7 +238,7 @@ unpacked=$(du -sb "$stage" | awk '{ print $1 }')
 files=$(find "$stage" -type f | wc -l)
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 echo "bundle: $out: $(mib "$bytes") MiB compressed ($(mib "$unpacked") MiB unpacked, $files files); revision $revision; needs glibc >= $glibc_required"
-echo "bundle: GPU tests: $(sed -n 's/^gpu_tests=//p' "$stage/MANIFEST.txt")${gemm_peak:+; bin/${gemm_peak##*/}}"
+echo "bundle: GPU tests: $(sed -n 's/^gpu_tests=//p' "$stage/MANIFEST.txt")${gemm_peak:+; bin/${gemm_peak##*/}}${pingpong:+; bin/${pingpong##*/}}"
 if ((bytes > max_mib * 1048576)); then
   die "the bundle is $(mib "$bytes") MiB, over the ${max_mib} MiB limit (it must fit beside the repo in the device tool's 64 MiB)"
 fi

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU machine's check, in one go and under 8 minutes (docs/gpu.md): run from an unpacked
 # bundle (launch/bundle.sh), it prints what it found (GPU, driver, glibc, which CUDA libraries it
-# loads from where), runs every GPU test binary, compares tiny-model losses GPU vs CPU (fp32 and
-# bf16), trains pp=2 as two ranks on the one GPU against pp=1, measures GPT-2 124M (tokens/s, step
-# time, peak memory, MFU against the GEMM peak measured here and against 989 TFLOP/s), and runs the
-# tiny model under CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer. Every step has a timeout; a failed
-# step does not stop the others. The last lines are a table (check | result | numbers); the exit
-# code is 1 if any check failed.
+# loads from where), runs every GPU test binary, a 2-rank transport ping-pong (NCCL where there
+# are two GPUs; MPI staged through pinned host memory with both ranks on one GPU), compares
+# tiny-model losses GPU vs CPU (fp32 and bf16), trains pp=2 as two ranks on the one GPU against
+# pp=1, measures GPT-2 124M (tokens/s, step time, peak memory, MFU against the GEMM peak measured
+# here and against 989 TFLOP/s), and runs the tiny model under CUDA_LAUNCH_BLOCKING=1 and
+# compute-sanitizer. Every step has a timeout; a failed step does not stop the others. The last
+# lines are a table (check | result | numbers); the exit code is 1 if any check failed.
 #
 #   mkdir -p /tmp/b && tar xzf out/bigmac-bundle.tar.gz -C /tmp/b && /tmp/b/launch/device_check.sh "$OUT"
 #
@@ -286,6 +287,45 @@ for test_binary in "$bundle"/tests/*; do
   fi
 done
 
+# ---- 3b. the transport: two ranks, checksums (bin/nccl_pingpong, docs/transport.md) ------------
+# NCCL needs a GPU per rank (it refuses two ranks on one GPU): with one GPU its row is a SKIP that
+# says so. The staged row puts both ranks on GPU 0, where device.transport=auto must choose MPI
+# staged through pinned host memory (the CPU smoke run stages the CPU device's tensors instead).
+pingpong_bin=$bundle/bin/nccl_pingpong
+mpirun2=(mpirun -np 2 --oversubscribe --bind-to none -x LD_LIBRARY_PATH)
+pingpong_row() { # pingpong_row CHECK STEP [TEXT the rank-0 line must hold]
+  local verdict line  # not "numbers": record appends to that global
+  verdict=$(sed -n 's/^pingpong: \(PASS\|FAIL\|SKIPPED\)/\1/p' "$2.log" | tail -1 || true)
+  line=$(sed -n 's/^pingpong: rank 0 //p' "$2.log" | head -1 | cut -c1-400 || true)
+  if [[ "$verdict" == PASS* && $rc == 0 && "$line" == *"${3:-}"* ]]; then
+    record "$1" PASS "$line"
+  elif [[ "$verdict" == SKIPPED* && $rc == 0 ]]; then
+    verdict=${verdict#SKIPPED (}
+    record "$1" SKIP "${verdict%)}"
+  elif [[ "$verdict" == PASS* && $rc == 0 ]]; then
+    record "$1" FAIL "expected '$3' in: $line"
+  else
+    record "$1" FAIL "$(reason "$2" "$rc")${line:+; $line}"
+  fi
+}
+if [[ ! -x "$pingpong_bin" ]]; then
+  record "nccl ping-pong 2 ranks" SKIP "no bin/nccl_pingpong in this bundle"
+  record "staged ping-pong 2 ranks on 1 GPU" SKIP "no bin/nccl_pingpong in this bundle"
+else
+  if [[ "$backend" == cuda ]]; then
+    run_step pingpong_nccl 60 "${bx[@]}" "${mpirun2[@]}" "$pingpong_bin" --transport nccl --iterations 200
+    pingpong_row "nccl ping-pong 2 ranks" pingpong_nccl "transport=nccl"
+    run_step pingpong_staged 60 "${bx[@]}" BIGMAC_SHARE_DEVICES=1 CUDA_VISIBLE_DEVICES=0 "${mpirun2[@]}" \
+      -x BIGMAC_SHARE_DEVICES -x CUDA_VISIBLE_DEVICES "$pingpong_bin" --transport auto --iterations 200
+    pingpong_row "staged ping-pong 2 ranks on 1 GPU" pingpong_staged "transport=mpi-staged (2 ranks share cuda:0)"
+  else
+    record "nccl ping-pong 2 ranks" SKIP "backend $backend: NCCL moves GPU memory"
+    run_step pingpong_staged 60 "${bx[@]}" "${mpirun2[@]}" "$pingpong_bin" --backend cpu --transport mpi \
+      --stage-host --iterations 200
+    pingpong_row "staged ping-pong 2 ranks on 1 GPU" pingpong_staged "transport=mpi"
+  fi
+fi
+
 # ---- 4. tiny model: GPU vs CPU, fp32 and bf16 --------------------------------------------------
 tiny=(train --config "$bundle/configs/tiny.yaml" --set "data.dir=$bundle/data/tiny"
   --set "train.max_steps=$steps" --set train.log_interval=1 --set train.eval_batches=2)
@@ -327,6 +367,16 @@ rc_cpu_fp32=$rc
 train_run gpu_fp32 90 "$backend" fp32
 rc_gpu_fp32=$rc
 loss_check "tiny fp32 gpu vs cpu" gpu_fp32 cpu_fp32 "$tol_fp32" "$rc_gpu_fp32" "$rc_cpu_fp32"
+# The trace's device tracks (CUDA events, docs/gpu.md): the GPU run's trace.json must have them.
+if [[ "$backend" == cuda ]]; then
+  device_spans=$(grep -o '"cat":"device_compute"' run_gpu_fp32/trace.json 2>/dev/null | wc -l || true)
+  if ((rc_gpu_fp32 == 0)) && grep -q 'device: compute stream' run_gpu_fp32/trace.json 2>/dev/null &&
+    ((device_spans > 0)); then
+    record "trace device tracks" PASS "$device_spans device_compute spans in run_gpu_fp32/trace.json"
+  else
+    record "trace device tracks" FAIL "no 'device: compute stream' spans in run_gpu_fp32/trace.json"
+  fi
+fi
 train_run cpu_bf16 90 cpu bf16
 rc_cpu_bf16=$rc
 train_run gpu_bf16 90 "$backend" bf16
@@ -339,6 +389,7 @@ run_step gpu_pp2 120 "${bx[@]}" BIGMAC_SHARE_DEVICES=1 mpirun -np 2 --oversubscr
   -x BIGMAC_SHARE_DEVICES -x LD_LIBRARY_PATH bigmac "${tiny[@]}" --set parallel.pp_size=2 \
   --set "device.backend=$backend" --set precision.dtype=fp32 --set "train.output_dir=$logs/run_gpu_pp2"
 rc_pp2=$rc
+say "device_check: pp=2 ran with $(grep -o 'transport=[^|]*' gpu_pp2.log | sort -u | paste -sd';' - || true)"
 loss_check "tiny pp=2 vs pp=1 gpu fp32" gpu_pp2 gpu_fp32 "$tol_pp" "$rc_pp2" "$rc_gpu_fp32"
 
 # ---- 6. GPT-2 124M: throughput, memory, MFU ----------------------------------------------------

@@ -49,7 +49,8 @@ const RunResult& Assembly() {
     return RunCommand(Runfile("launch/bundle.sh") + " --assemble " + TempDir() +
                           "/bigmac-bundle.tar.gz --bigmac " + Runfile("bigmac") + " --plugin " +
                           Runfile("plugins/examples/rms_swiglu/librms_swiglu.so") + " --gpu-test " +
-                          Runfile("tests/cuda_test") + " --corpus " + corpus,
+                          Runfile("tests/cuda_test") + " --pingpong " +
+                          Runfile("tests/nccl_pingpong") + " --corpus " + corpus,
                       400);
   }();
   return result;
@@ -274,9 +275,10 @@ TEST(Bundle, DeviceCheckSmokeRunOnTheCpu) {
   const size_t table = r.output.rfind("\ncheck ");
   ASSERT_NE(table, std::string::npos) << r.output;
   const std::string tail = r.output.substr(table);
-  for (const char* row : {"machine ", "libraries ", "cuda_test ", "tiny fp32 gpu vs cpu ",
-                          "tiny bf16 gpu vs cpu ", "tiny pp=2 vs pp=1 gpu fp32 ",
-                          "gpt2 \\(2-layer smoke, cpu\\) ", "tiny CUDA_LAUNCH_BLOCKING=1 "}) {
+  for (const char* row :
+       {"machine ", "libraries ", "cuda_test ", "tiny fp32 gpu vs cpu ", "tiny bf16 gpu vs cpu ",
+        "tiny pp=2 vs pp=1 gpu fp32 ", "gpt2 \\(2-layer smoke, cpu\\) ",
+        "tiny CUDA_LAUNCH_BLOCKING=1 ", "staged ping-pong 2 ranks on 1 GPU "}) {
     std::smatch match;
     EXPECT_TRUE(std::regex_search(tail, match, std::regex(std::string("\n") + row + " *\\| PASS ")))
         << "no PASS row '" << row << "' in:\n"
@@ -284,6 +286,9 @@ TEST(Bundle, DeviceCheckSmokeRunOnTheCpu) {
   }
   ExpectContains(tail, "steps=5 bitwise");  // pp=2 against pp=1, and cpu against cpu
   ExpectContains(tail, "tok/s");
+  // The transport rows: NCCL needs GPUs; the staged path's checksums on the CPU device.
+  ExpectContains(tail, "| SKIP   | backend cpu: NCCL moves GPU memory");
+  ExpectContains(tail, "exchange: 4/4 checksums ok");
   // Few files come back from the device tool: the log, the table, the logs' archive.
   const RunResult files = RunCommand("ls " + out, 10);
   EXPECT_EQ(files.output, "device_check.log\nlogs.tar.gz\nsummary.txt\n");

@@ -1,6 +1,7 @@
 // Config loading, merge precedence, provenance and the start-up constraint table.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -393,10 +394,88 @@ const InvalidCase kInvalidCases[] = {
      true,
      ".textproto"},
     {"top_level_unknown", "bogus: 1\n", {}, 8, "unknown section 'bogus'", true},
+    // The transport is how the ranks connect: the launcher's to write (BIGMAC_TRANSPORT).
+    {"transport_in_file",
+     "device:\n  transport: nccl\n",
+     {},
+     8,
+     "transport_in_file.yaml:15: 'device.transport' belongs to the launch layer (how many "
+     "processes, which "
+     "devices, how they connect): the launcher sets it as BIGMAC_TRANSPORT=auto|nccl|mpi "
+     "(bigmac-mpirun --transport VALUE, or `export BIGMAC_TRANSPORT=VALUE` in a batch script), "
+     "never the config file or --set"},
+    {"transport_set",
+     "",
+     {"device.transport=mpi"},
+     8,
+     "--set device.transport: 'device.transport' belongs to the launch layer"},
+    {"transport_wrong_section",
+     "",
+     {"parallel.transport=nccl"},
+     8,
+     "--set parallel.transport: 'device.transport' belongs to the launch layer"},
+    {"transport_textproto",
+     "device { transport: \"nccl\" }\n",
+     {},
+     8,
+     "transport_textproto.textproto:1: 'device.transport' belongs to the launch layer",
+     true,
+     ".textproto"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Table, InvalidConfigTest, ::testing::ValuesIn(kInvalidCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Launch-layer keys come from the launcher's environment, with it as their source.
+LoadedConfig LoadWithEnv(const std::vector<std::string>& sets,
+                         const std::map<std::string, std::string>& env) {
+  return LoadConfig(WriteTempFile("env.yaml", kBase), sets, [&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(ConfigLaunch, TransportComesFromTheLauncherWithItsSource) {
+  LoadedConfig loaded = LoadWithEnv({}, {});
+  EXPECT_EQ(loaded.values.device().transport(), "auto");
+  EXPECT_EQ(loaded.sources.Get("device.transport").ToString(), "default");
+  loaded = LoadWithEnv({}, {{"BIGMAC_TRANSPORT", ""}});  // empty counts as unset
+  EXPECT_EQ(loaded.values.device().transport(), "auto");
+  loaded = LoadWithEnv({"device.backend=cuda"}, {{"BIGMAC_TRANSPORT", "nccl"}});
+  EXPECT_EQ(loaded.values.device().transport(), "nccl");
+  EXPECT_EQ(loaded.sources.Get("device.transport").ToString(), "launch: BIGMAC_TRANSPORT");
+  const ResolvedConfig resolved = Resolve(std::move(loaded), 8, "mpirun");
+  const std::string log = Join(EffectiveConfigLines(resolved));
+  EXPECT_NE(log.find("device.transport = nccl <- launch: BIGMAC_TRANSPORT [launch]"),
+            std::string::npos)
+      << log;
+  // Ranks compare the hash: a rank launched with another transport is refused.
+  EXPECT_NE(resolved.hash, Resolve(LoadWithEnv({"device.backend=cuda"}, {}), 8, "mpirun").hash);
+}
+
+TEST(ConfigLaunch, TransportValuesAreChecked) {
+  auto problems = [](const std::vector<std::string>& sets, const std::string& value) {
+    try {
+      Resolve(LoadWithEnv(sets, {{"BIGMAC_TRANSPORT", value}}), 8, "mpirun");
+    } catch (const ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(problems({}, "ncl").find("device.transport='ncl' (launch: BIGMAC_TRANSPORT) is not "
+                                     "one of: auto, nccl, mpi (did you mean 'nccl'?)"),
+            std::string::npos)
+      << problems({}, "ncl");
+  EXPECT_NE(problems({}, "nccl")
+                .find("device.transport=nccl (launch: BIGMAC_TRANSPORT) needs "
+                      "device.backend=cpu (default) to be cuda (rule: NCCL moves "
+                      "GPU memory"),
+            std::string::npos)
+      << problems({}, "nccl");
+  EXPECT_EQ(problems({"device.backend=cuda"}, "nccl"), "");
+  EXPECT_EQ(problems({}, "mpi"), "");
+  EXPECT_EQ(problems({"device.backend=cuda"}, "mpi"), "");
+}
 
 TEST(ConfigErrors, TextProtoWrongLayerNamesTheRightKey) {
   const std::string problems = Problems("parallel { layers_per_stage: 7 }\n", {}, 1, "w.textproto");

@@ -42,6 +42,18 @@ TEST(MpirunWrapper, CoresPerRankBindAndSetThreads) {
   ExpectContains(run.output, "-x BIGMAC_SHARE_DEVICES=1");
 }
 
+// The transport is a launch-layer setting: the wrapper exports it for every rank.
+TEST(MpirunWrapper, TransportIsExported) {
+  const testutil::RunResult run =
+      RunCommand(Wrapper() + " --gpus-per-node 2 --transport=mpi --config c.yaml --print-only", 30);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  ExpectContains(run.output, "-x BIGMAC_TRANSPORT=mpi");
+  const testutil::RunResult bad = RunCommand(
+      Wrapper() + " --gpus-per-node 2 --transport gloo --config c.yaml --print-only", 30);
+  EXPECT_EQ(bad.exit_code, 2);
+  ExpectContains(bad.output, "--transport must be auto, nccl or mpi, got 'gloo'");
+}
+
 TEST(MpirunWrapper, ConfigKeysAreRefusedNamingTheirLayer) {
   const testutil::RunResult schedule =
       RunCommand(Wrapper() + " --cpu --np 4 --config c.yaml --pp-size 2 --print-only", 30);

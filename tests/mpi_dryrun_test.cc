@@ -51,7 +51,7 @@ TEST_P(DryRunLayoutTest, EveryRankPrintsItsCoordinates) {
       std::string::npos);
   const comm::Topology topology(l.ranks, l.pp, dp, l.tp);
   const std::regex line(
-      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+)/\d+(?: \(= mpirun's\))? device=cpu:(\d+) capacity=[0-9.]+ MiB \| stage (\d+): )");
+      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+) \| host=\S+ local_rank=(\d+)/\d+(?: \(= mpirun's\))? device=cpu:(\d+) capacity=[0-9.]+ MiB transport=mpi \| stage (\d+): )");
   int seen = 0;
   for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
        it != std::sregex_iterator(); ++it) {
@@ -126,6 +126,30 @@ TEST(DryRun, PpThatDoesNotDivideTheWorldNamesTheValues) {
                           "(parallel.pp_size, --set) * tp=1"),
             std::string::npos)
       << r.output;
+}
+
+// The transport is the launcher's (BIGMAC_TRANSPORT): shown with its source, checked at start-up.
+TEST(DryRun, TransportComesFromTheLaunchLineAndIsChecked) {
+  const testutil::RunResult mpi =
+      RunCommand("BIGMAC_TRANSPORT=mpi " + DryRun(2, "--set parallel.pp_size=2"), 60);
+  EXPECT_EQ(mpi.exit_code, 0) << mpi.output;
+  EXPECT_NE(mpi.output.find("device.transport = mpi <- launch: BIGMAC_TRANSPORT [launch]"),
+            std::string::npos)
+      << mpi.output;
+  EXPECT_EQ(CountOccurrences(mpi.output, " transport=mpi | stage "), 2) << mpi.output;
+  const testutil::RunResult nccl =
+      RunCommand("BIGMAC_TRANSPORT=nccl " + DryRun(2, "--set parallel.pp_size=2"), 60);
+  EXPECT_EQ(nccl.exit_code, 2) << nccl.output;
+  EXPECT_NE(nccl.output.find("device.transport=nccl (launch: BIGMAC_TRANSPORT) needs "
+                             "device.backend=cpu ("),
+            std::string::npos)
+      << nccl.output;
+  const testutil::RunResult in_file =
+      RunCommand(DryRun(2, "--set parallel.pp_size=2 --set device.transport=mpi"), 60);
+  EXPECT_EQ(in_file.exit_code, 2) << in_file.output;
+  EXPECT_NE(in_file.output.find("'device.transport' belongs to the launch layer"),
+            std::string::npos)
+      << in_file.output;
 }
 
 // MPMD: half the ranks read another config. They must refuse to run together.

@@ -23,9 +23,10 @@
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
 #include "core/comm/hang_watch.h"
-#include "core/comm/mpi_pipeline_comm.h"
 #include "core/comm/mpi_world.h"
+#include "core/comm/nccl/nccl_pipeline_comm.h"
 #include "core/comm/topology.h"
+#include "core/comm/transport.h"
 #include "core/config/effective_log.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
@@ -448,7 +449,8 @@ std::string ConfigKeysHelp() {
   const config::Config defaults;
   for (const config::KeyInfo& key : config::AllKeys()) {
     text += "  " + key.path + " = " + config::FormatValue(defaults, key) + "  [" +
-            config::LayerName(key.layer) + "] " + key.help;
+            config::LayerName(key.layer) + (key.env.empty() ? "" : ": " + key.env) + "] " +
+            key.help;
     if (!key.choices.empty()) {
       std::string choices;
       for (const std::string& choice : key.choices)
@@ -459,6 +461,7 @@ std::string ConfigKeysHelp() {
   }
   text +=
       "Launch layer (never in the config): the rank count comes from mpirun -np / sbatch;\n"
+      "[launch: VAR] keys are set by the launcher as that environment variable;\n"
       "dp = world_size / (pp_size * tp_size) is derived, never written.";
   return text;
 }
@@ -524,6 +527,19 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     problems = {"host " + world.host() + ": " + device_error};
   }
   if (int code = AllRanksAgree(world, "device placement", problems, resolved->hash)) return code;
+  // The transport: the launch layer's device.transport against the job's GPU sharing (every rank
+  // must pick the same one).
+  comm::TransportChoice transport;
+  {
+    comm::TransportRequest request;
+    request.requested = resolved->values().device().transport();
+    request.source = resolved->sources().Get("device.transport").ToString();
+    request.backend_source = resolved->sources().Get("device.backend").ToString();
+    std::string error;
+    if (!comm::ChooseJobTransport(world, request, device, cuda_devices, &transport, &error))
+      problems = {error};
+  }
+  if (int code = AllRanksAgree(world, "transport", problems, resolved->hash)) return code;
 
   const comm::Topology topology(world.size(), resolved->pp, resolved->dp, resolved->tp);
   comm::GroupComms comms = comm::GroupComms::Create(topology, world.rank());
@@ -541,6 +557,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
         " capacity=" + memory::FormatMiB(memory::CpuCapacity(
                            resolved->values().device().memory_limit(), world.local_size()));
   }
+  placement += " " + transport.ToString();
   const std::vector<std::string> rank_lines = world.GatherToRoot(
       "[rank] " + comm::FormatRankLine(topology, resolved->partition, world.rank(), placement));
   if (world.rank() == 0) PrintLines(rank_lines);
@@ -562,9 +579,6 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   // poll briefly, leaving the core to the rank they wait for (bench/NOTES.md).
   const bool core_each =
       world.local_size() <= static_cast<int>(std::thread::hardware_concurrency());
-  std::unique_ptr<comm::PipelineComm> pipeline = comm::MakeMpiPipelineComm(
-      topology, world.rank(), comms, resolved->values().train().comm_timeout_seconds(),
-      core_each ? 2e-3 : 50e-6);
   // Hangs explained: every rank answers status requests from here on, and a wait past its
   // deadline prints the wait-for graph's verdict before the job stops (docs/reliability.md).
   std::unique_ptr<comm::HangWatch> hang_watch;
@@ -572,7 +586,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     hang_watch = comm::HangWatch::Start(topology, world.rank(), world.host(),
                                         resolved->values().train().comm_timeout_seconds());
   }
-  // The rank's device, chosen above; it outlives the training run.
+  // The rank's device, chosen above; it outlives the training run and the transport.
   std::unique_ptr<::bigmac::device::Device> rank_device;
   try {
     rank_device = MakeRankDevice(device, world.rank(), world.local_size(),
@@ -581,6 +595,21 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     problems = {error.what()};
   }
   if (int code = AllRanksAgree(world, "device set-up", problems, resolved->hash, kExitDevice))
+    return code;
+  // After the device: NCCL's communicators are created on it (collectively, under the deadline).
+  std::unique_ptr<comm::PipelineComm> pipeline;
+  int transport_code = kExitDevice;
+  try {
+    pipeline = comm::MakePipelineComm(
+        transport.kind, topology, world.rank(), comms, rank_device.get(),
+        resolved->values().train().comm_timeout_seconds(), core_each ? 2e-3 : 50e-6);
+  } catch (const ::bigmac::device::DeviceError& error) {
+    problems = {error.what()};
+  } catch (const comm::DeadlineError& error) {
+    problems = {error.what()};
+    transport_code = kExitTimeout;
+  }
+  if (int code = AllRanksAgree(world, "transport set-up", problems, resolved->hash, transport_code))
     return code;
   if (device.backend == "cuda") {
     const std::vector<std::string> lines = world.GatherToRoot(

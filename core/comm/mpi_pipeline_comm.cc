@@ -36,23 +36,109 @@ int64_t MaxMessageBytes() {
 }
 
 std::string Describe(memory::DType dtype, const std::vector<int64_t>& shape) {
-  std::string text = memory::DTypeName(dtype) + "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
+  return DescribeTensor(dtype, shape);
 }
 
-class MpiPipelineComm : public PipelineComm {
+// Host buffers for staging, from the devices' AllocateHostStaging (pinned on CUDA, where a
+// cudaHostAlloc costs far more than a message): a released buffer waits for the next message that
+// fits, and at most kKeep wait (the largest are kept).
+class StagingPool {
  public:
-  MpiPipelineComm(const Topology& topology, int world_rank, const GroupComms& comms,
-                  double deadline, double spin)
+  struct Block {
+    device::Device* device = nullptr;
+    char* data = nullptr;
+    int64_t capacity = 0;
+  };
+  // A block on loan; back to the pool when destroyed.
+  class Buffer {
+   public:
+    Buffer() = default;
+    Buffer(StagingPool* pool, Block block) : pool_(pool), block_(block) {}
+    Buffer(Buffer&& other) noexcept : pool_(other.pool_), block_(other.block_) {
+      other.pool_ = nullptr;
+    }
+    Buffer& operator=(Buffer&& other) noexcept {
+      if (this != &other) {
+        Return();
+        pool_ = other.pool_;
+        block_ = other.block_;
+        other.pool_ = nullptr;
+      }
+      return *this;
+    }
+    ~Buffer() { Return(); }
+    char* data() const { return block_.data; }
+
+   private:
+    void Return() {
+      if (pool_) pool_->Release(block_);
+      pool_ = nullptr;
+    }
+    StagingPool* pool_ = nullptr;
+    Block block_;
+  };
+
+  StagingPool() = default;
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  ~StagingPool() {
+    for (const Block& block : free_) block.device->FreeHostStaging(block.data);
+  }
+
+  Buffer Acquire(device::Device* device, int64_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->device == device && it->capacity >= bytes &&
+          (best == free_.end() || it->capacity < best->capacity)) {
+        best = it;
+      }
+    }
+    if (best != free_.end()) {
+      const Block block = *best;
+      free_.erase(best);
+      return Buffer(this, block);
+    }
+    constexpr int64_t kGrain = int64_t{64} << 10;
+    const int64_t capacity = std::max<int64_t>(kGrain, (bytes + kGrain - 1) / kGrain * kGrain);
+    Block block{device, static_cast<char*>(device->AllocateHostStaging(capacity)), capacity};
+    ++buffers_;
+    bytes_ += capacity;
+    return Buffer(this, block);
+  }
+
+  int64_t buffers() const { return buffers_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr size_t kKeep = 8;
+  void Release(const Block& block) {
+    free_.push_back(block);
+    if (free_.size() <= kKeep) return;
+    auto smallest =
+        std::min_element(free_.begin(), free_.end(),
+                         [](const Block& a, const Block& b) { return a.capacity < b.capacity; });
+    smallest->device->FreeHostStaging(smallest->data);
+    free_.erase(smallest);
+  }
+
+  std::vector<Block> free_;
+  int64_t buffers_ = 0;
+  int64_t bytes_ = 0;
+};
+
+class MpiComm : public MpiPipelineComm {
+ public:
+  MpiComm(const Topology& topology, int world_rank, const GroupComms& comms, double deadline,
+          double spin, bool stage_host_tensors)
       : topology_(topology),
         world_rank_(world_rank),
         comms_(comms),
         deadline_(deadline),
-        spin_(spin) {
+        spin_(spin),
+        stage_host_(stage_host_tensors) {
     coords_ = topology.CoordsOf(world_rank);
   }
-  ~MpiPipelineComm() override {
+  ~MpiComm() override {
     // Only on an abnormal exit are sends still in flight: MPI may still read their buffers, so
     // they are released to MPI and deliberately leaked rather than freed under it.
     for (Pending& p : pending_) {
@@ -78,20 +164,13 @@ class MpiPipelineComm : public PipelineComm {
     CountSent(tag, tensor.bytes());
     pending_.emplace_back();
     Pending& p = pending_.back();
+    p.header = HeaderOf(tensor);
     p.world_peer = PeerWorldRank(peer);
-    p.header = {kMagic,
-                static_cast<int64_t>(tensor.dtype()),
-                static_cast<int64_t>(tensor.shape().size()),
-                0,
-                0,
-                0,
-                0,
-                tensor.numel()};
-    for (size_t i = 0; i < tensor.shape().size(); ++i) p.header[3 + i] = tensor.shape()[i];
     const char* data = static_cast<const char*>(tensor.raw());
-    if (tensor.device()->backend() != device::Backend::kCpu) {
-      // Device memory goes through the host.
-      p.staging.resize(tensor.bytes());
+    const bool stage = Staged(tensor.device());
+    if (stage) {
+      // Device memory goes through the host; the tensor is free as soon as it is copied.
+      p.staging = staging_.Acquire(tensor.device(), tensor.bytes());
       tensor.CopyToHost(p.staging.data());
       data = p.staging.data();
     }
@@ -104,9 +183,59 @@ class MpiPipelineComm : public PipelineComm {
       MPI_Isend(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, comms_.pp,
                 &p.requests.back());
     }
-    p.tensor = std::move(tensor);
+    if (!stage) p.tensor = std::move(tensor);
     Reap();
   }
+
+  void SendHeader(const memory::Tensor& tensor, int peer, int tag) override {
+    if (tensor.shape().size() > 4)
+      throw TransportError("tensors of more than 4 dimensions cannot be sent");
+    pending_.emplace_back();
+    Pending& p = pending_.back();
+    p.header = HeaderOf(tensor);
+    p.world_peer = PeerWorldRank(peer);
+    p.requests.emplace_back();
+    MPI_Isend(p.header.data(), static_cast<int>(sizeof(int64_t) * kHeaderWords), MPI_BYTE, peer,
+              tag, comms_.pp, &p.requests.back());
+    Reap();
+  }
+
+  MessageHeader ReceiveNextHeader(int peer, const std::string& what) override {
+    const std::string from = what + " from pp rank " + std::to_string(peer);
+    const progress::WaitScope waiting(
+        {progress::WaitKind::kReceive, what, "pp", "", -1, {PeerWorldRank(peer)}});
+    const MPI_Status status = Probe(peer, MPI_ANY_TAG, from);
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    std::vector<char> buffer(std::max(bytes, 1));
+    MPI_Request request;
+    MPI_Irecv(buffer.data(), bytes, MPI_BYTE, peer, status.MPI_TAG, comms_.pp, &request);
+    Complete(&request, from + " (receiving the matched header)");
+    int64_t header[kHeaderWords] = {};
+    if (bytes == static_cast<int>(sizeof(header))) std::memcpy(header, buffer.data(), bytes);
+    if (bytes != static_cast<int>(sizeof(header)) || header[0] != kMagic || header[2] < 0 ||
+        header[2] > 4) {
+      throw TransportError(from + ": got a malformed header (" + std::to_string(bytes) +
+                           " bytes, tag " + std::to_string(status.MPI_TAG) + ")");
+    }
+    MessageHeader result;
+    result.tag = status.MPI_TAG;
+    result.dtype = static_cast<memory::DType>(header[1]);
+    for (int i = 0; i < header[2]; ++i) result.shape.push_back(header[3 + i]);
+    result.numel = header[7];
+    return result;
+  }
+
+  void Wait(const std::string& what, const std::function<bool()>& ready) override {
+    WaitUntil(what, [&] {
+      if (ready()) return true;
+      Reap();  // MPI progresses only inside MPI calls: the headers in flight go out meanwhile
+      return false;
+    });
+  }
+
+  int64_t staging_buffers() const override { return staging_.buffers(); }
+  int64_t staging_bytes() const override { return staging_.bytes(); }
 
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override {
@@ -117,13 +246,7 @@ class MpiPipelineComm : public PipelineComm {
                                        Describe(dtype, shape),
                                        tag,
                                        {PeerWorldRank(peer)}});
-    MPI_Status status;
-    Wait(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
-      int found = 0;
-      MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
-      Reap();
-      return found != 0;
-    });
+    MPI_Status status = Probe(peer, tag, from);
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
     int64_t header[kHeaderWords] = {};
@@ -151,10 +274,11 @@ class MpiPipelineComm : public PipelineComm {
           std::to_string(bytes) + " bytes)");
     }
     memory::Tensor tensor(device, shape, dtype);
-    std::vector<char> staging;
+    StagingPool::Buffer staging;
     char* data = static_cast<char*>(tensor.raw());
-    if (device->backend() != device::Backend::kCpu) {
-      staging.resize(tensor.bytes());
+    const bool stage = Staged(device);
+    if (stage) {
+      staging = staging_.Acquire(device, tensor.bytes());
       data = staging.data();
     }
     for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
@@ -162,7 +286,11 @@ class MpiPipelineComm : public PipelineComm {
       MPI_Irecv(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, comms_.pp, &request);
       Complete(&request, from + " (its data)");
     }
-    if (!staging.empty()) tensor.CopyFromHost(staging.data());
+    if (stage) {
+      tensor.CopyFromHost(staging.data());
+      // A copy from pinned memory may still be reading it: done before the buffer is reused.
+      if (device->host_staging_pinned()) device->Synchronize();
+    }
     return tensor;
   }
 
@@ -170,7 +298,7 @@ class MpiPipelineComm : public PipelineComm {
     const std::string what = "delivery of " + std::to_string(pending_.size()) + " sent message(s)";
     const progress::WaitScope waiting(
         {progress::WaitKind::kSends, what, "pp", "", -1, PendingPeers()});
-    Wait(what, [&] {
+    WaitUntil(what, [&] {
       Reap();
       return pending_.empty();
     });
@@ -197,13 +325,15 @@ class MpiPipelineComm : public PipelineComm {
         dtype != memory::DType::kBF16) {
       throw TransportError(what + ": cannot sum " + memory::DTypeName(dtype) + " tensors");
     }
-    // MPI sums f32 and f64 in host memory; bf16 is summed in f32, device memory is staged.
+    // MPI sums f32 and f64 in host memory; bf16 is summed in f32, device memory is staged
+    // through the pool (pinned on CUDA).
     r.wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
     void* data = tensor->raw();
-    if (dtype == memory::DType::kBF16 || tensor->device()->backend() != device::Backend::kCpu) {
+    if (dtype == memory::DType::kBF16 || Staged(tensor->device())) {
       memory::Tensor host_copy(tensor->device(), tensor->shape(), r.wide);
       host_copy.ConvertFrom(*tensor);
-      r.staging.resize(host_copy.bytes());
+      r.staging = staging_.Acquire(tensor->device(), host_copy.bytes());
+      r.staged = true;
       host_copy.CopyToHost(r.staging.data());
       data = r.staging.data();
     }
@@ -246,12 +376,12 @@ class MpiPipelineComm : public PipelineComm {
       const size_t waiting_for = first;
       const progress::WaitScope waiting(
           {progress::WaitKind::kCollective, reductions_[waiting_for].what, "dp"});
-      Wait(reductions_[waiting_for].what + " (reduction " + std::to_string(waiting_for + 1) +
-               " of " + std::to_string(reductions_.size()) + " started this step)",
-           [&] {
-             Reap();
-             return Test(&reductions_[waiting_for]);
-           });
+      WaitUntil(reductions_[waiting_for].what + " (reduction " + std::to_string(waiting_for + 1) +
+                    " of " + std::to_string(reductions_.size()) + " started this step)",
+                [&] {
+                  Reap();
+                  return Test(&reductions_[waiting_for]);
+                });
     }
     reductions_.clear();
   }
@@ -324,17 +454,49 @@ class MpiPipelineComm : public PipelineComm {
   struct Pending {
     std::array<int64_t, kHeaderWords> header{};
     memory::Tensor tensor;
-    std::vector<char> staging;
+    StagingPool::Buffer staging;
     std::vector<MPI_Request> requests;
     int world_peer = -1;
   };
+
+  static std::array<int64_t, kHeaderWords> HeaderOf(const memory::Tensor& tensor) {
+    std::array<int64_t, kHeaderWords> header = {kMagic,
+                                                static_cast<int64_t>(tensor.dtype()),
+                                                static_cast<int64_t>(tensor.shape().size()),
+                                                0,
+                                                0,
+                                                0,
+                                                0,
+                                                tensor.numel()};
+    for (size_t i = 0; i < tensor.shape().size(); ++i) header[3 + i] = tensor.shape()[i];
+    return header;
+  }
+
+  // Device memory always goes through host buffers; host memory when the tests ask for it.
+  bool Staged(const device::Device* device) const {
+    return stage_host_ || device->backend() != device::Backend::kCpu;
+  }
+
+  // Waits (with the deadline) until a message from pp rank `peer` with `tag` (or MPI_ANY_TAG)
+  // can be received.
+  MPI_Status Probe(int peer, int tag, const std::string& from) {
+    MPI_Status status;
+    WaitUntil(from + " (world rank " + std::to_string(PeerWorldRank(peer)) + ")", [&] {
+      int found = 0;
+      MPI_Iprobe(peer, tag, comms_.pp, &found, &status);
+      Reap();
+      return found != 0;
+    });
+    return status;
+  }
 
   // One non-blocking dp reduction: the tensor summed in place, or its host staging copy.
   struct Reduction {
     memory::Tensor* tensor = nullptr;
     std::string what;
     memory::DType wide = memory::DType::kF32;
-    std::vector<char> staging;  // bf16 widened to f32, or device memory: copied back when done
+    StagingPool::Buffer staging;  // bf16 widened to f32, or device memory: copied back when done
+    bool staged = false;
     std::vector<MPI_Request> requests;
     bool done = false;
   };
@@ -346,11 +508,14 @@ class MpiPipelineComm : public PipelineComm {
     MPI_Testall(static_cast<int>(r->requests.size()), r->requests.data(), &complete,
                 MPI_STATUSES_IGNORE);
     if (!complete) return false;
-    if (!r->staging.empty()) {
+    if (r->staged) {
       memory::Tensor wide(r->tensor->device(), r->tensor->shape(), r->wide);
       wide.CopyFromHost(r->staging.data());
       r->tensor->ConvertFrom(wide);
+      // A copy from pinned memory may still be reading it: done before the buffer is reused.
+      if (r->tensor->device()->host_staging_pinned()) r->tensor->device()->Synchronize();
       r->staging = {};
+      r->staged = false;
     }
     r->done = true;
     return true;
@@ -383,7 +548,7 @@ class MpiPipelineComm : public PipelineComm {
 
   // Waits for a non-blocking collective, with the deadline.
   void Complete(MPI_Request* request, const std::string& what) {
-    Wait(what, [&] {
+    WaitUntil(what, [&] {
       int done = 0;
       MPI_Test(request, &done, MPI_STATUS_IGNORE);
       Reap();
@@ -406,7 +571,7 @@ class MpiPipelineComm : public PipelineComm {
   // core still gets it); then it sleeps, backing off to 200 us, so a long wait leaves the CPU to
   // the ranks it waits for. (A fixed back-off to 1 ms cost up to 1 ms per receive: bench/NOTES.md.)
   template <typename Ready>
-  void Wait(const std::string& what, Ready ready) {
+  void WaitUntil(const std::string& what, Ready ready) {
     const auto start = std::chrono::steady_clock::now();
     // Shows in the hang report where the caller did not describe the wait.
     const progress::WaitScope waiting({progress::WaitKind::kCollective, what});
@@ -438,19 +603,22 @@ class MpiPipelineComm : public PipelineComm {
   GroupComms comms_;
   double deadline_;
   double spin_;
+  bool stage_host_;
   Coords coords_;
   const int64_t max_message_bytes_ = MaxMessageBytes();
+  StagingPool staging_;  // before pending_, whose buffers return to it
   std::list<Pending> pending_;
   std::vector<Reduction> reductions_;  // started since the last WaitAllReduces
 };
 
 }  // namespace
 
-std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
-                                                  const GroupComms& comms, double deadline_seconds,
-                                                  double spin_seconds) {
-  return std::make_unique<MpiPipelineComm>(topology, world_rank, comms, deadline_seconds,
-                                           spin_seconds);
+std::unique_ptr<MpiPipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
+                                                     const GroupComms& comms,
+                                                     double deadline_seconds, double spin_seconds,
+                                                     bool stage_host_tensors) {
+  return std::make_unique<MpiComm>(topology, world_rank, comms, deadline_seconds, spin_seconds,
+                                   stage_host_tensors);
 }
 
 }  // namespace bigmac::comm

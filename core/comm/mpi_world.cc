@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace bigmac::comm {
@@ -101,6 +102,21 @@ std::vector<std::string> GatherStringsToRoot(const std::string& text, MPI_Comm c
   std::vector<std::string> texts;
   for (size_t i = 0; i < lengths.size(); ++i) texts.push_back(all.substr(offsets[i], lengths[i]));
   return texts;
+}
+
+bool ChooseJobTransport(const MpiWorld& world, TransportRequest request,
+                        const DevicePlacement& placement, int cuda_device_count,
+                        TransportChoice* choice, std::string* error) {
+  request.backend = placement.backend;
+  request.ranks_on_device =
+      placement.backend == "cuda"
+          ? RanksOnDevice(world.local_rank(), world.local_size(), cuda_device_count)
+          : 1;
+  request.max_ranks_on_device = 1;
+  for (int64_t n : world.AllGather(request.ranks_on_device))
+    request.max_ranks_on_device = std::max<int>(request.max_ranks_on_device, n);
+  request.device = placement.backend + ":" + std::to_string(placement.index);
+  return ChooseTransport(request, choice, error);
 }
 
 GroupComms GroupComms::Create(const Topology& topology, int rank) {

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/device.h"
 #include "core/comm/topology.h"
+#include "core/comm/transport.h"
 
 namespace bigmac::comm {
 
@@ -47,6 +49,15 @@ class MpiWorld {
 // of the two non-blocking collectives, so callers choose a plain wait or one with a deadline.
 std::vector<std::string> GatherStringsToRoot(const std::string& text, MPI_Comm comm,
                                              const std::function<void(MPI_Request*)>& complete);
+
+// ChooseTransport for this rank, with the job's sharing filled into `request` (its requested
+// value, backend and their sources set by the caller): how many local ranks share this rank's
+// device (`placement` from ChooseDevice over `cuda_device_count` devices), and the most any GPU of
+// the job carries. Collective over MPI_COMM_WORLD (call it on every rank after DiscoverNode), so
+// every rank picks the same transport.
+bool ChooseJobTransport(const MpiWorld& world, TransportRequest request,
+                        const DevicePlacement& placement, int cuda_device_count,
+                        TransportChoice* choice, std::string* error);
 
 // One communicator per group of the topology (MPI_COMM_NULL for a middle stage's tied group).
 struct GroupComms {

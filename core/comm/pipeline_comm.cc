@@ -4,6 +4,12 @@
 
 namespace bigmac::comm {
 
+std::string DescribeTensor(memory::DType dtype, const std::vector<int64_t>& shape) {
+  std::string text = memory::DTypeName(dtype) + "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 int ActivationTag(int stage, int microbatch) { return (stage % 32) * 256 + microbatch % 256; }
 int GradientTag(int stage, int microbatch) { return (32 + stage % 32) * 256 + microbatch % 256; }
 

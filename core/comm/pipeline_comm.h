@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/device_spans.h"
 #include "core/memory/tensor.h"
 
 namespace bigmac::comm {
@@ -25,6 +26,9 @@ class DeadlineError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// "bf16[4, 64, 128]": a tensor's dtype and shape, as transport errors print them.
+std::string DescribeTensor(memory::DType dtype, const std::vector<int64_t>& shape);
 
 // Message tags: activations and gradients by (stage, micro-batch), and the tied weight's exchange.
 // Tags stay below 32768 (MPI guarantees no more); equal tags between one pair of ranks are matched
@@ -54,7 +58,8 @@ struct Incoming {
 
 // What the executor needs from the machines: point-to-point tensors within one pipeline (peers are
 // pp ranks), reductions over the data-parallel group and the pipeline, and a little gathering for
-// logs. Implementations: MPI (MakeMpiPipelineComm; device memory is staged through the host) and
+// logs. Implementations: MPI (MakeMpiPipelineComm; device memory is staged through pinned host
+// buffers), NCCL (core/comm/nccl: device memory over NCCL, headers over MPI; docs/transport.md) and
 // a single-process one (MakeLocalPipelineComm) for one rank without MPI. Tensors of any dtype
 // travel; the receiver states the dtype it expects. The devices outlive the transport.
 class PipelineComm {
@@ -111,6 +116,9 @@ class PipelineComm {
   // Moves messages in flight along without blocking (MPI needs calls into it to progress a
   // rendezvous send or a collective); the executor calls it between actions. Default: nothing.
   virtual void Progress() {}
+  // Where a transport with streams of its own (NCCL) times its operations on them, for the
+  // trace's device track (null: nowhere). `spans` outlives the transport's use of it.
+  virtual void set_device_spans(device::DeviceSpans* /*spans*/) {}
   virtual double AllReduceSumPp(double value) = 0;
   virtual double SumToRoot(double value) = 0;  // over all ranks; the result is valid on rank 0
   virtual double MaxToRoot(double value) = 0;

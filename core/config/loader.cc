@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <climits>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -252,6 +253,10 @@ class Loader {
       problems_.push_back(where + ": " + ExplainUnknownKey(keys_, path));
       return;
     }
+    if (key->layer == LAUNCH) {
+      problems_.push_back(where + ": " + LaunchKeyRule(*key));
+      return;
+    }
     YAML::Node value;
     try {
       // `--set train.output_dir=` is the empty string the help offers ("empty: not written"); YAML
@@ -264,6 +269,21 @@ class Loader {
       return;
     }
     SetLeaf(*key, value, where, Source::Override());
+  }
+
+  // Launch-layer keys: the variable the launcher set, if any (an empty one counts as unset).
+  void ApplyLaunchEnvironment(const LaunchEnv& env) {
+    for (const KeyInfo& key : keys_) {
+      if (key.layer != LAUNCH || key.env.empty()) continue;
+      const char* text = env ? env(key.env.c_str()) : nullptr;
+      if (text == nullptr || *text == '\0') continue;
+      Message* parent = LeafParent(&out_->values, key);
+      if (std::string error = StoreScalar(parent, key.field(), text); !error.empty()) {
+        problems_.push_back(key.env + "=" + text + " (launch, for " + key.path + "): " + error);
+        continue;
+      }
+      out_->sources.Set(key.path, Source::Launch(key.env));
+    }
   }
 
   std::vector<std::string>& problems() { return problems_; }
@@ -325,7 +345,9 @@ class Loader {
                             std::to_string(it->second) + "); keep one");
         continue;
       }
-      if (const KeyInfo* key = FindKey(keys_, path)) {
+      if (const KeyInfo* key = FindKey(keys_, path); key && key->layer == LAUNCH) {
+        problems_.push_back(where + ": " + LaunchKeyRule(*key));
+      } else if (key) {
         if (std::string open = UnclosedQuote(entry.second); !open.empty()) {
           problems_.push_back(file + ":" + open + ": " + path +
                               ": a quoted value must close on its line (an unterminated quote?)");
@@ -502,6 +524,10 @@ class Loader {
         continue;
       }
       const int line = tree ? tree->GetLocation(field, field->is_repeated() ? 0 : -1).line + 1 : 0;
+      if (key.layer == LAUNCH) {
+        problems_.push_back(file + ":" + std::to_string(line) + ": " + LaunchKeyRule(key));
+        continue;
+      }
       out_->sources.Set(key.path, Source::File(file, line));
     }
   }
@@ -515,12 +541,18 @@ class Loader {
 }  // namespace
 
 LoadedConfig LoadConfig(const std::string& file, const std::vector<std::string>& overrides) {
+  return LoadConfig(file, overrides, [](const char* name) { return std::getenv(name); });
+}
+
+LoadedConfig LoadConfig(const std::string& file, const std::vector<std::string>& overrides,
+                        const LaunchEnv& env) {
   LoadedConfig loaded;
   loaded.file = file;
   loaded.overrides = overrides;
   Loader loader(&loaded);
   if (!file.empty()) loader.LoadFile(file);
   for (const std::string& assignment : overrides) loader.ApplyOverride(assignment);
+  loader.ApplyLaunchEnvironment(env);
   if (!loader.problems().empty()) throw ConfigError(std::move(loader.problems()));
   return loaded;
 }

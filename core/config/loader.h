@@ -1,6 +1,7 @@
 #ifndef BIGMAC_CORE_CONFIG_LOADER_H_
 #define BIGMAC_CORE_CONFIG_LOADER_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,18 @@ struct LoadedConfig {
   std::vector<std::string> overrides;  // the --set arguments, in order
 };
 
+// Environment lookup (getenv, or a map in tests): null if unset.
+using LaunchEnv = std::function<const char*(const char*)>;
+
 // Loads `file` (YAML: .yaml/.yml; text proto: .textproto/.txtpb/.pbtxt) if not empty, then applies
 // each "key=value" override in order. Values in overrides are YAML, so lists read "[7,7,7,6]".
-// Throws ConfigError listing every problem found (unknown or misplaced keys, bad values, syntax).
+// Launch-layer keys (device.transport) are refused in both; their one writer is the launcher,
+// through the variable config.proto names (BIGMAC_TRANSPORT), read from the process environment
+// (or `env`) with the source "launch: VARIABLE". Throws ConfigError listing every problem found
+// (unknown or misplaced keys, bad values, syntax).
 LoadedConfig LoadConfig(const std::string& file, const std::vector<std::string>& overrides);
+LoadedConfig LoadConfig(const std::string& file, const std::vector<std::string>& overrides,
+                        const LaunchEnv& env);
 
 // "default < configs/x.yaml < --set (2 overrides)": the merge order, printed in the [cfg] log.
 std::string PrecedenceLine(const LoadedConfig& loaded);

@@ -274,6 +274,12 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
   check_range("optim.weight_decay", optim.weight_decay(), 0, false, 1e9, false, ">= 0");
   check_range("optim.grad_clip", optim.grad_clip(), 0, false, 1e18, false,
               ">= 0 (0 turns clipping off)");
+  if (values.device().transport() == "nccl" && values.device().backend() != "cuda") {
+    problems.push_back(describe("device.transport", values.device().transport()) + " needs " +
+                       describe("device.backend", values.device().backend()) +
+                       " to be cuda (rule: NCCL moves GPU memory; the cpu backend's tensors "
+                       "travel over MPI: set BIGMAC_TRANSPORT to auto or mpi, or unset it)");
+  }
   if (values.precision().dtype() == "fp16") {
     problems.push_back(describe("precision.dtype", values.precision().dtype()) +
                        " needs loss scaling, which BigMac does not have yet: use bf16 (fp32's "

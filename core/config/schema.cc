@@ -36,7 +36,8 @@ void CollectKeys(const Descriptor* message, const std::string& prefix,
       const auto& options = field->options();
       keys.push_back(KeyInfo{path, chain, options.GetExtension(layer), options.GetExtension(help),
                              SplitCommaList(options.GetExtension(choices)),
-                             options.HasExtension(min), options.GetExtension(min)});
+                             options.HasExtension(min), options.GetExtension(min),
+                             options.GetExtension(env)});
     }
     chain.pop_back();
   }
@@ -200,6 +201,19 @@ std::vector<std::string> Suggest(std::string_view word,
   return best;
 }
 
+std::string LaunchKeyRule(const KeyInfo& key) {
+  std::string choices;
+  for (const std::string& choice : key.choices) choices += (choices.empty() ? "" : "|") + choice;
+  const std::string value = choices.empty() ? "VALUE" : choices;
+  std::string option = LastComponent(key.path);
+  std::replace(option.begin(), option.end(), '_', '-');
+  return "'" + key.path +
+         "' belongs to the launch layer (how many processes, which devices, how they connect): "
+         "the launcher sets it as " +
+         key.env + "=" + value + " (bigmac-mpirun --" + option + " VALUE, or `export " + key.env +
+         "=VALUE` in a batch script), never the config file or --set";
+}
+
 const KeyInfo* LookupKeyName(const std::vector<KeyInfo>& keys, std::string_view name) {
   if (const KeyInfo* key = FindKey(keys, name)) return key;
   const std::string alias = ForeignAlias(std::string(name));
@@ -223,6 +237,7 @@ std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view
   }
   // The right name in the wrong section, possibly in another layer.
   for (const KeyInfo& key : keys) {
+    if (LastComponent(key.path) == name && key.layer == LAUNCH) return LaunchKeyRule(key);
     if (LastComponent(key.path) == name) {
       return quoted + " is in the wrong place: " + name + " belongs to the " +
              LayerName(key.layer) + " layer; write it as '" + key.path + "'";

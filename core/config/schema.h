@@ -21,6 +21,7 @@ struct KeyInfo {
   std::vector<std::string> choices;  // empty: any value of the field's type
   bool has_min = false;              // integers: the smallest allowed value
   int64_t min = 0;
+  std::string env;  // launch-layer keys: the environment variable the launcher sets
 
   const google::protobuf::FieldDescriptor* field() const { return chain.back(); }
 };
@@ -39,6 +40,10 @@ const KeyInfo* LookupKeyName(const std::vector<KeyInfo>& keys, std::string_view 
 // Why `path` is not a key, as one sentence: a launch-layer key, a derived value, a key written in
 // the wrong section or layer, a name from another framework, or a typo with the nearest keys.
 std::string ExplainUnknownKey(const std::vector<KeyInfo>& keys, std::string_view path);
+
+// Why a launch-layer key cannot be written in a config file or --set, as one sentence naming the
+// variable the launcher sets ("'device.transport' belongs to the launch layer ...").
+std::string LaunchKeyRule(const KeyInfo& key);
 
 // The message that holds `key`'s leaf in `values` (a default instance if a section is unset).
 const google::protobuf::Message& LeafMessage(const Config& values, const KeyInfo& key);

@@ -1,6 +1,8 @@
 // CpuDevice: host memory, and the engine's elementwise operations as OpenMP loops (static
 // schedules, no cross-thread reductions: bitwise reproducible run to run).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -163,6 +165,19 @@ class CpuDevice : public Device {
 };
 
 }  // namespace
+
+void* Device::AllocateHostStaging(int64_t bytes) {
+  // 64-byte aligned, as the allocator's blocks are.
+  const size_t size = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + 63) / 64 * 64;
+  void* host = std::aligned_alloc(64, size);
+  if (host == nullptr) {
+    throw DeviceError("cannot allocate " + std::to_string(bytes) +
+                      " bytes of host memory for staging, for " + name());
+  }
+  return host;
+}
+
+void Device::FreeHostStaging(void* host) { std::free(host); }
 
 std::string BackendName(Backend backend) { return backend == Backend::kCuda ? "cuda" : "cpu"; }
 

@@ -88,6 +88,24 @@ class Device {
   virtual void WaitEvent(Stream stream, Event event) = 0;
   virtual void DestroyEvent(Event event) = 0;
   virtual void Synchronize() = 0;  // all work issued so far has finished
+  // Timed events, for the trace's device tracks (core/device/device_spans.h): where work is
+  // asynchronous (CUDA) the host's clock times only its enqueueing, so spans are timed on the
+  // streams themselves. RecordTimedEvent records an event that keeps the time the stream reached
+  // it (the caller destroys it); ElapsedMs waits for `end` and returns the milliseconds from
+  // `start` to it. Devices without them (the CPU: work is done when its call returns) say so.
+  virtual bool has_timed_events() const { return false; }
+  virtual Event RecordTimedEvent(Stream stream) { return RecordEvent(stream); }
+  virtual double ElapsedMs(Event /*start*/, Event /*end*/) { return 0; }
+
+  // Host memory for staging transfers (the MPI transport's buffers for device tensors):
+  // page-locked on CUDA (cudaHostAlloc), so copies run at the bus's speed; ordinary memory on the
+  // CPU. Outside the allocator's capacity. A copy from it into device memory may still be running
+  // when CopyHostToDevice returns: Synchronize before writing it again. Throws DeviceError when
+  // none can be had.
+  virtual void* AllocateHostStaging(int64_t bytes);
+  virtual void FreeHostStaging(void* host);
+  // Whether AllocateHostStaging's memory is page-locked.
+  virtual bool host_staging_pinned() const { return false; }
 
   // Library handles for layers (cublasLtHandle_t, cudnnHandle_t) and a GEMM workspace; null on
   // the CPU. Plugins get them as opaque pointers.

@@ -131,7 +131,13 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
     } else {
       RecordProgress(actions, i, end, name);
       if (action_hook_) action_hook_(actions[i]);
+      const bool timed = record && device_spans_ && device_spans_->enabled();
+      const device::Event device_start = timed ? device_spans_->Mark() : device::Event{};
       RunCompute(actions[i], batch, optimizer_step, keep);
+      if (timed) {
+        device_spans_->Add(name, "device_compute", metrics::Timeline::kDeviceComputeTrack,
+                           device_start, device_spans_->Mark());
+      }
       comm_->Progress();  // sends and dp reductions in flight move on between computations
     }
     if (timeline_ && record)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/comm/pipeline_comm.h"
+#include "core/device/device_spans.h"
 #include "core/engine/dp_reduce.h"
 #include "core/engine/stage.h"
 #include "core/metrics/timeline.h"
@@ -52,6 +53,9 @@ class Executor {
 
   // Where every action's span goes (null: nowhere).
   void set_timeline(metrics::Timeline* timeline);
+  // Where compute actions are timed on the device's compute stream as well (an asynchronous
+  // device; null or disabled: nowhere). `spans` outlives the executor's use of it.
+  void set_device_spans(device::DeviceSpans* spans) { device_spans_ = spans; }
   // How ReduceDp runs: overlapped with the last flush or not, its bucket size (default: on,
   // 25 MiB).
   void set_dp_reduce(const DpReduceOptions& options);
@@ -90,6 +94,7 @@ class Executor {
   memory::Tensor loss_;                                   // f64[1]: this flush's loss sum
   memory::Tensor loss_term_;                              // f64[1]: one micro-batch's, widened
   metrics::Timeline* timeline_ = nullptr;
+  device::DeviceSpans* device_spans_ = nullptr;
   std::unique_ptr<DpReducer> dp_reducer_;
   std::function<void(const schedule::Action&)> action_hook_;
 };

@@ -20,6 +20,7 @@
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
+#include "core/device/device_spans.h"
 #include "core/engine/executor.h"
 #include "core/engine/stage.h"
 #include "core/memory/allocator.h"
@@ -162,6 +163,7 @@ class Trainer {
  public:
   Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
           const TrainOptions& options);
+  ~Trainer() { comm_.set_device_spans(nullptr); }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -200,6 +202,8 @@ class Trainer {
   const double tokens_per_step_;
   std::unique_ptr<device::Device> owned_device_;  // when the CLI passed none
   device::Device* device_;
+  // The trace's device tracks (an asynchronous device only): spans timed on the streams.
+  std::unique_ptr<device::DeviceSpans> device_spans_;
   StageOptions stage_options_;
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Executor> executor_;
@@ -283,6 +287,9 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     executor_ = std::make_unique<Executor>(stage_.get(), &comm, spec, cfg_.model().hidden_size());
   }
   executor_->set_timeline(&timeline_);
+  device_spans_ = std::make_unique<device::DeviceSpans>(device_);
+  executor_->set_device_spans(device_spans_.get());
+  comm.set_device_spans(device_spans_.get());
   DpReduceOptions dp_reduce;
   dp_reduce.overlap = cfg_.parallel().overlap_dp_reduce();
   std::string size_error;
@@ -394,6 +401,7 @@ StepOutcome Trainer::RunStep(int step) {
   const int64_t bytes_before = comm_.activation_bytes_sent();
   StepOutcome outcome;
   timeline_.set_recording(step - start_step_ < train_.trace_steps());
+  device_spans_->set_enabled(step - start_step_ < train_.trace_steps());
   timeline_.ResetWindow();
   stage_->ZeroGrads();
   double local_loss = 0;
@@ -407,6 +415,9 @@ StepOutcome Trainer::RunStep(int step) {
   comm::progress::SetAction("", "losses and metrics");
   comm_.FinishSends();
   outcome.loss = comm_.SumToRoot(local_loss);
+  // The step's work has finished: its device spans get their host times.
+  for (const device::DeviceSpans::Resolved& span : device_spans_->Resolve())
+    timeline_.Record(span.name, span.category, span.start, span.end, span.track);
   if (root_) {
     if (!std::isfinite(outcome.loss) && !outcome.skipped) {
       throw NumericalError(Format("step %d: the loss is %f", step + 1, outcome.loss));
@@ -520,6 +531,10 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
       {"dp_tied_bytes", executor_->dp_reducer().tied_bytes()},
       {"dp_buckets_overlapped", executor_->dp_reducer().started_early()},
       {"dp_reduce_inflight_ms", get("dp_reduce")},
+      // On an asynchronous device, traced steps only: the time its streams spent in the actions'
+      // work and in the transport's operations (the host's forward/backward time is enqueueing).
+      {"device_compute_ms", get("device_compute")},
+      {"device_comm_ms", get("device_comm")},
       {"peak_bytes", device_->allocator().peak_bytes()},
       {"rss_bytes", ResidentBytes()},
       {"activation_bytes_sent", outcome.activation_bytes}};

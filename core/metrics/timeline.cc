@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "nlohmann/json.hpp"
 
@@ -26,14 +27,16 @@ std::string Timeline::TraceEvents(int rank, const std::string& process_name) con
                     {"ph", "M"},
                     {"pid", rank},
                     {"args", {{"sort_index", rank}}}});
-  bool comm_track = false;
-  for (const Span& span : spans_) comm_track = comm_track || span.track == kCommTrack;
-  for (int track = kActionTrack; track <= (comm_track ? kCommTrack : kActionTrack); ++track) {
+  static constexpr const char* kTrackNames[] = {
+      "actions", "communication", "device: compute stream", "device: communication streams"};
+  std::set<int> tracks = {kActionTrack};
+  for (const Span& span : spans_) tracks.insert(span.track);
+  for (int track : tracks) {
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},
                       {"pid", rank},
                       {"tid", track},
-                      {"args", {{"name", track == kActionTrack ? "actions" : "communication"}}}});
+                      {"args", {{"name", kTrackNames[track]}}}});
   }
   for (const Span& span : spans_) {
     events.push_back({{"name", span.name},

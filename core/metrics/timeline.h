@@ -18,12 +18,18 @@ class Timeline {
   // Tracks (the trace's threads of a rank): the actions the rank runs one after the other, and
   // communication in flight beside them (a dp all-reduce bucket from its start to its
   // completion), which may overlap the actions.
+  // On an asynchronous device (CUDA) two more: the work as the device's streams ran it, timed by
+  // events (core/device/device_spans.h): the compute stream, and the transport's streams (NCCL
+  // sends, receives and the dp all-reduce), whose overlap with the compute the trace shows.
   static constexpr int kActionTrack = 0;
   static constexpr int kCommTrack = 1;
+  static constexpr int kDeviceComputeTrack = 2;
+  static constexpr int kDeviceCommTrack = 3;
 
   // Categories: "forward", "backward", "backward_input", "backward_weight", "wait" (receives),
   // "send", "tied", "allreduce" (the ReduceDp action: waiting for the dp sum), "optimizer",
-  // "eval"; on the communication track "dp_reduce" (a bucket in flight).
+  // "eval"; on the communication track "dp_reduce" (a bucket in flight); on the device tracks
+  // "device_compute" and "device_comm".
   void Record(const std::string& name, const std::string& category, Clock::time_point start,
               Clock::time_point end, int track = kActionTrack);
   void set_recording(bool on) { recording_ = on; }

@@ -2,6 +2,7 @@
 // caching allocator over cudaMalloc, and the engine's elementwise operations as kernels.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -242,6 +243,34 @@ class CudaDevice : public Device {
   void Synchronize() override {
     BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), Where("synchronize"));
   }
+  bool has_timed_events() const override { return true; }
+  Event RecordTimedEvent(Stream stream) override {
+    cudaEvent_t event = nullptr;
+    BIGMAC_CUDA_CHECK(cudaEventCreate(&event), Where("timed event"));
+    BIGMAC_CUDA_CHECK(cudaEventRecord(event, static_cast<cudaStream_t>(stream.handle)),
+                      Where("timed event"));
+    return {event};
+  }
+  double ElapsedMs(Event start, Event end) override {
+    // Events of other streams (a transport's) are waited for here: the span is over by then.
+    BIGMAC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end.handle)),
+                      Where("timed event"));
+    float ms = 0;
+    BIGMAC_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle),
+                                           static_cast<cudaEvent_t>(end.handle)),
+                      Where("timed event"));
+    return ms;
+  }
+
+  void* AllocateHostStaging(int64_t bytes) override {
+    void* host = nullptr;
+    BIGMAC_CUDA_CHECK(cudaHostAlloc(&host, static_cast<size_t>(std::max<int64_t>(bytes, 1)),
+                                    cudaHostAllocDefault),
+                      Where("pinned host staging of " + std::to_string(bytes) + " bytes"));
+    return host;
+  }
+  void FreeHostStaging(void* host) override { cudaFreeHost(host); }
+  bool host_staging_pinned() const override { return true; }
 
   void* blas_handle() override { return context_.blas_lt; }
   void* dnn_handle() override { return context_.dnn; }
