@@ -134,10 +134,10 @@ const Checkpoints& TrainedCheckpoints() {
                        " --set checkpoint.dir=" + dirs.trained,
                    240);
     EXPECT_EQ(trained.exit_code, 0) << trained.output;
-    const testutil::RunResult untrained =
-        RunCommand(train + " --set train.max_steps=1 --set optim.lr=1e-12 --set optim.min_lr=1e-12" +
-                       " --set checkpoint.dir=" + dirs.untrained,
-                   120);
+    const testutil::RunResult untrained = RunCommand(
+        train + " --set train.max_steps=1 --set optim.lr=1e-12 --set optim.min_lr=1e-12" +
+            " --set checkpoint.dir=" + dirs.untrained,
+        120);
     EXPECT_EQ(untrained.exit_code, 0) << untrained.output;
     return dirs;
   }();
