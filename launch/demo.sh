@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo: train a small character-level GPT on real English text (the fortunes corpus) on one
-# CPU rank; simulate pipeline schedules; train a 4-stage pipeline and compare it with one rank;
+# CPU rank, look at its TensorBoard file and generate text from its checkpoint; simulate pipeline schedules; train a 4-stage pipeline and compare it with one rank;
 # plan a layout, dry-run it under mpirun with 8 ranks, change a value with --set and see it in the
 # [cfg] log, and watch a bad layout get refused.
 set -euo pipefail
@@ -16,9 +16,25 @@ step "prepare the fortunes corpus (Debian package 'fortunes') as byte-level toke
 corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
 bazel-bin/bigmac data prep --input $corpus --output data/fortunes
 
-step "train configs/tiny.yaml on one rank (a few minutes on 2 cores)" \
-  bazel-bin/bigmac train --config configs/tiny.yaml
-bazel-bin/bigmac train --config configs/tiny.yaml "$@" | grep -v '^\[cfg\]   ' | tee data/demo_fp32.log
+step "train configs/tiny.yaml on one rank (a few minutes on 2 cores), with a text sample every 200 steps" \
+  bazel-bin/bigmac train --config configs/tiny.yaml --set train.sample_interval=200 --set checkpoint.dir=data/ckpt_tiny
+rm -rf data/ckpt_tiny
+bazel-bin/bigmac train --config configs/tiny.yaml --set train.sample_interval=200 \
+  --set checkpoint.dir=data/ckpt_tiny "$@" | grep -v '^\[cfg\]   ' | tee data/demo_fp32.log
+
+step "TensorBoard: the run's events file, read back with TensorBoard's own reader (tensorboard --logdir runs)" \
+  python3 tests/tensorboard_read.py runs/latest
+python3 tests/tensorboard_read.py runs/latest | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print("  runs/latest/" + d["files"][0])
+for tag, points in sorted(d["scalars"].items()):
+    print("  %-24s %4d points, last %.5g at step %d" % (tag, len(points), points[-1][1], points[-1][0]))
+print("  text summaries: " + ", ".join(sorted(d["text"])))'
+
+step "generate: text from the checkpoint the run saved (any layout loads on one rank)" \
+  bazel-bin/bigmac generate --checkpoint data/ckpt_tiny --prompt "The " --tokens 200 --seed 7
+bazel-bin/bigmac generate --checkpoint data/ckpt_tiny --prompt "The " --tokens 200 --seed 7
 
 step "the same model in bf16: fp32 masters, bf16 compute copies and activations (CPU numerics)" \
   bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=bf16

@@ -16,6 +16,7 @@ packages=(
   libcli11-dev
   nlohmann-json3-dev
   zlib1g-dev             # CRC-32 of checkpoint files
+  libisal-dev            # Intel ISA-L: CRC-32C of TensorBoard event files (TFRecord framing)
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
   patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs
@@ -50,6 +51,15 @@ cuda_home=${CUDA_HOME:-/usr/local/cuda}
 if [[ ! -x "$cuda_home/bin/nvcc" ]]; then
   echo "setup: the CUDA toolkit is missing: no $cuda_home/bin/nvcc (BigMac compiles its CUDA targets on every build)" >&2
   exit 1
+fi
+
+# TensorBoard's own event-file reader for tests/tensorboard_test (PyPI `tensorboard`, pinned), for
+# the python3 on PATH; Debian's own Python refuses pip without --break-system-packages.
+tensorboard_version=2.21.0
+if [[ "$(python3 -c 'import tensorboard; print(tensorboard.__version__)' 2>/dev/null)" != "$tensorboard_version" ]]; then
+  echo "setup: installing tensorboard $tensorboard_version (PyPI) for the TensorBoard test"
+  pip=(python3 -m pip install --quiet --disable-pip-version-check "tensorboard==$tensorboard_version")
+  "${pip[@]}" >/dev/null 2>&1 || "${pip[@]}" --break-system-packages >/dev/null
 fi
 
 # The cuDNN frontend (header-only C++ graph API for the fused SDPA) from its PyPI wheel, pinned;

@@ -8,6 +8,7 @@
 #include "core/checkpoint/safetensors.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/single_rank_model.h"
 #include "core/cli/startup_checks.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/errors.h"
@@ -18,37 +19,6 @@
 
 namespace bigmac::cli {
 namespace {
-
-// The whole model on one rank (pp = 1), as the tools need it, from a config.
-config::ResolvedConfig SingleRank(config::LoadedConfig loaded) {
-  config::Parallel* parallel = loaded.values.mutable_parallel();
-  parallel->set_pp_size(1);
-  parallel->set_tp_size(1);
-  parallel->set_virtual_stages(1);
-  parallel->set_schedule("gpipe");
-  loaded.values.mutable_model()->clear_layers_per_stage();
-  loaded.values.mutable_model()->clear_split_points();
-  loaded.values.mutable_model()->set_partition("spread_first");
-  return config::Resolve(std::move(loaded), 1, "ckpt tool");
-}
-
-struct Model {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<engine::Stage> stage;
-};
-
-Model BuildModel(const config::ResolvedConfig& resolved) {
-  const config::Config& cfg = resolved.values();
-  Model model;
-  model.device = device::MakeCpuDevice(0, memory::CpuCapacity("", 1));
-  engine::StageOptions options;
-  options.dims = config::ModelDimsOf(cfg);
-  options.device = model.device.get();
-  options.seed = static_cast<uint64_t>(cfg.train().seed());
-  options.block_types = resolved.block_types;
-  model.stage = std::make_unique<engine::Stage>(options, resolved.partition, 0);
-  return model;
-}
 
 // "step_000002", what `root`/latest names, or "".
 std::string LatestName(const std::string& root) {
@@ -77,17 +47,12 @@ int RunCkptInspect(const std::string& dir) {
 
 int RunCkptExport(const std::string& dir, const std::string& safetensors) {
   try {
-    const std::string step_dir = checkpoint::ResolveStepDir(dir, "");
     if (std::string problem = OutputFileProblem("--safetensors", safetensors); !problem.empty())
       return ReportFailure(problem, kExitOutput);
-    config::LoadedConfig loaded;
-    // The manifest's own config describes the model; Load then checks every file it reads.
-    loaded.values = checkpoint::ReadManifestConfig(step_dir);
-    const config::ResolvedConfig resolved = SingleRank(std::move(loaded));
-    Model model = BuildModel(resolved);
-    optim::AdamW adamw({});
-    std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
-    const int64_t step = checkpoint::Load(step_dir, resolved, model.stage->State(), adamw, *comm);
+    int64_t step = 0;
+    std::string step_dir;
+    const SingleRankModel model = LoadSingleRankModel(dir, &step, &step_dir);
+    const config::ResolvedConfig& resolved = model.resolved;
     const config::Model& m = resolved.values().model();
     checkpoint::WriteSafetensors(
         safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State()),
@@ -126,8 +91,9 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
                          kExitOutput);
   }
   try {
-    const config::ResolvedConfig resolved = SingleRank(config::LoadConfig(config_file, overrides));
-    Model model = BuildModel(resolved);
+    const SingleRankModel model =
+        BuildSingleRankModel(SingleRankConfig(config::LoadConfig(config_file, overrides)));
+    const config::ResolvedConfig& resolved = model.resolved;
     checkpoint::FromHuggingFaceGpt2(checkpoint::ReadSafetensors(safetensors), model.stage->State(),
                                     safetensors);
     optim::AdamW adamw({});

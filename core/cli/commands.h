@@ -1,6 +1,7 @@
 #ifndef BIGMAC_CORE_CLI_COMMANDS_H_
 #define BIGMAC_CORE_CLI_COMMANDS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,19 @@ int RunCkptExport(const std::string& dir, const std::string& safetensors);
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
                   const std::vector<std::string>& overrides, const std::string& output,
                   bool overwrite);
+
+struct GenerateOptions {
+  std::string checkpoint;  // a step directory, or a checkpoint directory (its latest)
+  std::string prompt;
+  int tokens = 64;
+  double temperature = 1.0;  // 0: greedy
+  int top_k = 0;             // 0: the whole vocabulary
+  uint64_t seed = 1;
+};
+
+// `bigmac generate`: the prompt and its continuation on stdout (detokenized), sampled from a
+// checkpoint of any layout loaded on one CPU rank; a summary line on stderr.
+int RunGenerate(const GenerateOptions& options);
 
 struct TuneMbsOptions {
   std::string config;

@@ -23,24 +23,32 @@ constexpr int kMaxSteps = 1000000;
 constexpr int kMaxMicroBatchSize = 65536;
 constexpr int kMaxTimeoutSeconds = 7 * 24 * 3600;
 constexpr double kMaxMilliseconds = 1e9;
+constexpr int kMaxGeneratedTokens = 1000000;
 
-// A cost in milliseconds: finite and >= 0 (CLI::Range lets NaN through).
-const CLI::Validator kMilliseconds(
-    [](std::string& text) -> std::string {
-      double value = 0;
-      try {
-        size_t used = 0;
-        value = std::stod(text, &used);
-        if (used != text.size()) return "'" + text + "' is not a number";
-      } catch (const std::exception&) {
-        return "'" + text + "' is not a number";
-      }
-      if (!std::isfinite(value) || value < 0 || value > kMaxMilliseconds) {
-        return "'" + text + "' must be a finite number of milliseconds in [0, 1e9]";
-      }
-      return "";
-    },
-    "MS >= 0");
+// A finite number in [lo, hi] (CLI::Range lets NaN through); `what` says so in the message:
+// "number of milliseconds in [0, 1e9]".
+CLI::Validator FiniteIn(double lo, double hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& text) -> std::string {
+        double value = 0;
+        try {
+          size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) return "'" + text + "' is not a number";
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a number";
+        }
+        if (!std::isfinite(value) || value < lo || value > hi) {
+          return "'" + text + "' must be a finite " + what;
+        }
+        return "";
+      },
+      what);
+}
+
+// A cost in milliseconds: finite and >= 0.
+const CLI::Validator kMilliseconds =
+    FiniteIn(0, kMaxMilliseconds, "number of milliseconds in [0, 1e9]");
 
 // Runs a command; no exception reaches std::terminate. A filesystem failure names the path
 // and the OS's reason (docs/exit_codes.md, code 8).
@@ -268,6 +276,29 @@ int main(int argc, char** argv) {
                        "write into a directory that already holds checkpoints (latest moves back "
                        "to step 0, and says so)");
 
+  bigmac::cli::GenerateOptions generate_options;
+  CLI::App* generate = app.add_subcommand(
+      "generate",
+      "Continue a prompt with text sampled from a checkpoint of any pp/dp/tp layout, loaded on "
+      "one CPU rank; prints the prompt and its continuation (docs/generate.md).");
+  generate
+      ->add_option("--checkpoint", generate_options.checkpoint,
+                   "a step directory, or a checkpoint directory (uses latest)")
+      ->required();
+  generate->add_option("--prompt", generate_options.prompt, "the text to continue")->required();
+  generate->add_option("--tokens", generate_options.tokens, "tokens to write (default 64)")
+      ->check(CLI::Range(1, kMaxGeneratedTokens));
+  generate
+      ->add_option("--temperature", generate_options.temperature,
+                   "divides the logits (default 1; 0: always the most likely token)")
+      ->check(FiniteIn(0, 100, "temperature in [0, 100]"));
+  generate
+      ->add_option("--top-k", generate_options.top_k,
+                   "draw among the k most likely tokens (default 0: all)")
+      ->check(CLI::Range(0, 1 << 24));
+  generate->add_option("--seed", generate_options.seed,
+                       "seed of the draws: the same seed gives the same text (default 1)");
+
   bigmac::cli::TuneMbsOptions tune_options;
   CLI::App* tune = app.add_subcommand("tune-mbs",
                                       "Find the largest micro-batch that fits: bisection over real "
@@ -345,6 +376,7 @@ int main(int argc, char** argv) {
     if (schedule->parsed()) return RunSchedule(schedule_options);
     if (tune->parsed()) return RunTuneMbs(tune_options);
     if (compare->parsed()) return RunCompare(compare_options);
+    if (generate->parsed()) return RunGenerate(generate_options);
     if (inspect->parsed()) return RunCkptInspect(ckpt_dir);
     if (export_cmd->parsed()) return RunCkptExport(ckpt_dir, safetensors);
     if (import_cmd->parsed()) {

@@ -201,7 +201,9 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
       Tensor input =
           a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
       Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input), keep);
-      if (stage_->is_last_stage(a.stage)) {
+      if (stage_->is_last_stage(a.stage) && capture_output_) {
+        output_ = std::move(output);
+      } else if (stage_->is_last_stage(a.stage)) {
         // The loss stays on the device until the flush ends.
         loss_term_.ConvertFrom(output);
         loss_.device()->AddInto(loss_.raw(), loss_term_.raw(), memory::DType::kF64, 1);
@@ -251,6 +253,17 @@ double Executor::Evaluate(const layer::MicroBatch& mb) {
       [&](int) -> const layer::MicroBatch& { return mb; }, [] {}, /*keep=*/false,
       /*record=*/false);
   return loss_.Scalar();
+}
+
+Tensor Executor::ForwardOutput(const layer::MicroBatch& mb) {
+  capture_output_ = true;
+  output_ = Tensor();
+  Run(
+      schedule::BuildForwardOnlyActions(spec_, comm_->pp_rank(), mb.index),
+      [&](int) -> const layer::MicroBatch& { return mb; }, [] {}, /*keep=*/false,
+      /*record=*/false);
+  capture_output_ = false;
+  return std::move(output_);
 }
 
 }  // namespace bigmac::engine

@@ -47,6 +47,9 @@ class Executor {
   // `mb` through this rank's stages in order, nothing kept. Returns the scaled loss on the rank
   // holding the last stage, 0 elsewhere.
   double Evaluate(const layer::MicroBatch& mb);
+  // Forward only, as Evaluate, of a micro-batch without targets (text generation): the head's
+  // output (the logits) on the rank holding the last stage, an empty tensor elsewhere.
+  memory::Tensor ForwardOutput(const layer::MicroBatch& mb);
 
   // After the owner's optimizer step (or a skipped one): the tied weights to their copies.
   void SendTiedWeight();
@@ -93,6 +96,8 @@ class Executor {
   std::map<std::pair<int, int>, memory::Tensor> outbox_;  // produced, waiting for their send
   memory::Tensor loss_;                                   // f64[1]: this flush's loss sum
   memory::Tensor loss_term_;                              // f64[1]: one micro-batch's, widened
+  bool capture_output_ = false;  // ForwardOutput: the last stage's output goes to output_
+  memory::Tensor output_;
   metrics::Timeline* timeline_ = nullptr;
   device::DeviceSpans* device_spans_ = nullptr;
   std::unique_ptr<DpReducer> dp_reducer_;

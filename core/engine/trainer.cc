@@ -17,13 +17,17 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/comm/progress.h"
+#include "core/config/effective_log.h"
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
+#include "core/data/tokenizer.h"
 #include "core/device/device_spans.h"
 #include "core/engine/executor.h"
+#include "core/engine/generate.h"
 #include "core/engine/stage.h"
 #include "core/memory/allocator.h"
+#include "core/metrics/event_writer.h"
 #include "core/metrics/timeline.h"
 #include "core/optim/adamw.h"
 #include "core/schedule/schedule.h"
@@ -38,6 +42,7 @@ namespace {
 
 // One micro-batch's tokens (read on the host) and the MicroBatch view of them. On a device
 // without host-visible memory the tokens are uploaded and the view points at the device copies.
+// Without targets (a text sample) the view's targets are null.
 struct BatchSlot {
   std::vector<int32_t> tokens;
   std::vector<int32_t> targets;
@@ -47,7 +52,7 @@ struct BatchSlot {
   // Sets `mb` for `batch` x `seq` tokens on `device`.
   void View(device::Device* device, int batch, int seq, double loss_scale, int index) {
     const int32_t* t = tokens.data();
-    const int32_t* y = targets.data();
+    const int32_t* y = targets.empty() ? nullptr : targets.data();
     if (device->backend() != device::Backend::kCpu) {
       const std::vector<int64_t> shape = {batch, seq};
       if (device_tokens.empty() || device_tokens.shape() != shape) {
@@ -55,9 +60,11 @@ struct BatchSlot {
         device_targets = memory::Tensor(device, shape, memory::DType::kI32);
       }
       device_tokens.CopyFromHost(tokens.data());
-      device_targets.CopyFromHost(targets.data());
       t = device_tokens.data<int32_t>();
-      y = device_targets.data<int32_t>();
+      if (y != nullptr) {
+        device_targets.CopyFromHost(targets.data());
+        y = device_targets.data<int32_t>();
+      }
     }
     mb = {batch, seq, t, y, loss_scale, index};
   }
@@ -176,7 +183,10 @@ class Trainer {
   void LogModel();
   void Resume();
   void OpenMetrics();
-  void Evaluate(int step);
+  // The validation loss after `step` steps (rank 0: the mean per token; elsewhere a partial sum).
+  double Evaluate(int step);
+  // Every train.sample_interval steps: a short text written by the model, printed by rank 0.
+  void Sample(int step);
   void FillBatches(int step, int flush);
   StepOutcome RunStep(int step);
   // The optimizer step of `step` (0-based): norm, non-finite diagnosis, clipping, AdamW, the tied
@@ -184,7 +194,8 @@ class Trainer {
   void OptimizerStep(int step, StepOutcome* outcome);
   // Every rank sees the same non-finite norm: report where, then skip (returns) or throw.
   void DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* outcome);
-  void WriteMetrics(int step, const StepOutcome& outcome);
+  // metrics.jsonl and TensorBoard; the step's line carries val_loss when it was evaluated.
+  void WriteMetrics(int step, const StepOutcome& outcome, std::optional<double> val_loss);
   void ReportProgress(int step, const StepOutcome& outcome);
   void Save(int step);
   // After step `step` (0-based): true if a stop signal ends the run here (every rank agrees).
@@ -210,6 +221,7 @@ class Trainer {
   std::optional<data::TokenDataset> train_data_, val_data_;
   metrics::Timeline timeline_;
   std::ofstream metrics_file_;
+  std::unique_ptr<metrics::EventWriter> events_;  // rank 0, beside metrics.jsonl
   optim::AdamW adamw_;
   optim::LrSchedule lr_schedule_;
   std::vector<layer::Param*> params_;
@@ -359,10 +371,23 @@ void Trainer::OpenMetrics() {
   if (!metrics_file_.is_open()) {
     Log("[train] warning: cannot write " + output_dir +
         "/metrics.jsonl; no metrics or trace this run");
+    return;
   }
+  std::string problem;
+  metrics::RemoveEventFiles(output_dir);  // one run per directory, as metrics.jsonl
+  events_ = metrics::EventWriter::Open(output_dir, &problem);
+  if (!events_) {
+    Log("[train] warning: " + problem + "; no TensorBoard events this run");
+    return;
+  }
+  // The effective config, indented so that TensorBoard's Markdown shows it as written.
+  std::string text;
+  for (const std::string& line : config::EffectiveConfigLines(resolved_))
+    text += "    " + line + "\n";
+  events_->AddText("config", start_step_, text);
 }
 
-void Trainer::Evaluate(int step) {
+double Trainer::Evaluate(int step) {
   double local = 0;
   BatchSlot slot;
   slot.tokens.resize(int64_t{batch_} * seq_);
@@ -376,8 +401,49 @@ void Trainer::Evaluate(int step) {
   comm_.FinishSends();
   const double loss = comm_.SumToRoot(local) / train_.eval_batches();
   if (root_) result_.val_losses.emplace_back(step, loss);
+  if (events_) events_->AddScalar("val/loss", step, loss);
   Log(Format("[val] step %d | val_loss %.4f | %d batches of %dx%d", step, loss,
              train_.eval_batches(), batch_, seq_));
+  return loss;
+}
+
+void Trainer::Sample(int step) {
+  const int interval = train_.sample_interval();
+  if (interval == 0 || step % interval != 0) return;
+  comm::progress::SetAction("", "text sample");
+  // The prompt: the start of the validation split (read where the embedding is; the other ranks
+  // only need its length).
+  const int prompt_length = std::max(1, std::min(16, seq_ / 2));
+  std::vector<int32_t> prompt(prompt_length), unused(prompt_length);
+  if (val_data_) val_data_->EvalBatch(0, 1, prompt_length, prompt.data(), unused.data());
+  const int vocab = cfg_.model().vocab_size();
+  SampleOptions options;
+  options.tokens = train_.sample_tokens();
+  options.seed = static_cast<uint64_t>(train_.seed()) + static_cast<uint64_t>(step);
+  BatchSlot slot;
+  const auto last_logits = [&](const std::vector<int32_t>& window) -> std::vector<float> {
+    slot.tokens = window;
+    slot.View(device_, 1, static_cast<int>(window.size()), 1.0, 0);
+    const memory::Tensor logits = executor_->ForwardOutput(slot.mb);
+    return logits.empty() ? std::vector<float>() : LastLogitsRow(logits, vocab);
+  };
+  // The rank holding the head picks; a sum over the pipeline gives every stage its pick.
+  const auto share = [&](const Pick& local, bool have) {
+    Pick pick;
+    pick.token = static_cast<int32_t>(std::lround(comm_.AllReduceSumPp(have ? local.token : 0)));
+    pick.log_prob = comm_.AllReduceSumPp(have ? local.log_prob : 0.0);
+    return pick;
+  };
+  const Generation sample = Generate(prompt, seq_, vocab, options, last_logits, share);
+  comm_.FinishSends();
+  if (!root_) return;
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::TokenizerFor(cfg_.data().dir());
+  const std::string prompt_text = tokenizer->Decode(prompt);
+  const std::string text = tokenizer->Decode(sample.tokens);
+  Log(Format("[sample] step %d | %s -> %s | %.3f nats/token under the model", step,
+             util::Printable(prompt_text).c_str(), util::Printable(text).c_str(),
+             sample.mean_loss));
+  if (events_) events_->AddText("sample", step, "    " + prompt_text + " -> " + text);
 }
 
 void Trainer::FillBatches(int step, int flush) {
@@ -513,7 +579,7 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
   throw NumericalError(message, /*reported=*/true);
 }
 
-void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
+void Trainer::WriteMetrics(int step, const StepOutcome& outcome, std::optional<double> val_loss) {
   const double peak = outcome.peak;
   // Per-rank milliseconds in compute and waiting this step.
   const auto& w = timeline_.window_ms();
@@ -543,21 +609,38 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const std::string& text : per_rank) ranks.push_back(nlohmann::json::parse(text));
   const bool clipped = cfg_.optim().grad_clip() > 0 && outcome.norm > cfg_.optim().grad_clip();
-  const nlohmann::json line = {{"step", step + 1},
-                               {"loss", outcome.loss},
-                               {"lr", outcome.lr},
-                               {"grad_norm", outcome.norm},
-                               {"clipped", clipped},
-                               {"skipped", outcome.skipped},
-                               {"step_ms", outcome.ms},
-                               {"tokens_per_s", tokens_per_step_ / (outcome.ms / 1000.0)},
-                               {"peak_bytes", peak},
-                               {"micro_batch_size", batch_},
-                               {"num_microbatches", microbatches_},
-                               {"precision", cfg_.precision().dtype()},
-                               {"ranks", ranks}};
+  nlohmann::json line = {{"step", step + 1},
+                         {"loss", outcome.loss},
+                         {"lr", outcome.lr},
+                         {"grad_norm", outcome.norm},
+                         {"clipped", clipped},
+                         {"skipped", outcome.skipped},
+                         {"step_ms", outcome.ms},
+                         {"tokens_per_s", tokens_per_step_ / (outcome.ms / 1000.0)},
+                         {"peak_bytes", peak},
+                         {"micro_batch_size", batch_},
+                         {"num_microbatches", microbatches_},
+                         {"precision", cfg_.precision().dtype()},
+                         {"ranks", ranks}};
+  if (val_loss) line["val_loss"] = *val_loss;
   metrics_file_ << line.dump() << "\n";
   metrics_file_.flush();
+  if (!events_) return;
+  // The same numbers as the line above, under TensorBoard tags (docs/planning.md).
+  static constexpr std::pair<const char*, const char*> kScalars[] = {
+      {"train/loss", "loss"},
+      {"train/lr", "lr"},
+      {"train/grad_norm", "grad_norm"},
+      {"train/tokens_per_s", "tokens_per_s"},
+      {"train/step_ms", "step_ms"}};
+  for (const auto& [tag, key] : kScalars) {
+    events_->AddScalar(tag, step + 1, line[key].get<double>());
+  }
+  events_->AddScalar("memory/peak_mib", step + 1, peak / (1 << 20));
+  for (const nlohmann::json& r : ranks) {
+    events_->AddScalar(Format("memory/peak_mib/rank_%d", r["rank"].get<int>()), step + 1,
+                       r["peak_bytes"].get<double>() / (1 << 20));
+  }
 }
 
 void Trainer::ReportProgress(int step, const StepOutcome& outcome) {
@@ -686,12 +769,14 @@ TrainResult Trainer::Run() {
       std::this_thread::sleep_for(std::chrono::hours(1));
     }
     const StepOutcome outcome = RunStep(step);
-    WriteMetrics(step, outcome);
     ReportProgress(step, outcome);
-    if (train_.eval_interval() > 0 && (step + 1) % train_.eval_interval() == 0 &&
-        step + 1 != train_.max_steps()) {
-      Evaluate(step + 1);
+    std::optional<double> val_loss;
+    if ((train_.eval_interval() > 0 && (step + 1) % train_.eval_interval() == 0) ||
+        step + 1 == train_.max_steps()) {
+      val_loss = Evaluate(step + 1);
     }
+    WriteMetrics(step, outcome, val_loss);
+    Sample(step + 1);
     const int interval = cfg_.checkpoint().interval();
     if (!checkpoint_root.empty() &&
         ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train_.max_steps())) {
@@ -704,7 +789,6 @@ TrainResult Trainer::Run() {
       system_allocations_after_first_step < 0
           ? 0
           : allocator.system_allocations() - system_allocations_after_first_step;
-  if (stopped_at_ < 0) Evaluate(train_.max_steps());
   result_.skipped_steps = skipped_steps_;
   result_.stopped_at_step = stopped_at_;
   result_.peak_bytes = allocator.peak_bytes();

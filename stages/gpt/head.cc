@@ -31,7 +31,8 @@ class Head : public sdk::CpuLayer<T> {
       InitParam(specs_[i], &this->params_[i].value, seed, this->layer_id());
   }
 
-  // y: the loss of this micro-batch, sum(token losses) * loss_scale, as a 1-element tensor.
+  // y: the loss of this micro-batch, sum(token losses) * loss_scale, as a 1-element tensor; without
+  // targets (mb.targets null: text generation), the logits, (batch * seq, vocab).
   void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
     const int n = mb.batch * mb.seq;
     saved->Clear();
@@ -45,6 +46,11 @@ class Head : public sdk::CpuLayer<T> {
                           this->W(kLnfWeight), this->W(kLnfBias), n, this->C());
     cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(kHeadWte), nullptr, n,
                           this->C(), this->V());
+    if (mb.targets == nullptr) {
+      *y = std::move(s[kLogits]);
+      saved->Clear();
+      return;
+    }
     *y = this->New({1});
     Base::D(*y)[0] = static_cast<T>(
         cpu::CrossEntropyLossSum(Base::D(s[kLogits]), mb.targets, n, this->V()) * mb.loss_scale);

@@ -264,7 +264,8 @@ class Head : public CudaGptLayer<T> {
   explicit Head(const LayerSpec& spec)
       : Base(spec, HeadParams(spec.dims)), padded_vocab_(PaddedVocab(spec.dims.vocab_size)) {}
 
-  // y: the micro-batch's loss, sum(token losses) * loss_scale, one fp32 element. The fused
+  // y: the micro-batch's loss, sum(token losses) * loss_scale, one fp32 element (without targets,
+  // mb.targets null: the logits, (n, padded vocab), for text generation). The fused
   // cross-entropy also leaves dlogits in the logits' place, so the backward starts from them.
   void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
     const device::cuda::CallSite site = this->Site("forward");
@@ -281,6 +282,11 @@ class Head : public CudaGptLayer<T> {
                         this->W(kLnfWeight), this->W(kLnfBias), n, c);
     k::MatmulForward(site.In("logits GEMM"), Base::kActivation, s[kDLogits].raw(), s[kNorm].raw(),
                      this->W(kHeadWte), nullptr, n, c, this->V(), padded_vocab_);
+    if (mb.targets == nullptr) {  // text generation: the logits, (n, padded vocab)
+      *y = std::move(s[kDLogits]);
+      saved->Clear();
+      return;
+    }
     *y = this->NewFloat({1});
     k::CrossEntropyForwardBackward(site, Base::P(s[kDLogits]), Base::F(*y), mb.targets, n,
                                    this->V(), padded_vocab_, mb.loss_scale);
