@@ -93,8 +93,8 @@ std::string ReadWholeFile(const std::string& path) {
 // testing hook. Returns the bytes written.
 int64_t WriteOwnedPieces(const std::string& path, int64_t total,
                          const std::vector<TensorEntry>& entries,
-                         const std::vector<const layer::Param*>& owned,
-                         const optim::AdamW& adamw, bool writer, bool fail_midway) {
+                         const std::vector<const layer::Param*>& owned, const optim::AdamW& adamw,
+                         bool writer, bool fail_midway) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT, 0644);
   if (fd < 0) throw CheckpointError(path + ": cannot create: " + std::strerror(errno));
   int64_t written = 0;
@@ -116,16 +116,18 @@ int64_t WriteOwnedPieces(const std::string& path, int64_t total,
     }
   };
   if (ftruncate(fd, static_cast<off_t>(total)) != 0)
-    failure = path + ": cannot size it to " + std::to_string(total) + " bytes: " +
-              std::strerror(errno);
+    failure =
+        path + ": cannot size it to " + std::to_string(total) + " bytes: " + std::strerror(errno);
   for (size_t i = 0; i < owned.size() && failure.empty(); ++i) {
     const layer::Param* param = owned[i];
     if (writer) put(param->value, entries[3 * i].offset());
     const bool slice = adamw.HasSliceState(param);
     if (!writer && !slice) continue;
     const int64_t skip = adamw.StateBegin(param) * memory::DTypeSize(param->value.dtype());
-    if (const memory::Tensor* m = adamw.FirstMoment(param)) put(*m, entries[3 * i + 1].offset() + skip);
-    if (const memory::Tensor* v = adamw.SecondMoment(param)) put(*v, entries[3 * i + 2].offset() + skip);
+    if (const memory::Tensor* m = adamw.FirstMoment(param))
+      put(*m, entries[3 * i + 1].offset() + skip);
+    if (const memory::Tensor* v = adamw.SecondMoment(param))
+      put(*v, entries[3 * i + 2].offset() + skip);
   }
   if (failure.empty() && fsync(fd) != 0) failure = path + ": fsync failed: " + std::strerror(errno);
   close(fd);
@@ -340,8 +342,8 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
       layer_file.set_bytes(total);
       layer_file.set_writer_rank(comm.world_rank());
       if (sliced) {
-        bytes_written += WriteOwnedPieces(tmp_dir + "/" + file, total, entries, owned, adamw,
-                                          writer, fail);
+        bytes_written +=
+            WriteOwnedPieces(tmp_dir + "/" + file, total, entries, owned, adamw, writer, fail);
         if (writer) {
           for (TensorEntry& entry : entries) *fragment.add_tensors() = std::move(entry);
           read_back.push_back(std::move(layer_file));

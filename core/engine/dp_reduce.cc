@@ -148,12 +148,11 @@ void DpReducer::Start(size_t bucket) {
   device->Memset(static_cast<char*>(f.flat.raw()) + offset * element,
                  (flat_numel_[bucket] - offset) * element);  // ZeRO-1's padding
   f.start = metrics::Timeline::Clock::now();
-  const std::string what = std::string("ReduceDp: ") +
-                           (options_.shard ? "reduce-scatter" : "all-reduce") + " of bucket " +
-                           std::to_string(bucket + 1) + " of " + std::to_string(buckets_.size()) +
-                           " (" + b.params.front().name +
-                           (b.params.size() > 1 ? " .. " + b.params.back().name : "") + ", " +
-                           std::to_string(b.numel) + " elements) over the data-parallel group";
+  const std::string what =
+      std::string("ReduceDp: ") + (options_.shard ? "reduce-scatter" : "all-reduce") +
+      " of bucket " + std::to_string(bucket + 1) + " of " + std::to_string(buckets_.size()) + " (" +
+      b.params.front().name + (b.params.size() > 1 ? " .. " + b.params.back().name : "") + ", " +
+      std::to_string(b.numel) + " elements) over the data-parallel group";
   f.handle = options_.shard ? comm_->StartReduceScatterSumDp(&f.flat, what)
                             : comm_->StartAllReduceSumDp(&f.flat, what);
   if (!tail_) ++started_early_;
@@ -184,10 +183,11 @@ void DpReducer::Complete(size_t bucket) {
   f.flat = Tensor();
   f.done = true;
   if (timeline_) {
-    timeline_->Record(
-        std::string(options_.shard ? "ReduceScatter" : "AllReduce") + " bucket " + std::to_string(bucket + 1) + "/" + std::to_string(buckets_.size()) +
-            " (" + memory::FormatMiB(b.numel * element) + ")",
-        "dp_reduce", f.start, metrics::Timeline::Clock::now(), metrics::Timeline::kCommTrack);
+    timeline_->Record(std::string(options_.shard ? "ReduceScatter" : "AllReduce") + " bucket " +
+                          std::to_string(bucket + 1) + "/" + std::to_string(buckets_.size()) +
+                          " (" + memory::FormatMiB(b.numel * element) + ")",
+                      "dp_reduce", f.start, metrics::Timeline::Clock::now(),
+                      metrics::Timeline::kCommTrack);
   }
 }
 

@@ -86,12 +86,11 @@ void ZeroShards::AllGatherValues() {
   // Started together, in bucket order on every rank, before any is waited for.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const DpBucket& bucket = buckets_[b];
-    comm_->StartAllGatherDp(&flats[b], "OptimizerStep: all-gather of the updated bucket " +
-                                           std::to_string(b + 1) + " of " +
-                                           std::to_string(buckets_.size()) + " (" +
-                                           bucket.params.front().name + ", " +
-                                           std::to_string(bucket.numel) +
-                                           " elements) over the data-parallel group");
+    comm_->StartAllGatherDp(
+        &flats[b], "OptimizerStep: all-gather of the updated bucket " + std::to_string(b + 1) +
+                       " of " + std::to_string(buckets_.size()) + " (" +
+                       bucket.params.front().name + ", " + std::to_string(bucket.numel) +
+                       " elements) over the data-parallel group");
   }
   comm_->WaitAllReduces();
   for (size_t b = 0; b < buckets_.size(); ++b) {
