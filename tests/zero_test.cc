@@ -39,7 +39,7 @@ std::string DataDir() {
 constexpr int kSteps = 10;
 constexpr int kGlobalMicrobatches = 4;  // accum * dp: the same global batch in every layout
 
-struct Run {
+struct ZeroRun {
   int exit_code = -1;
   std::string output;
   std::vector<std::string> losses;             // as printed (%.17g): compared as text, bitwise
@@ -70,8 +70,8 @@ std::map<std::string, std::string> ReadFiles(const std::string& dir) {
 
 // A 4-block model of width 64 (tied embedding and head) in 64 KiB buckets (several per stage,
 // the tied weight's of its own), gradient clipping on, kSteps steps of 4 micro-batches globally.
-Run Train(const Layout& l, const std::string& name, const std::string& extra = "",
-          const std::string& env = "") {
+ZeroRun Train(const Layout& l, const std::string& name, const std::string& extra = "",
+              const std::string& env = "") {
   const std::string out = TempDir() + "/zero_" + name;
   fs::remove_all(out);
   const std::string command =
@@ -86,7 +86,7 @@ Run Train(const Layout& l, const std::string& name, const std::string& extra = "
       " --set train.gradient_accumulation_steps=" + std::to_string(kGlobalMicrobatches / l.dp) +
       " --set parallel.zero_stage=" + (l.zero ? "1" : "0") + " " + extra;
   const testutil::RunResult r = RunCommand(command, 240);
-  Run run;
+  ZeroRun run;
   run.exit_code = r.exit_code;
   run.output = r.output;
   std::ifstream losses(out + "/dump/losses.txt");
@@ -96,8 +96,8 @@ Run Train(const Layout& l, const std::string& name, const std::string& extra = "
   return run;
 }
 
-const Run& Reference() {
-  static const Run run = Train({1, 1, false}, "reference");
+const ZeroRun& Reference() {
+  static const ZeroRun run = Train({1, 1, false}, "reference");
   return run;
 }
 
@@ -124,8 +124,8 @@ class ZeroEquivalence : public ::testing::TestWithParam<std::pair<int, int>> {};
 // elementwise, so the shard boundaries change nothing. Within 1e-6 of the one-rank run.
 TEST_P(ZeroEquivalence, LossesAndWeightsEqualTheReplicatedOptimizer) {
   const auto [pp, dp] = GetParam();
-  const Run plain = Train({pp, dp, false}, Name({pp, dp, false}));
-  const Run zero = Train({pp, dp, true}, Name({pp, dp, true}));
+  const ZeroRun plain = Train({pp, dp, false}, Name({pp, dp, false}));
+  const ZeroRun zero = Train({pp, dp, true}, Name({pp, dp, true}));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   ASSERT_EQ(zero.exit_code, 0) << zero.output;
   ASSERT_EQ(zero.losses.size(), size_t(kSteps));
@@ -177,8 +177,9 @@ TEST(ZeroCheckpoint, SavedShardedResumesUnderAnotherDpWithOrWithoutZero) {
   fs::remove_all(ckpt_zero);
   fs::remove_all(ckpt_plain);
   const std::string save = " --set checkpoint.interval=5 --set checkpoint.keep_last=5";
-  const Run zero = Train({1, 4, true}, "ckpt_zero", "--set checkpoint.dir=" + ckpt_zero + save);
-  const Run plain = Train({1, 4, false}, "ckpt_plain", "--set checkpoint.dir=" + ckpt_plain + save);
+  const ZeroRun zero = Train({1, 4, true}, "ckpt_zero", "--set checkpoint.dir=" + ckpt_zero + save);
+  const ZeroRun plain =
+      Train({1, 4, false}, "ckpt_plain", "--set checkpoint.dir=" + ckpt_plain + save);
   ASSERT_EQ(zero.exit_code, 0) << zero.output;
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const auto zero_files = ReadFiles(ckpt_zero + "/step_000005");
@@ -193,9 +194,9 @@ TEST(ZeroCheckpoint, SavedShardedResumesUnderAnotherDpWithOrWithoutZero) {
   EXPECT_EQ(check.exit_code, 0) << check.output;
 
   const std::string from = " --resume " + ckpt_zero + "/step_000005";
-  const Run dp1 = Train({1, 1, false}, "resume_dp1", from);
-  const Run dp2 = Train({1, 2, true}, "resume_dp2_zero", from);
-  for (const Run* resumed : {&dp1, &dp2}) {
+  const ZeroRun dp1 = Train({1, 1, false}, "resume_dp1", from);
+  const ZeroRun dp2 = Train({1, 2, true}, "resume_dp2_zero", from);
+  for (const ZeroRun* resumed : {&dp1, &dp2}) {
     ASSERT_EQ(resumed->exit_code, 0) << resumed->output;
     EXPECT_NE(resumed->output.find("[ckpt] resumed from"), std::string::npos);
     ASSERT_EQ(resumed->losses.size(), size_t(kSteps - 5)) << resumed->output;
@@ -209,7 +210,7 @@ TEST(ZeroCheckpoint, SavedShardedResumesUnderAnotherDpWithOrWithoutZero) {
 // The injected NaN lands in element 0 of block 2's first parameter on every replica, after the
 // reduce-scatter: only the replica whose shard holds that element sees it, and names it.
 TEST(ZeroNan, TheOwnerOfTheShardNamesTheParameter) {
-  const Run r = Train({1, 2, true}, "nan", "", "BIGMAC_TEST_NAN_GRAD=3:2 ");
+  const ZeroRun r = Train({1, 2, true}, "nan", "", "BIGMAC_TEST_NAN_GRAD=3:2 ");
   EXPECT_EQ(r.exit_code, 4) << r.output;
   const std::regex named(
       "step 3: non-finite gradient norm; non-finite gradients in rank \\d \\(stage 0, dp \\d\\): "

@@ -75,7 +75,9 @@ DpReducer::DpReducer(Stage* stage, comm::PipelineComm* comm, const DpReduceOptio
     for (int id : buckets_[b].layer_ids) buckets_of_layer_[id].push_back(b);
   }
   for (const DpBucket& b : buckets_)
-    flat_numel_.push_back(options_.shard ? PaddedNumel(b.numel, comm->dp_size()) : b.numel);
+    // Padded with zeros to a multiple of dp: the shape ZeRO-1's collectives need, and the one
+    // the transport's all-reduce works on without a staging copy.
+    flat_numel_.push_back(PaddedNumel(b.numel, comm->dp_size()));
   in_flight_.resize(buckets_.size());
   layers_left_.resize(buckets_.size());
 }

@@ -94,7 +94,7 @@ class DpReducer {
   std::vector<DpBucket> buckets_;
   std::vector<int> layer_id_of_index_;                   // Stage::layers() index -> layer_id
   std::map<int, std::vector<size_t>> buckets_of_layer_;  // layer_id -> buckets holding it
-  std::vector<int64_t> flat_numel_;                      // per bucket: padded when sharded
+  std::vector<int64_t> flat_numel_;                      // per bucket, padded to a multiple of dp
   // Per step.
   bool counting_ = false;  // in the last flush
   bool tail_ = false;      // the step's tail has begun
