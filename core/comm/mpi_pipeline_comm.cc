@@ -208,6 +208,8 @@ class MpiPipelineComm : public PipelineComm {
       throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +
                              " is in flight");
     Reap();  // also progresses every outstanding collective
+    // The earlier ones too: an all-reduce's second half waits for theirs to start.
+    for (int i = 0; i < handle; ++i) Test(&reductions_[i]);
     return Test(&reductions_[handle]);
   }
 
