@@ -234,6 +234,21 @@ TEST(Plan, StageTableForEveryPolicy) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("[plan] recommend: model.partition="), std::string::npos) << r.output;
+  // Optimizer bytes per rank, replicated and with ZeRO-1 (370368 parameters x 8 B on stage 0).
+  EXPECT_NE(
+      r.output.find("[plan]   optimizer state per rank (dp=1, parallel.zero_stage=0): stage 0 "
+                    "2.83 MiB replicated, 2.83 MiB with ZeRO-1"),
+      std::string::npos)
+      << r.output;
+  const testutil::RunResult zero = RunCommand(
+      Bigmac() + " plan --config " + TinyPp4() + " --world-size 8 --set parallel.zero_stage=1", 30);
+  ASSERT_EQ(zero.exit_code, 0) << zero.output;
+  EXPECT_NE(zero.output.find("[plan]   optimizer state per rank (dp=2, parallel.zero_stage=1): "
+                             "stage 0 2.83 MiB replicated, 1.41 MiB with ZeRO-1"),
+            std::string::npos)
+      << zero.output;
+  EXPECT_NE(zero.output.find("2 Adam moments (x 8 B / dp=2: ZeRO-1)"), std::string::npos)
+      << zero.output;
   const testutil::RunResult profiled =
       RunCommand(Bigmac() + " plan --config " + TinyPp4() + " --world-size 4 --profile", 60);
   ASSERT_EQ(profiled.exit_code, 0) << profiled.output;

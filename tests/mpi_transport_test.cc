@@ -1,13 +1,16 @@
 // The MPI transport under mpirun, on two ranks: a send returns before its receiver computes,
 // and the non-blocking data-parallel sums (StartAllReduceSumDp, TestAllReduce, WaitAllReduces)
 // complete later with exact sums, in f32, f64 and bf16, and a reduction that a peer never joins
-// ends in the deadline. The test binary runs itself under mpirun: with --child=SCENARIO it is one
-// rank of that scenario and prints "RESULT key=value" lines.
+// ends in the deadline; ZeRO-1's reduce-scatter and all-gather on four ranks. The test binary
+// runs itself under mpirun: with --child=SCENARIO it is one rank of that scenario and prints
+// "RESULT key=value" lines.
 #include <gtest/gtest.h>
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -38,7 +41,8 @@ std::string Self() {
 
 // ---------------------------------------------------------------- the ranks' side
 
-// One rank of a two-rank world laid out as pp x dp, with its transport (deadline in seconds).
+// One rank of a world of pp x dp ranks (two, but for the shard scenario), with its transport
+// (deadline in seconds).
 struct TwoRanks {
   comm::Topology topology;
   comm::GroupComms comms;
@@ -46,7 +50,7 @@ struct TwoRanks {
   std::unique_ptr<comm::PipelineComm> comm;
   int rank;
   TwoRanks(const comm::MpiWorld& world, int pp, int dp, double deadline)
-      : topology(2, pp, dp, 1),
+      : topology(pp * dp, pp, dp, 1),
         comms(comm::GroupComms::Create(topology, world.rank())),
         cpu(device::MakeCpuDevice(world.rank(), int64_t{1} << 30)),
         comm(comm::MakeMpiPipelineComm(topology, world.rank(), comms, deadline)),
@@ -138,10 +142,54 @@ int ChildDeadline(comm::MpiWorld& world) {
   return 0;
 }
 
+// Element i of dp rank r's gradient: values whose float sum depends on the order.
+float Piece(int r, int64_t i) {
+  return std::ldexp(1.0f + float((i * 7919 + r * 104729) % 1000) / 1000.0f, int((i + r) % 24) - 12);
+}
+
+// ZeRO-1's collectives on four ranks (dp = 4): the reduce-scatter's shard, the all-reduce (also
+// of a numel that 4 does not divide) and the sum in dp-rank order ((g0 + g1) + g2) + g3 agree
+// bitwise; the all-gather brings every rank's shard, whatever the other elements held.
+int ChildShards(comm::MpiWorld& world) {
+  TwoRanks four(world, 1, 4, 30);
+  comm::PipelineComm& comm = *four.comm;
+  const int r = four.rank;
+  const int64_t n = 4 * 1001;
+  const int64_t odd = n - 3;
+  auto filled = [&](int64_t numel) {
+    memory::Tensor t(four.cpu.get(), {numel}, memory::DType::kF32);
+    for (int64_t i = 0; i < numel; ++i) t.data<float>()[i] = Piece(r, i);
+    return t;
+  };
+  auto ordered = [](int64_t i) {
+    float sum = Piece(0, i);
+    for (int q = 1; q < 4; ++q) sum += Piece(q, i);
+    return sum;
+  };
+  memory::Tensor scattered = filled(n), reduced = filled(n), reduced_odd = filled(odd);
+  memory::Tensor gathered(four.cpu.get(), {n}, memory::DType::kF32);
+  const comm::ShardRange own = comm::DpShardOf(n, 4, r);
+  for (int64_t i = 0; i < n; ++i)
+    gathered.data<float>()[i] = own.begin <= i && i < own.end ? ordered(i) : std::nanf("");
+  comm.StartReduceScatterSumDp(&scattered, "reduce-scatter");
+  comm.StartAllReduceSumDp(&reduced, "all-reduce");
+  comm.StartAllReduceSumDp(&reduced_odd, "all-reduce of an odd numel");
+  comm.StartAllGatherDp(&gathered, "all-gather");
+  comm.WaitAllReduces();
+  bool rs = true, ar = true, ag = true;
+  for (int64_t i = own.begin; i < own.end; ++i) rs = rs && scattered.data<float>()[i] == ordered(i);
+  for (int64_t i = 0; i < n; ++i) ar = ar && reduced.data<float>()[i] == ordered(i);
+  for (int64_t i = 0; i < odd; ++i) ar = ar && reduced_odd.data<float>()[i] == ordered(i);
+  for (int64_t i = 0; i < n; ++i) ag = ag && gathered.data<float>()[i] == ordered(i);
+  std::printf("RESULT shard=%lld-%lld\nRESULT exact=%d,%d,%d\n", (long long)own.begin,
+              (long long)own.end, rs, ar, ag);
+  return 0;
+}
+
 // ---------------------------------------------------------------- the test's side
 
-testutil::RunResult RunScenario(const std::string& scenario) {
-  return testutil::RunCommand(testutil::Mpirun(2) + " " + Self() + " --child=" + scenario, 120);
+testutil::RunResult RunScenario(const std::string& scenario, int ranks = 2) {
+  return testutil::RunCommand(testutil::Mpirun(ranks) + " " + Self() + " --child=" + scenario, 120);
 }
 
 // The values of every "RESULT key=..." line, in the order printed.
@@ -181,6 +229,15 @@ TEST(MpiTransport, NonBlockingDpSumsStartAtOnceAndCompleteExactly) {
   EXPECT_EQ(Results(r.output, "next_handle"), (std::vector<std::string>{"0", "0"}));
 }
 
+TEST(MpiTransport, ReduceScatterAndAllGatherAgreeBitwiseWithTheAllReduceInRankOrder) {
+  const testutil::RunResult r = RunScenario("shards", 4);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> shards = Results(r.output, "shard");
+  std::sort(shards.begin(), shards.end());
+  EXPECT_EQ(shards, (std::vector<std::string>{"0-1001", "1001-2002", "2002-3003", "3003-4004"}));
+  EXPECT_EQ(Results(r.output, "exact"), std::vector<std::string>(4, "1,1,1")) << r.output;
+}
+
 TEST(MpiTransport, AReductionThatAPeerDoesNotJoinEndsInTheDeadline) {
   const testutil::RunResult r = RunScenario("deadline");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -204,6 +261,7 @@ int main(int argc, char** argv) {
     if (scenario == "sends") return bigmac::ChildSends(world);
     if (scenario == "reduce") return bigmac::ChildReduce(world);
     if (scenario == "deadline") return bigmac::ChildDeadline(world);
+    if (scenario == "shards") return bigmac::ChildShards(world);
     return 2;
   }
   ::testing::InitGoogleTest(&argc, argv);

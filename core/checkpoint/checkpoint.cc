@@ -86,6 +86,76 @@ std::string ReadWholeFile(const std::string& path) {
   return data;
 }
 
+// ZeRO-1: writes this rank's pieces of one layer file of `total` bytes at `path` (the tensors at
+// `entries`, three per parameter of `owned`: value, exp_avg, exp_avg_sq) and fsyncs them. The
+// layer's writer writes the values and any whole moments; every replica writes the slices of the
+// moments its AdamW holds. The replicas' pieces tile the file. `fail_midway` is the full-disk
+// testing hook. Returns the bytes written.
+int64_t WriteOwnedPieces(const std::string& path, int64_t total,
+                         const std::vector<TensorEntry>& entries,
+                         const std::vector<const layer::Param*>& owned, const optim::AdamW& adamw,
+                         bool writer, bool fail_midway) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT, 0644);
+  if (fd < 0) throw CheckpointError(path + ": cannot create: " + std::strerror(errno));
+  int64_t written = 0;
+  std::string failure;
+  auto put = [&](const memory::Tensor& tensor, int64_t offset) {
+    std::string host(static_cast<size_t>(tensor.bytes()), '\0');
+    tensor.CopyToHost(host.data());  // device memory through the host
+    for (size_t done = 0; done < host.size() && failure.empty();) {
+      const ssize_t n = fail_midway ? -1
+                                    : pwrite(fd, host.data() + done, host.size() - done,
+                                             static_cast<off_t>(offset + done));
+      if (n <= 0) {
+        failure = path + ": write failed after " + std::to_string(written) + " bytes: " +
+                  (fail_midway ? "No space left on device (injected)" : std::strerror(errno));
+      } else {
+        done += static_cast<size_t>(n);
+        written += n;
+      }
+    }
+  };
+  if (ftruncate(fd, static_cast<off_t>(total)) != 0)
+    failure =
+        path + ": cannot size it to " + std::to_string(total) + " bytes: " + std::strerror(errno);
+  for (size_t i = 0; i < owned.size() && failure.empty(); ++i) {
+    const layer::Param* param = owned[i];
+    if (writer) put(param->value, entries[3 * i].offset());
+    const bool slice = adamw.HasSliceState(param);
+    if (!writer && !slice) continue;
+    const int64_t skip = adamw.StateBegin(param) * memory::DTypeSize(param->value.dtype());
+    if (const memory::Tensor* m = adamw.FirstMoment(param))
+      put(*m, entries[3 * i + 1].offset() + skip);
+    if (const memory::Tensor* v = adamw.SecondMoment(param))
+      put(*v, entries[3 * i + 2].offset() + skip);
+  }
+  if (failure.empty() && fsync(fd) != 0) failure = path + ": fsync failed: " + std::strerror(errno);
+  close(fd);
+  if (!failure.empty()) throw CheckpointError(failure);
+  return written;
+}
+
+// ZeRO-1: once every replica has written its pieces, the writer reads each of `files` back from
+// `dir`, sets the CRC-32 of its tensors in `fragment` (entries already there) and adds the file.
+void ChecksumWrittenFiles(const std::string& dir, std::vector<LayerFile> files,
+                          Manifest* fragment) {
+  for (LayerFile& file : files) {
+    const std::string path = dir + "/" + file.file();
+    const std::string data = ReadWholeFile(path);
+    if (static_cast<int64_t>(data.size()) != file.bytes())
+      throw CheckpointError(path + ": " + std::to_string(data.size()) + " bytes written, " +
+                            std::to_string(file.bytes()) + " expected");
+    uint32_t file_crc = 0;
+    for (TensorEntry& entry : *fragment->mutable_tensors()) {
+      if (entry.file() != file.file()) continue;
+      entry.set_crc32(Crc32(data.data() + entry.offset(), static_cast<size_t>(entry.bytes())));
+      file_crc = Crc32Combine(file_crc, entry.crc32(), static_cast<size_t>(entry.bytes()));
+    }
+    file.set_crc32(file_crc);
+    *fragment->add_files() = std::move(file);
+  }
+}
+
 // What a manifest may claim before anything it names is opened: a plausible model size, every
 // file named after its layer_id (so no path leads outside the step directory), tensors inside
 // their layer's file by the numbers. Returns "" or the first problem.
@@ -225,9 +295,12 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
   // BIGMAC_TEST_FAIL_CHECKPOINT=<step> makes that step's file writes fail half-way (a full disk).
   const char* fail_step = std::getenv("BIGMAC_TEST_FAIL_CHECKPOINT");
   const bool fail = fail_step && std::atoll(fail_step) == step;
-  // This rank's layers, grouped by layer_id; replica layer_id mod dp writes each.
+  // This rank's layers, grouped by layer_id; replica layer_id mod dp writes each. Under ZeRO-1
+  // (AdamW slice state) every replica writes its slices of the moments into that one file too,
+  // and the writer checksums the file once all have written.
   Manifest fragment;
   int64_t bytes_written = 0;
+  std::vector<LayerFile> read_back;  // the writer's ZeRO-1 files, checksummed after the barrier
   try {
     for (const LayerParams& layer : state.layers) {
       const int layer_id = layer.layer_id;
@@ -236,54 +309,75 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
         if (!param->tied_copy) owned.push_back(param);
       }
       if (owned.empty()) continue;
-      if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() != comm.dp_rank())
-        continue;
+      const bool writer =
+          ((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() == comm.dp_rank();
+      const bool sliced = std::any_of(owned.begin(), owned.end(), [&](const layer::Param* p) {
+        return adamw.HasSliceState(p);
+      });
+      if (!writer && !sliced) continue;
       const std::string file = LayerFileName(layer_id, num_layers);
-      std::string data;
-      size_t total = 0;
-      for (const layer::Param* param : owned) total += 3 * param->value.bytes();
-      data.reserve(total);
-      uint32_t file_crc = 0;
+      std::vector<TensorEntry> entries;
+      int64_t total = 0;
       for (const layer::Param* param : owned) {
         if (param->value.dtype() != memory::DType::kF32) {
           throw CheckpointError(tmp_dir + "/" + file + ": " + ParamName(state, layer_id, *param) +
                                 " is " + memory::DTypeName(param->value.dtype()) +
                                 "; checkpoints hold " + kMasterDType + " master weights only");
         }
-        const memory::Tensor* moments[3] = {&param->value, adamw.FirstMoment(param),
-                                            adamw.SecondMoment(param)};
         for (int k = 0; k < 3; ++k) {
-          const int64_t bytes = param->value.bytes();
-          TensorEntry* entry = fragment.add_tensors();
-          entry->set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
-          entry->set_layer_id(layer_id);
-          entry->set_file(file);
-          entry->set_offset(static_cast<int64_t>(data.size()));
-          entry->set_bytes(bytes);
-          for (int64_t extent : param->value.shape()) entry->add_shape(extent);
-          entry->set_dtype(kMasterDType);
-          if (moments[k]) {
-            const size_t at = data.size();
-            data.resize(at + bytes);
-            moments[k]->CopyToHost(data.data() + at);  // device memory through the host
-          } else {
-            data.append(bytes, '\0');  // no step taken yet: zero moments
-          }
-          entry->set_crc32(Crc32(data.data() + entry->offset(), bytes));
-          file_crc = Crc32Combine(file_crc, entry->crc32(), bytes);
+          TensorEntry& entry = entries.emplace_back();
+          entry.set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
+          entry.set_layer_id(layer_id);
+          entry.set_file(file);
+          entry.set_offset(total);
+          entry.set_bytes(param->value.bytes());
+          for (int64_t extent : param->value.shape()) entry.add_shape(extent);
+          entry.set_dtype(kMasterDType);
+          total += param->value.bytes();
         }
       }
+      LayerFile layer_file;
+      layer_file.set_layer_id(layer_id);
+      layer_file.set_file(file);
+      layer_file.set_bytes(total);
+      layer_file.set_writer_rank(comm.world_rank());
+      if (sliced) {
+        bytes_written +=
+            WriteOwnedPieces(tmp_dir + "/" + file, total, entries, owned, adamw, writer, fail);
+        if (writer) {
+          for (TensorEntry& entry : entries) *fragment.add_tensors() = std::move(entry);
+          read_back.push_back(std::move(layer_file));
+        }
+        continue;
+      }
+      std::string data(static_cast<size_t>(total), '\0');
+      uint32_t file_crc = 0;
+      for (size_t i = 0; i < entries.size(); ++i) {
+        const layer::Param* param = owned[i / 3];
+        const memory::Tensor* tensors[3] = {&param->value, adamw.FirstMoment(param),
+                                            adamw.SecondMoment(param)};
+        // (No moments before the first step: zeros.) Device memory through the host.
+        if (tensors[i % 3]) tensors[i % 3]->CopyToHost(data.data() + entries[i].offset());
+        entries[i].set_crc32(Crc32(data.data() + entries[i].offset(), entries[i].bytes()));
+        file_crc = Crc32Combine(file_crc, entries[i].crc32(), entries[i].bytes());
+        *fragment.add_tensors() = std::move(entries[i]);
+      }
       WriteFileSynced(tmp_dir + "/" + file, data, crash, fail);
-      LayerFile* layer_file = fragment.add_files();
-      layer_file->set_layer_id(layer_id);
-      layer_file->set_file(file);
-      layer_file->set_bytes(static_cast<int64_t>(data.size()));
-      layer_file->set_crc32(file_crc);
-      layer_file->set_writer_rank(comm.world_rank());
+      layer_file.set_crc32(file_crc);
+      *fragment.add_files() = std::move(layer_file);
       bytes_written += static_cast<int64_t>(data.size());
     }
   } catch (const std::exception& e) {
     error = e.what();
+  }
+  // Every piece is on disk before the writers checksum their ZeRO-1 files (a failure is reported
+  // by the rank it happened on).
+  if (comm.AllOk(error.empty())) {
+    try {
+      ChecksumWrittenFiles(tmp_dir, read_back, &fragment);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
 
   SaveReport report;

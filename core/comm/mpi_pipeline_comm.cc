@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <list>
 #include <stdexcept>
 #include <vector>
@@ -20,8 +21,6 @@ namespace {
 
 constexpr int64_t kMagic = 0x424d4143;  // "BMAC"
 constexpr int kHeaderWords = 8;         // magic, dtype, ndim, 4 dims, numel
-// The most elements one MPI_Iallreduce sums (its count is an int).
-constexpr int64_t kMaxReduceCount = int64_t{1} << 30;
 // MPI counts are ints: a payload goes out as messages of at most this many bytes (after its
 // header, same tag, matched in order), so tensors of 2 GiB and more travel.
 constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
@@ -137,6 +136,10 @@ class MpiComm : public MpiPipelineComm {
         spin_(spin),
         stage_host_(stage_host_tensors) {
     coords_ = topology.CoordsOf(world_rank);
+    // The all-reduces' second halves start when their first halves complete, which may be in a
+    // different order than other collectives on comms_.dp: they get a communicator of their own
+    // (collective over the dp group, as every rank constructs its transport at start-up).
+    if (topology.dp_size() > 1) MPI_Comm_dup(comms_.dp, &gather_comm_);
   }
   ~MpiComm() override {
     // Only on an abnormal exit are sends still in flight: MPI may still read their buffers, so
@@ -150,6 +153,9 @@ class MpiComm : public MpiPipelineComm {
     // Reductions still in flight (an abnormal exit, the job is stopping): a collective's request
     // cannot be freed, and MPI may still write their staging buffers, so those leak too.
     if (!reductions_.empty()) new std::vector<Reduction>(std::move(reductions_));
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (gather_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&gather_comm_);
   }
 
   int pp_rank() const override { return coords_.pp; }
@@ -312,42 +318,17 @@ class MpiComm : public MpiPipelineComm {
   }
 
   int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what) override {
-    reductions_.emplace_back();
-    Reduction& r = reductions_.back();
-    r.tensor = tensor;
-    r.what = what;
-    if (topology_.dp_size() == 1 || tensor->numel() == 0) {
-      r.done = true;
-      return static_cast<int>(reductions_.size()) - 1;
-    }
-    const memory::DType dtype = tensor->dtype();
-    if (dtype != memory::DType::kF32 && dtype != memory::DType::kF64 &&
-        dtype != memory::DType::kBF16) {
-      throw TransportError(what + ": cannot sum " + memory::DTypeName(dtype) + " tensors");
-    }
-    // MPI sums f32 and f64 in host memory; bf16 is summed in f32, device memory is staged
-    // through the pool (pinned on CUDA).
-    r.wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
-    void* data = tensor->raw();
-    if (dtype == memory::DType::kBF16 || Staged(tensor->device())) {
-      memory::Tensor host_copy(tensor->device(), tensor->shape(), r.wide);
-      host_copy.ConvertFrom(*tensor);
-      r.staging = staging_.Acquire(tensor->device(), host_copy.bytes());
-      r.staged = true;
-      host_copy.CopyToHost(r.staging.data());
-      data = r.staging.data();
-    }
-    const bool f64 = r.wide == memory::DType::kF64;
-    const int64_t element = f64 ? 8 : 4;
-    const int64_t count = tensor->numel();
-    // MPI counts are ints: one reduction per kMaxReduceCount elements (in practice one per bucket).
-    for (int64_t offset = 0; offset < count; offset += kMaxReduceCount) {
-      r.requests.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + offset * element,
-                     static_cast<int>(std::min(kMaxReduceCount, count - offset)),
-                     f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comms_.dp, &r.requests.back());
-    }
-    return static_cast<int>(reductions_.size()) - 1;
+    return StartCollective(Collective::kAllReduce, tensor, what);
+  }
+
+  int StartReduceScatterSumDp(memory::Tensor* tensor, const std::string& what) override {
+    DpShardOf(tensor->numel(), topology_.dp_size(), coords_.dp);  // checks the shape
+    return StartCollective(Collective::kReduceScatter, tensor, what);
+  }
+
+  int StartAllGatherDp(memory::Tensor* tensor, const std::string& what) override {
+    DpShardOf(tensor->numel(), topology_.dp_size(), coords_.dp);
+    return StartCollective(Collective::kAllGather, tensor, what);
   }
 
   bool TestAllReduce(int handle) override {
@@ -355,6 +336,8 @@ class MpiComm : public MpiPipelineComm {
       throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +
                              " is in flight");
     Reap();  // also progresses every outstanding collective
+    // The earlier ones too: an all-reduce's second half waits for theirs to start.
+    for (int i = 0; i < handle; ++i) Test(&reductions_[i]);
     return Test(&reductions_[handle]);
   }
 
@@ -384,6 +367,7 @@ class MpiComm : public MpiPipelineComm {
                 });
     }
     reductions_.clear();
+    next_gather_ = 0;
   }
 
   double AllReduceSumPp(double value) override {
@@ -490,24 +474,136 @@ class MpiComm : public MpiPipelineComm {
     return status;
   }
 
-  // One non-blocking dp reduction: the tensor summed in place, or its host staging copy.
+  // The dp collectives. An all-reduce is a reduce-scatter followed by an all-gather, and a
+  // reduce-scatter is an all-to-all of the shards followed by a local sum in dp-rank order,
+  // ((g0 + g1) + g2) + g3: the sums do not depend on MPI's choice of algorithm (which changes with
+  // the message size), and the all-reduce and ZeRO-1's reduce-scatter give bitwise the same sums.
+  enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+
+  // One non-blocking dp collective, in place on its tensor or on a host staging copy of it.
   struct Reduction {
     memory::Tensor* tensor = nullptr;
     std::string what;
+    Collective kind = Collective::kAllReduce;
     memory::DType wide = memory::DType::kF32;
-    StagingPool::Buffer staging;  // bf16 widened to f32, or device memory: copied back when done
+    StagingPool::Buffer staging;  // bf16 widened to f32, device memory, or a padded copy
     bool staged = false;
+    std::vector<char> received;  // the all-to-all's pieces of this rank's shard, in rank order
+    void* data = nullptr;        // the host buffer the collective works on
+    int64_t shard = 0;           // elements per rank
+    bool scattered = false;      // an all-reduce's first half is done
     std::vector<MPI_Request> requests;
     bool done = false;
   };
 
+  int StartCollective(Collective kind, memory::Tensor* tensor, const std::string& what) {
+    reductions_.emplace_back();
+    Reduction& r = reductions_.back();
+    r.tensor = tensor;
+    r.what = what;
+    r.kind = kind;
+    const int dp = topology_.dp_size();
+    if (dp == 1 || tensor->numel() == 0) {
+      r.done = true;
+      return static_cast<int>(reductions_.size()) - 1;
+    }
+    const memory::DType dtype = tensor->dtype();
+    if (dtype != memory::DType::kF32 && dtype != memory::DType::kF64 &&
+        dtype != memory::DType::kBF16) {
+      throw TransportError(what + ": cannot sum " + memory::DTypeName(dtype) + " tensors");
+    }
+    // MPI works on f32 and f64 in host memory; bf16 is summed in f32, device memory is staged,
+    // and an all-reduce of a numel that dp does not divide is padded with zeros.
+    r.wide = dtype == memory::DType::kBF16 ? memory::DType::kF32 : dtype;
+    const int64_t element = memory::DTypeSize(r.wide);
+    const int64_t padded = (tensor->numel() + dp - 1) / dp * dp;
+    r.shard = padded / dp;
+    if (r.shard > std::numeric_limits<int>::max())
+      throw TransportError(what + ": " + std::to_string(r.shard) +
+                           " elements per rank, more than an MPI count holds");
+    r.data = tensor->raw();
+    if (dtype == memory::DType::kBF16 || Staged(tensor->device()) || padded != tensor->numel()) {
+      // Through the staging pool (pinned on CUDA); its buffers are not zeroed: the padding is.
+      memory::Tensor host_copy(tensor->device(), tensor->shape(), r.wide);
+      host_copy.ConvertFrom(*tensor);
+      r.staging = staging_.Acquire(tensor->device(), padded * element);
+      r.staged = true;
+      host_copy.CopyToHost(r.staging.data());
+      std::memset(r.staging.data() + tensor->numel() * element, 0,
+                  (padded - tensor->numel()) * element);
+      r.data = r.staging.data();
+    }
+    if (kind == Collective::kAllGather) {
+      StartAllGather(&r, comms_.dp);
+    } else {
+      r.received.resize(padded * element);
+      r.requests.emplace_back();
+      MPI_Ialltoall(r.data, static_cast<int>(r.shard), MpiType(r.wide), r.received.data(),
+                    static_cast<int>(r.shard), MpiType(r.wide), comms_.dp, &r.requests.back());
+    }
+    return static_cast<int>(reductions_.size()) - 1;
+  }
+
+  static MPI_Datatype MpiType(memory::DType wide) {
+    return wide == memory::DType::kF64 ? MPI_DOUBLE : MPI_FLOAT;
+  }
+
+  void StartAllGather(Reduction* r, MPI_Comm comm) {
+    r->requests.assign(1, MPI_REQUEST_NULL);
+    MPI_Iallgather(MPI_IN_PLACE, 0, MpiType(r->wide), r->data, static_cast<int>(r->shard),
+                   MpiType(r->wide), comm, &r->requests.back());
+  }
+
+  // Starts the all-gathers of all-reduces whose reduce-scatter is done, in start order (the same
+  // on every rank): none overtakes an earlier all-reduce still scattering.
+  void StartSecondHalves() {
+    while (next_gather_ < reductions_.size()) {
+      Reduction& r = reductions_[next_gather_];
+      if (r.kind == Collective::kAllReduce && !r.done) {
+        if (!r.scattered) return;
+        if (r.requests.empty()) StartAllGather(&r, gather_comm_);
+      }
+      ++next_gather_;
+    }
+  }
+
+  // The pieces of this rank's shard, summed in dp-rank order into its place in the buffer.
+  template <typename T>
+  void SumShard(Reduction* r) {
+    const T* pieces = reinterpret_cast<const T*>(r->received.data());
+    T* out = static_cast<T*>(r->data) + coords_.dp * r->shard;
+    std::copy(pieces, pieces + r->shard, out);
+    for (int q = 1; q < topology_.dp_size(); ++q) {
+      const T* piece = pieces + q * r->shard;
+      for (int64_t i = 0; i < r->shard; ++i) out[i] += piece[i];
+    }
+    r->received = {};
+  }
+
   // Progresses `r` without blocking; once complete, its result is in its tensor.
   bool Test(Reduction* r) {
     if (r->done) return true;
+    if (r->requests.empty()) {  // a scattered all-reduce whose all-gather waits for its turn
+      StartSecondHalves();
+      if (r->requests.empty()) return false;
+    }
     int complete = 0;
     MPI_Testall(static_cast<int>(r->requests.size()), r->requests.data(), &complete,
                 MPI_STATUSES_IGNORE);
     if (!complete) return false;
+    if (r->kind != Collective::kAllGather && !r->scattered) {
+      if (r->wide == memory::DType::kF64) {
+        SumShard<double>(r);
+      } else {
+        SumShard<float>(r);
+      }
+      r->scattered = true;
+      r->requests.clear();
+      if (r->kind == Collective::kAllReduce) {
+        StartSecondHalves();
+        return false;
+      }
+    }
     if (r->staged) {
       memory::Tensor wide(r->tensor->device(), r->tensor->shape(), r->wide);
       wide.CopyFromHost(r->staging.data());
@@ -609,6 +705,8 @@ class MpiComm : public MpiPipelineComm {
   StagingPool staging_;  // before pending_, whose buffers return to it
   std::list<Pending> pending_;
   std::vector<Reduction> reductions_;  // started since the last WaitAllReduces
+  size_t next_gather_ = 0;             // the first all-reduce whose second half may not be started
+  MPI_Comm gather_comm_ = MPI_COMM_NULL;  // the all-reduces' all-gathers
 };
 
 }  // namespace

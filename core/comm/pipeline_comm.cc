@@ -27,6 +27,29 @@ int PipelineComm::StartAllReduceSumDp(memory::Tensor* tensor, const std::string&
   return default_reductions_++;
 }
 
+ShardRange DpShardOf(int64_t numel, int dp_size, int dp_rank) {
+  if (dp_size < 1 || numel % dp_size != 0)
+    throw std::logic_error("a dp shard of " + std::to_string(numel) + " elements over " +
+                           std::to_string(dp_size) + " ranks: not a multiple");
+  const int64_t shard = numel / dp_size;
+  return {dp_rank * shard, (dp_rank + 1) * shard};
+}
+
+int PipelineComm::StartReduceScatterSumDp(memory::Tensor* tensor, const std::string& what) {
+  DpShardOf(tensor->numel(), dp_size(), dp_rank());  // checks the shape
+  return StartAllReduceSumDp(tensor, what);          // every shard holds the sum
+}
+
+int PipelineComm::StartAllGatherDp(memory::Tensor* tensor, const std::string& what) {
+  // The other ranks' shards are zeroed and the group sums: x + 0 + ... + 0 is x, exactly.
+  const ShardRange own = DpShardOf(tensor->numel(), dp_size(), dp_rank());
+  const int64_t element = memory::DTypeSize(tensor->dtype());
+  char* data = static_cast<char*>(tensor->raw());
+  tensor->device()->Memset(data, own.begin * element);
+  tensor->device()->Memset(data + own.end * element, (tensor->numel() - own.end) * element);
+  return StartAllReduceSumDp(tensor, what);
+}
+
 bool PipelineComm::TestAllReduce(int handle) {
   if (handle < 0 || handle >= default_reductions_)
     throw std::logic_error("TestAllReduce: no reduction " + std::to_string(handle) +

@@ -56,6 +56,14 @@ struct Incoming {
   std::string what;
 };
 
+// The shard of a data-parallel reduce-scatter or all-gather that rank `dp_rank` of `dp_size`
+// holds: elements [begin, end) of a tensor of `numel` elements, numel a multiple of dp_size.
+struct ShardRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+ShardRange DpShardOf(int64_t numel, int dp_size, int dp_rank);
+
 // What the executor needs from the machines: point-to-point tensors within one pipeline (peers are
 // pp ranks), reductions over the data-parallel group and the pipeline, and a little gathering for
 // logs. Implementations: MPI (MakeMpiPipelineComm; device memory is staged through pinned host
@@ -111,6 +119,17 @@ class PipelineComm {
   // every started reduction is complete, then forgets them (DeadlineError names the first one
   // still pending). The defaults reduce at once through AllReduceSumDp: correct, not overlapped.
   virtual int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what);
+  // ZeRO-1's two halves of that sum (docs/zero.md), non-blocking, in place, on a tensor whose
+  // numel is a multiple of dp_size(), cut into dp_size() equal contiguous shards (DpShardOf).
+  // StartReduceScatterSumDp sums over the group into this rank's shard; the other elements are
+  // left unspecified. StartAllGatherDp sends this rank's shard to every rank and receives theirs,
+  // so that afterwards every rank holds the whole tensor. Their handles come from the same list
+  // as StartAllReduceSumDp's (TestAllReduce, WaitAllReduces), with the same rules: every rank
+  // starts the same collectives in the same order. (The in-place shapes are NCCL's:
+  // ncclReduceScatter and ncclAllGather with the shard at rank * numel / dp.) The defaults go
+  // through AllReduceSumDp: correct, not overlapped.
+  virtual int StartReduceScatterSumDp(memory::Tensor* tensor, const std::string& what);
+  virtual int StartAllGatherDp(memory::Tensor* tensor, const std::string& what);
   virtual bool TestAllReduce(int handle);
   virtual void WaitAllReduces();
   // Moves messages in flight along without blocking (MPI needs calls into it to progress a

@@ -257,6 +257,12 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                          ExplainSizeError(parallel.dp_bucket_size(), error));
     }
   }
+  if (parallel.zero_stage() > 1) {
+    problems.push_back(describe("parallel.zero_stage", parallel.zero_stage()) +
+                       " must be 0 (the optimizer state replicated over dp) or 1 (ZeRO-1: the "
+                       "AdamW state sharded over dp); ZeRO stages 2 and 3 (sharded gradients "
+                       "and parameters) are not implemented");
+  }
   const Optim& optim = values.optim();
   auto check_range = [&](const std::string& key, double value, double low, bool low_open,
                          double high, bool high_open, const std::string& rule) {

@@ -3,6 +3,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "core/engine/zero_shard.h"
 #include "core/memory/allocator.h"
 
 namespace bigmac::engine {
@@ -73,6 +74,10 @@ DpReducer::DpReducer(Stage* stage, comm::PipelineComm* comm, const DpReduceOptio
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (int id : buckets_[b].layer_ids) buckets_of_layer_[id].push_back(b);
   }
+  for (const DpBucket& b : buckets_)
+    // Padded with zeros to a multiple of dp: the shape ZeRO-1's collectives need, and the one
+    // the transport's all-reduce works on without a staging copy.
+    flat_numel_.push_back(PaddedNumel(b.numel, comm->dp_size()));
   in_flight_.resize(buckets_.size());
   layers_left_.resize(buckets_.size());
 }
@@ -134,7 +139,7 @@ void DpReducer::Start(size_t bucket) {
   const DpBucket& b = buckets_[bucket];
   InFlight& f = in_flight_[bucket];
   device::Device* device = stage_->device();
-  f.flat = Tensor(device, {b.numel}, b.dtype);
+  f.flat = Tensor(device, {flat_numel_[bucket]}, b.dtype);
   const int64_t element = memory::DTypeSize(b.dtype);
   int64_t offset = 0;
   for (const Stage::NamedParam& named : b.params) {
@@ -142,12 +147,16 @@ void DpReducer::Start(size_t bucket) {
                                named.param->grad.raw(), named.param->grad.bytes());
     offset += named.param->grad.numel();
   }
+  device->Memset(static_cast<char*>(f.flat.raw()) + offset * element,
+                 (flat_numel_[bucket] - offset) * element);  // ZeRO-1's padding
   f.start = metrics::Timeline::Clock::now();
-  const std::string what = "ReduceDp: all-reduce of bucket " + std::to_string(bucket + 1) + " of " +
-                           std::to_string(buckets_.size()) + " (" + b.params.front().name +
-                           (b.params.size() > 1 ? " .. " + b.params.back().name : "") + ", " +
-                           std::to_string(b.numel) + " elements) over the data-parallel group";
-  f.handle = comm_->StartAllReduceSumDp(&f.flat, what);
+  const std::string what =
+      std::string("ReduceDp: ") + (options_.shard ? "reduce-scatter" : "all-reduce") +
+      " of bucket " + std::to_string(bucket + 1) + " of " + std::to_string(buckets_.size()) + " (" +
+      b.params.front().name + (b.params.size() > 1 ? " .. " + b.params.back().name : "") + ", " +
+      std::to_string(b.numel) + " elements) over the data-parallel group";
+  f.handle = options_.shard ? comm_->StartReduceScatterSumDp(&f.flat, what)
+                            : comm_->StartAllReduceSumDp(&f.flat, what);
   if (!tail_) ++started_early_;
 }
 
@@ -156,20 +165,31 @@ void DpReducer::Complete(size_t bucket) {
   InFlight& f = in_flight_[bucket];
   device::Device* device = stage_->device();
   const int64_t element = memory::DTypeSize(b.dtype);
-  int64_t offset = 0;
-  for (const Stage::NamedParam& named : b.params) {
-    device->CopyDeviceToDevice(named.param->grad.raw(),
-                               static_cast<const char*>(f.flat.raw()) + offset * element,
-                               named.param->grad.bytes());
-    offset += named.param->grad.numel();
+  if (options_.shard) {
+    // Only this rank's shard holds sums; the rest of each gradient is left as it was.
+    for (const ParamSlice& slice : ShardSlices(b, comm_->dp_size(), comm_->dp_rank())) {
+      device->CopyDeviceToDevice(
+          static_cast<char*>(slice.named.param->grad.raw()) + slice.begin * element,
+          static_cast<const char*>(f.flat.raw()) + slice.flat_offset * element,
+          slice.length * element);
+    }
+  } else {
+    int64_t offset = 0;
+    for (const Stage::NamedParam& named : b.params) {
+      device->CopyDeviceToDevice(named.param->grad.raw(),
+                                 static_cast<const char*>(f.flat.raw()) + offset * element,
+                                 named.param->grad.bytes());
+      offset += named.param->grad.numel();
+    }
   }
   f.flat = Tensor();
   f.done = true;
   if (timeline_) {
-    timeline_->Record(
-        "AllReduce bucket " + std::to_string(bucket + 1) + "/" + std::to_string(buckets_.size()) +
-            " (" + memory::FormatMiB(b.numel * element) + ")",
-        "dp_reduce", f.start, metrics::Timeline::Clock::now(), metrics::Timeline::kCommTrack);
+    timeline_->Record(std::string(options_.shard ? "ReduceScatter" : "AllReduce") + " bucket " +
+                          std::to_string(bucket + 1) + "/" + std::to_string(buckets_.size()) +
+                          " (" + memory::FormatMiB(b.numel * element) + ")",
+                      "dp_reduce", f.start, metrics::Timeline::Clock::now(),
+                      metrics::Timeline::kCommTrack);
   }
 }
 

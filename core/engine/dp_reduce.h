@@ -37,6 +37,9 @@ struct DpReduceOptions {
   // (parallel.overlap_dp_reduce); otherwise all buckets start in ReduceDp.
   bool overlap = true;
   int64_t bucket_bytes = int64_t{25} << 20;  // parallel.dp_bucket_size
+  // ZeRO-1 (parallel.zero_stage=1, zero_shard.h): each bucket is reduce-scattered instead, and
+  // only this rank's shard of the sums is copied back into the gradients.
+  bool shard = false;
 };
 
 // The data-parallel all-reduce of one rank's owned gradients, in the buckets of MakeDpBuckets,
@@ -91,6 +94,7 @@ class DpReducer {
   std::vector<DpBucket> buckets_;
   std::vector<int> layer_id_of_index_;                   // Stage::layers() index -> layer_id
   std::map<int, std::vector<size_t>> buckets_of_layer_;  // layer_id -> buckets holding it
+  std::vector<int64_t> flat_numel_;                      // per bucket, padded to a multiple of dp
   // Per step.
   bool counting_ = false;  // in the last flush
   bool tail_ = false;      // the step's tail has begun

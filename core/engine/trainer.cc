@@ -26,6 +26,7 @@
 #include "core/engine/executor.h"
 #include "core/engine/generate.h"
 #include "core/engine/stage.h"
+#include "core/engine/zero_shard.h"
 #include "core/memory/allocator.h"
 #include "core/metrics/event_writer.h"
 #include "core/metrics/timeline.h"
@@ -90,17 +91,6 @@ void DumpWeights(Stage& stage, const std::string& dir) {
     named.param->value.CopyToHost(host.data());
     it->second.write(host.data(), static_cast<std::streamsize>(host.size()));
   }
-}
-
-// Parameters on this rank that have AdamW state: the owned ones, never a tied copy.
-int64_t OptimizerStateCount(Stage& stage, const optim::AdamW& adamw) {
-  int64_t count = 0;
-  for (const auto& layer : stage.layers()) {
-    for (layer::Param* param : layer->Params()) {
-      if (adamw.FirstMoment(param)) count += param->value.numel();
-    }
-  }
-  return count;
 }
 
 // Fault-injection hooks for the reliability tests (docs/exit_codes.md), read once from the
@@ -201,6 +191,8 @@ class Trainer {
   // After step `step` (0-based): true if a stop signal ends the run here (every rank agrees).
   bool StopRequested(int step);
   void Report(int steps_run);
+  // The [memory] line's optimizer bytes, sharded or not.
+  std::string OptimizerMemory() const;
   void WriteTraceAndDump();
 
   const config::ResolvedConfig& resolved_;
@@ -218,6 +210,7 @@ class Trainer {
   StageOptions stage_options_;
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<ZeroShards> zero_;  // parallel.zero_stage=1 with dp > 1
   std::optional<data::TokenDataset> train_data_, val_data_;
   metrics::Timeline timeline_;
   std::ofstream metrics_file_;
@@ -307,7 +300,12 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   std::string size_error;
   memory::ParseByteSize(cfg_.parallel().dp_bucket_size(), &dp_reduce.bucket_bytes,
                         &size_error);  // validated at start-up
+  dp_reduce.shard = cfg_.parallel().zero_stage() == 1;
   executor_->set_dp_reduce(dp_reduce);
+  if (dp_reduce.shard && comm.dp_size() > 1) {
+    zero_ = std::make_unique<ZeroShards>(executor_->dp_reducer().buckets(), &comm, device_);
+    zero_->InitState(&adamw_);  // before a checkpoint's moments arrive (SetState slices them)
+  }
   if (hooks_.sigstop_rank == comm.world_rank()) {
     const int microbatch = std::min(1, microbatches_ - 1);
     executor_->set_action_hook([this, microbatch](const schedule::Action& action) {
@@ -514,13 +512,18 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
     std::raise(SIGKILL);
   }
   // Each parameter is owned by one rank of the pipeline and is identical across dp replicas:
-  // sum over the pipeline only.
+  // sum over the pipeline only. Under ZeRO-1 each element's final gradient is on one rank of the
+  // dp group: sum over it first.
   double local_sumsq = 0;
   std::string bad;
-  for (const Stage::NamedParam& named : stage_->OwnedParams()) {
-    const double norm = optim::GlobalGradNorm({named.param});
-    if (!std::isfinite(norm) && bad.empty()) bad = named.name;
-    local_sumsq += norm * norm;
+  if (zero_) {
+    local_sumsq = zero_->DpSum(zero_->SumSquares(&bad));
+  } else {
+    for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+      const double norm = optim::GlobalGradNorm({named.param});
+      if (!std::isfinite(norm) && bad.empty()) bad = named.name;
+      local_sumsq += norm * norm;
+    }
   }
   outcome->norm = std::sqrt(comm_.AllReduceSumPp(local_sumsq));
   outcome->lr = optim::LearningRate(lr_schedule_, step);
@@ -532,7 +535,8 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
   if (cfg_.optim().grad_clip() > 0 && outcome->norm > cfg_.optim().grad_clip()) {
     optim::ScaleGradients(params_, cfg_.optim().grad_clip() / outcome->norm);
   }
-  adamw_.Step(params_, outcome->lr, step + 1);
+  adamw_.Step(params_, outcome->lr, step + 1);  // under ZeRO-1: this rank's slices
+  if (zero_) zero_->AllGatherValues();
   executor_->SendTiedWeight();
 }
 
@@ -692,12 +696,12 @@ void Trainer::Report(int steps_run) {
       Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
              "activations peak "
              "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
-             "optimizer state for %lld; %lld system allocations after the first step",
+             "optimizer state for %lld (%s); %lld system allocations after the first step",
              comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank(), stages.c_str(),
              double(result_.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
              double(stage_->max_activation_bytes()) / (1 << 20), result_.max_in_flight,
              static_cast<long long>(result_.parameter_count),
-             static_cast<long long>(OptimizerStateCount(*stage_, adamw_)),
+             static_cast<long long>(adamw_.StateElements()), OptimizerMemory().c_str(),
              static_cast<long long>(result_.steady_state_system_allocations)));
   for (const std::string& line : memory_lines) Log(line);
   std::string layer_ranges;
@@ -718,6 +722,14 @@ void Trainer::Report(int steps_run) {
       double(result_.activation_bytes_per_step) / 1e6,
       memory::DTypeName(stage_->activation_dtype()).c_str()));
   for (const std::string& line : stage_lines) Log(line);
+}
+
+std::string Trainer::OptimizerMemory() const {
+  // Two fp32 moments per element with state.
+  const double mib = double(adamw_.StateElements()) * 8 / (1 << 20);
+  if (!zero_) return Format("%.2f MiB of AdamW moments, not sharded", mib);
+  return Format("%.2f MiB of AdamW moments: ZeRO-1 shard of %.2f MiB over dp %d", mib,
+                double(zero_->total_elements()) * 8 / (1 << 20), comm_.dp_size());
 }
 
 void Trainer::WriteTraceAndDump() {

@@ -1,13 +1,15 @@
 #include "core/optim/adamw.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <utility>
 
 namespace bigmac::optim {
 
 void AdamW::InitState(const std::vector<layer::Param*>& params) {
   for (layer::Param* param : params) {
     State& state = state_[param];
-    if (state.m.empty()) {
+    if (state.m.empty() && !state.slice) {
       state.m = param->value.Clone();
       state.m.Zero();
       state.v = state.m.Clone();
@@ -21,12 +23,18 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
   InitState(params);
   for (layer::Param* param : params) {
     State& state = state_[param];
+    if (state.slice && state.m.empty()) continue;  // another rank's elements only
+    // The elements [begin, begin + n) the moments cover: all of them unless a slice.
+    const int64_t begin = state.begin;
+    auto at = [begin](auto* data, memory::DType dtype) {
+      return static_cast<char*>(data) + begin * memory::DTypeSize(dtype);
+    };
     device::AdamWArgs args;
-    args.p = param->value.raw();
-    args.g = param->grad.raw();
+    args.p = at(param->value.raw(), param->value.dtype());
+    args.g = at(param->grad.raw(), param->grad.dtype());
     args.m = state.m.raw();
     args.v = state.v.raw();
-    args.n = param->value.numel();
+    args.n = state.m.numel();
     args.dtype = param->value.dtype();
     args.lr = lr;
     args.beta1 = options_.beta1;
@@ -36,9 +44,12 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
     args.bias_correction1 = bias1;
     args.bias_correction2 = bias2;
     // The bf16 compute copy is written in the same pass (what RefreshComputeCopy would write).
-    const bool fused_copy = !param->compute.empty() && args.dtype == memory::DType::kF32;
+    // (For a slice, the whole compute copy is refreshed after the all-gather: ZeroShards.)
+    const bool fused_copy =
+        !state.slice && !param->compute.empty() && args.dtype == memory::DType::kF32;
     if (fused_copy) args.compute_bf16 = param->compute.raw();
     param->value.device()->AdamWUpdate(args);
+    if (state.slice) continue;
     if (fused_copy) {
       ++param->compute_version;
     } else {
@@ -47,20 +58,58 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
   }
 }
 
+void AdamW::InitSliceState(const layer::Param* param, int64_t begin, int64_t length) {
+  if (state_.count(param))
+    throw std::logic_error("AdamW: " + param->name + " already has optimizer state");
+  State& state = state_[param];
+  state.slice = true;
+  state.begin = begin;
+  if (length == 0) return;
+  state.m = memory::Tensor(param->value.device(), {length}, param->value.dtype());
+  state.m.Zero();
+  state.v = state.m.Clone();
+}
+
 void AdamW::SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v) {
   State& state = state_[param];
-  state.m = std::move(m);
-  state.v = std::move(v);
+  if (!state.slice) {
+    state.m = std::move(m);
+    state.v = std::move(v);
+    return;
+  }
+  // This rank's slice of the full moments.
+  const int64_t element = memory::DTypeSize(m.dtype());
+  for (auto [from, to] : {std::pair{&m, &state.m}, std::pair{&v, &state.v}}) {
+    if (to->empty()) continue;
+    from->device()->CopyDeviceToDevice(
+        to->raw(), static_cast<const char*>(from->raw()) + state.begin * element, to->bytes());
+  }
+}
+
+bool AdamW::HasSliceState(const layer::Param* param) const {
+  auto it = state_.find(param);
+  return it != state_.end() && it->second.slice;
+}
+
+int64_t AdamW::StateBegin(const layer::Param* param) const {
+  auto it = state_.find(param);
+  return it == state_.end() ? 0 : it->second.begin;
+}
+
+int64_t AdamW::StateElements() const {
+  int64_t count = 0;
+  for (const auto& [param, state] : state_) count += state.m.numel();
+  return count;
 }
 
 const memory::Tensor* AdamW::FirstMoment(const layer::Param* param) const {
   auto it = state_.find(param);
-  return it == state_.end() ? nullptr : &it->second.m;
+  return it == state_.end() || it->second.m.empty() ? nullptr : &it->second.m;
 }
 
 const memory::Tensor* AdamW::SecondMoment(const layer::Param* param) const {
   auto it = state_.find(param);
-  return it == state_.end() ? nullptr : &it->second.v;
+  return it == state_.end() || it->second.v.empty() ? nullptr : &it->second.v;
 }
 
 double LearningRate(const LrSchedule& s, int64_t step) {

@@ -34,17 +34,31 @@ class AdamW {
   // allocated before the first step, which leaves the steps themselves to the allocator's cache.
   void InitState(const std::vector<layer::Param*>& params);
 
-  // Restores `param`'s moments (from a checkpoint); they must have the parameter's shape.
+  // ZeRO-1 (docs/zero.md): `param` gets zero moments for its elements [begin, begin + length)
+  // only (none if length is 0), and Step updates those elements only; the rest of its master and
+  // compute copy are another rank's to update. Call before any other state exists for it.
+  void InitSliceState(const layer::Param* param, int64_t begin, int64_t length);
+
+  // Restores `param`'s moments (from a checkpoint); they have the parameter's shape (full
+  // tensors, whatever layout saved them). A parameter with slice state keeps its slice of them.
   void SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v);
 
-  // The moment tensors of `param` (for checkpoints and tests); null before its first step.
+  // The moment tensors of `param` (for checkpoints and tests); null before its first step. For
+  // slice state they hold elements [StateBegin, StateBegin + numel) of the parameter (and are
+  // null for an empty slice).
   const memory::Tensor* FirstMoment(const layer::Param* param) const;
   const memory::Tensor* SecondMoment(const layer::Param* param) const;
+  bool HasSliceState(const layer::Param* param) const;
+  int64_t StateBegin(const layer::Param* param) const;
+  // Elements with moments on this rank (each has two fp32 moments).
+  int64_t StateElements() const;
 
  private:
   struct State {
     memory::Tensor m;
     memory::Tensor v;
+    int64_t begin = 0;   // the first element the moments cover
+    bool slice = false;  // ZeRO-1: m and v cover a slice of the parameter (maybe empty)
   };
   AdamWOptions options_;
   std::map<const layer::Param*, State> state_;

@@ -186,7 +186,11 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
           stage.range.has_head && !stage.range.has_embedding
               ? double(dims.vocab_size) * dims.hidden_size * 8  // value + gradient
               : 0.0;
-      stage.total_mib = (double(stage.parameters) * 16 + copy_bytes) / kMiB +
+      stage.optimizer_mib = double(stage.parameters) * 8 / kMiB;
+      stage.optimizer_zero_mib = stage.optimizer_mib / config.dp;
+      const bool zero = config.values().parallel().zero_stage() == 1;
+      stage.total_mib = (double(stage.parameters) * 8 + copy_bytes) / kMiB +
+                        (zero ? stage.optimizer_zero_mib : stage.optimizer_mib) +
                         stage.activation_mib * stage.in_flight;
     }
     plan.step_ms = sim.makespan * config.batch.flushes_per_step;
@@ -202,9 +206,11 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
   std::vector<std::string> lines;
   const int origin = config.partition.origin;
   const std::string configured = partition::PolicyName(config.policy);
+  const bool zero = config.values().parallel().zero_stage() == 1;
   lines.push_back("[plan] times " + times.source +
-                  "; memory = parameters x 16 B (value, gradient, 2 Adam "
-                  "moments) + activations x micro-batches in flight under " +
+                  "; memory = parameters x 8 B (value, gradient) + 2 Adam moments (x 8 B" +
+                  (zero ? Format(" / dp=%d: ZeRO-1", config.dp) : std::string(", replicated")) +
+                  ") + activations x micro-batches in flight under " +
                   config.values().parallel().schedule());
   const PolicyPlan* best = nullptr;
   const PolicyPlan* current = nullptr;
@@ -241,6 +247,14 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
           s.total_mib, s.forward_ms, s.backward_ms, s.notes.c_str()));
       previous = s.parameters;
     }
+    std::string optimizer;
+    for (const StagePlan& s : plan.stages) {
+      optimizer += Format("%sstage %d %.2f MiB replicated, %.2f MiB with ZeRO-1",
+                          optimizer.empty() ? "" : "; ", s.range.stage, s.optimizer_mib,
+                          s.optimizer_zero_mib);
+    }
+    lines.push_back(Format("[plan]   optimizer state per rank (dp=%d, parallel.zero_stage=%d): %s",
+                           config.dp, config.values().parallel().zero_stage(), optimizer.c_str()));
   }
   if (best) {
     std::string versus;

@@ -30,7 +30,12 @@ struct StagePlan {
   std::string notes;          // "embedding (owns tied wte)", "head (tied copy of wte)"
   double activation_mib = 0;  // per micro-batch
   int in_flight = 0;          // micro-batches held at once under the schedule (its rank)
-  double total_mib = 0;       // parameters x 16 B (value, gradient, 2 Adam moments) + activations
+  // Two fp32 AdamW moments per parameter on each rank: replicated, and sharded by ZeRO-1 over dp
+  // (parallel.zero_stage=1: 1/dp of them, docs/zero.md).
+  double optimizer_mib = 0;
+  double optimizer_zero_mib = 0;
+  // parameters x 8 B (value, gradient) + the optimizer state as configured + activations
+  double total_mib = 0;
   double forward_ms = 0;
   double backward_ms = 0;
 };
