@@ -215,6 +215,12 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                        describe("parallel.tp_size", tp) +
                        " (rule: each tensor-parallel rank holds num_heads/tp_size heads)");
   }
+  if (model.hidden_size() % tp != 0) {
+    problems.push_back(describe("model.hidden_size", model.hidden_size()) +
+                       " must be divisible by " + describe("parallel.tp_size", tp) +
+                       " (rule: each tensor-parallel rank holds hidden_size/tp_size columns of "
+                       "the attention and hidden_size*4/tp_size of the MLP)");
+  }
   const int accum = train.gradient_accumulation_steps();
   const int microbatches = NumMicrobatches(values);
   if (accum % microbatches != 0) {

@@ -16,12 +16,14 @@
 #include <thread>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/tp_slices.h"
 #include "core/comm/progress.h"
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
 #include "core/data/shard.h"
 #include "core/engine/executor.h"
 #include "core/engine/stage.h"
+#include "core/engine/tp_group.h"
 #include "core/memory/allocator.h"
 #include "core/metrics/timeline.h"
 #include "core/optim/adamw.h"
@@ -63,8 +65,14 @@ struct BatchSlot {
 };
 
 // Writes this rank's owned parameters as <dir>/layer_<id>.f32 (every parameter of the layer, in
-// order, float32), so that runs under different layouts can be compared by layer_id.
-void DumpWeights(Stage& stage, const std::string& dir) {
+// order, float32, full tensors), so that runs under different layouts can be compared by
+// layer_id. Collective over the tp group, whose rank 0 writes.
+void DumpWeights(Stage& stage, const std::string& dir, comm::PipelineComm& comm) {
+  std::vector<memory::Tensor> full;  // gathered from the tp slices
+  for (const Stage::NamedParam& named : stage.OwnedParams())
+    full.push_back(
+        checkpoint::GatherTpSlices(named.param->value, stage.TpShardOf(named.param), comm));
+  if (comm.tp_rank() != 0) return;
   std::filesystem::create_directories(dir);
   // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
   if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
@@ -74,12 +82,14 @@ void DumpWeights(Stage& stage, const std::string& dir) {
         .write(host.data(), static_cast<std::streamsize>(host.size()));
   }
   std::map<int, std::ofstream> files;
+  size_t index = 0;
   for (const Stage::NamedParam& named : stage.OwnedParams()) {
     auto [it, inserted] = files.try_emplace(named.layer_id);
     if (inserted)
       it->second.open(dir + "/layer_" + std::to_string(named.layer_id) + ".f32", std::ios::binary);
-    std::vector<char> host(named.param->value.bytes());
-    named.param->value.CopyToHost(host.data());
+    const memory::Tensor& value = full[index++];
+    std::vector<char> host(value.bytes());
+    value.CopyToHost(host.data());
     it->second.write(host.data(), static_cast<std::streamsize>(host.size()));
   }
 }
@@ -201,6 +211,7 @@ class Trainer {
   std::unique_ptr<device::Device> owned_device_;  // when the CLI passed none
   device::Device* device_;
   StageOptions stage_options_;
+  std::unique_ptr<CommTpGroup> tp_group_;  // tp_size > 1
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Executor> executor_;
   std::optional<data::TokenDataset> train_data_, val_data_;
@@ -253,6 +264,10 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   stage_options_.activation_checkpointing = train_.activation_checkpointing();
   stage_options_.seed = static_cast<uint64_t>(train_.seed());
   stage_options_.model = GptModel(resolved);
+  if (comm.tp_size() > 1) {
+    tp_group_ = std::make_unique<CommTpGroup>(comm);
+    stage_options_.tp = tp_group_.get();
+  }
   stage_ = std::make_unique<Stage>(stage_options_, resolved.partition, comm.pp_rank());
 
   // The ranks' layers together must cover every layer_id once.
@@ -304,8 +319,10 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
 }
 
 void Trainer::LogModel() {
-  const double total_params =
-      comm_.SumToRoot(comm_.dp_rank() == 0 ? double(result_.parameter_count) : 0.0);
+  int64_t counted_once = 0;  // over the tp group
+  for (const Stage::NamedParam& named : stage_->OwnedParams())
+    if (stage_->CountsOnce(named.param)) counted_once += named.param->value.numel();
+  const double total_params = comm_.SumToRoot(comm_.dp_rank() == 0 ? double(counted_once) : 0.0);
   Log(
       Format("[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
              "flush(es) of %d "
@@ -364,7 +381,8 @@ void Trainer::Evaluate(int step) {
   for (int i = comm_.dp_rank(); i < train_.eval_batches(); i += comm_.dp_size()) {
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
     slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i);
-    local += executor_->Evaluate(slot.mb);
+    const double loss = executor_->Evaluate(slot.mb);
+    if (comm_.tp_rank() == 0) local += loss;  // each tp rank of the last stage has it
   }
   comm_.FinishSends();
   const double loss = comm_.SumToRoot(local) / train_.eval_batches();
@@ -400,8 +418,9 @@ StepOutcome Trainer::RunStep(int step) {
   for (int flush = 0; flush < flushes_; ++flush) {
     comm::progress::SetStep(step + 1, flush, flushes_);
     FillBatches(step, flush);
-    local_loss += executor_->RunFlush(
+    const double loss = executor_->RunFlush(
         [&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; }, flush + 1 == flushes_);
+    if (comm_.tp_rank() == 0) local_loss += loss;  // each tp rank of the last stage has it
   }
   executor_->RunTail([&] { OptimizerStep(step, &outcome); });
   comm::progress::SetAction("", "losses and metrics");
@@ -437,15 +456,16 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
     std::raise(SIGKILL);
   }
   // Each parameter is owned by one rank of the pipeline and is identical across dp replicas:
-  // sum over the pipeline only.
+  // sum over the pipeline, and over the tp group with each replicated parameter counted once.
   double local_sumsq = 0;
   std::string bad;
   for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+    if (!stage_->CountsOnce(named.param)) continue;
     const double norm = optim::GlobalGradNorm({named.param});
     if (!std::isfinite(norm) && bad.empty()) bad = named.name;
     local_sumsq += norm * norm;
   }
-  outcome->norm = std::sqrt(comm_.AllReduceSumPp(local_sumsq));
+  outcome->norm = std::sqrt(comm_.AllReduceSumPp(comm_.AllReduceSumTp(local_sumsq)));
   outcome->lr = optim::LearningRate(lr_schedule_, step);
   if (!std::isfinite(outcome->norm)) {
     DiagnoseNonFinite(step, bad, outcome);  // throws unless the step is skipped
@@ -643,7 +663,7 @@ void Trainer::WriteTraceAndDump() {
     result_.final_parameters.insert(result_.final_parameters.end(), host.begin(), host.end());
   }
   if (!options_.dump_dir.empty()) {
-    if (comm_.dp_rank() == 0) DumpWeights(*stage_, options_.dump_dir);
+    if (comm_.dp_rank() == 0) DumpWeights(*stage_, options_.dump_dir, comm_);
     if (root_) {
       std::ofstream losses(options_.dump_dir + "/losses.txt");
       for (double loss : result_.train_losses) losses << Format("%.17g\n", loss);

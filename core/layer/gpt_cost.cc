@@ -30,6 +30,25 @@ LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_c
   return cost;
 }
 
+LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
+                      bool activation_checkpointing, int bytes_per_element) {
+  if (tp <= 1) return BlockCost(dims, batch, seq, activation_checkpointing, bytes_per_element);
+  const int64_t n = int64_t{batch} * seq;
+  const int64_t c = dims.hidden_size;
+  LayerCost cost;
+  cost.parameters = 12 * c * c / tp + 7 * c / tp + 6 * c;
+  cost.forward_flops = 2 * n * 12 * c * c / tp + 2 * int64_t{batch} * seq * seq * c / tp;
+  cost.backward_flops =
+      2 * cost.forward_flops + (activation_checkpointing ? cost.forward_flops : 0);
+  const int64_t elements =
+      activation_checkpointing
+          ? n * c
+          : n * (4 * c + 12 * c / tp) + 4 * n + int64_t{batch} * (dims.num_heads / tp) * seq * seq;
+  cost.activation_bytes = elements * bytes_per_element;
+  cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;
+  return cost;
+}
+
 LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element) {
   const int64_t n = int64_t{batch} * seq;
   const int64_t c = dims.hidden_size;
