@@ -53,7 +53,10 @@ struct TrainRun {
 };
 
 // 4 blocks of hidden 32 with 4 heads (1 per rank at tp = 4), sequences of 16, 2 micro-batches of
-// 2 per replica and step; the dp = 1 reference accumulates dp times as many.
+// 2 per replica and step; the dp = 1 reference accumulates dp times as many. AdamW's eps is
+// 1e-6: with the default 1e-8 a weight whose gradient is zero but for rounding (the key bias,
+// a unit GELU switched off) moves by a full lr-sized step in a direction the rounding picks,
+// whatever the layout; that is the optimizer's sensitivity, not tp's (docs/tensor_parallel.md).
 TrainRun Train(const Layout& l, const std::string& extra, const std::string& name) {
   const std::string dump = TempDir() + "/tp_dump_" + name;
   std::filesystem::remove_all(dump);
@@ -65,8 +68,8 @@ TrainRun Train(const Layout& l, const std::string& extra, const std::string& nam
       " --set train.seq_length=16 --set train.micro_batch_size=2" +
       " --set train.max_steps=" + std::to_string(kSteps) +
       " --set train.eval_batches=2 --set train.eval_interval=0 --set train.log_interval=1" +
-      " --set optim.warmup_steps=2 --set optim.lr=3e-3 --set parallel.schedule=1f1b" +
-      " --set parallel.pp_size=" + std::to_string(l.pp) +
+      " --set optim.warmup_steps=2 --set optim.lr=3e-3 --set optim.eps=1e-6" +
+      " --set parallel.schedule=1f1b" + " --set parallel.pp_size=" + std::to_string(l.pp) +
       " --set parallel.tp_size=" + std::to_string(l.tp) +
       " --set parallel.num_microbatches=" + std::to_string(microbatches) +
       " --set train.gradient_accumulation_steps=" + std::to_string(microbatches) + " " + extra;

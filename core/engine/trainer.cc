@@ -72,12 +72,16 @@ void DumpWeights(Stage& stage, const std::string& dir, comm::PipelineComm& comm)
   for (const Stage::NamedParam& named : stage.OwnedParams())
     full.push_back(
         checkpoint::GatherTpSlices(named.param->value, stage.TpShardOf(named.param), comm));
+  // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
+  layer::Param* copy = stage.TiedOwner() ? nullptr : stage.TiedCopy();
+  const memory::Tensor copy_full =
+      copy ? checkpoint::GatherTpSlices(copy->value, stage.TpShardOf(copy), comm)
+           : memory::Tensor();
   if (comm.tp_rank() != 0) return;
   std::filesystem::create_directories(dir);
-  // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
-  if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
-    std::vector<char> host(copy->value.bytes());
-    copy->value.CopyToHost(host.data());
+  if (copy) {
+    std::vector<char> host(copy_full.bytes());
+    copy_full.CopyToHost(host.data());
     std::ofstream(dir + "/tied_copy.bin", std::ios::binary)
         .write(host.data(), static_cast<std::streamsize>(host.size()));
   }

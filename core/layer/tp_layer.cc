@@ -44,18 +44,22 @@ void Copy(const TpShard& shard, const char* from, char* to, int64_t element_byte
 
 }  // namespace
 
+int64_t TpShard::SliceLength() const {
+  const int64_t part = full_shape.at(dim) / blocks;
+  return padded > 0 ? padded / size : (part + size - 1) / size;
+}
+
 std::vector<int64_t> TpShard::LocalShape() const {
   std::vector<int64_t> shape = full_shape;
   if (!sliced()) return shape;
-  const int64_t part = full_shape.at(dim) / blocks;
-  shape[dim] = blocks * ((part + size - 1) / size);
+  shape[dim] = blocks * SliceLength();
   return shape;
 }
 
 int64_t TpShard::FullIndex(int64_t i) const {
   if (!sliced()) return i;
   const int64_t part = full_shape.at(dim) / blocks;
-  const int64_t slice = (part + size - 1) / size;
+  const int64_t slice = SliceLength();
   const int64_t block = i / slice;
   const int64_t within = rank * slice + i % slice;
   return within < part ? block * part + within : -1;

@@ -42,12 +42,26 @@ struct TpShard {
   int rank = 0;
   int size = 1;
   std::vector<int64_t> full_shape;  // the unsharded tensor: what checkpoints hold
+  // The padded length of each part along `dim` (a multiple of size), or 0 for the smallest:
+  // size * ceil(part / size).
+  int64_t padded = 0;
   bool sliced() const { return dim >= 0; }
-  // This rank's shape: full_shape with dim's length blocks * ceil(full / blocks / size).
+  // The length of one part's slice along `dim`.
+  int64_t SliceLength() const;
+  // This rank's shape: full_shape with dim's length blocks * SliceLength().
   std::vector<int64_t> LocalShape() const;
   // Index along `dim` of the full tensor for local index `i`, or -1 for a padding row.
   int64_t FullIndex(int64_t i) const;
 };
+
+// The vocabulary a vocab-parallel embedding and head compute with: `vocab` rounded up to a
+// multiple of tp * 64 (Megatron's padding; each tp rank's slice a multiple of 64 rows). The
+// padding rows hold zeros, their logits are left out of the cross-entropy, and checkpoints hold
+// the `vocab` real rows only.
+inline int64_t PaddedVocabSize(int64_t vocab, int tp) {
+  const int64_t multiple = int64_t{tp} * 64;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
 
 // Host copies between a full tensor and this rank's slice, `element_bytes` per element:
 // FullToLocal writes every local element (zeros in padding rows); LocalToFull writes this rank's

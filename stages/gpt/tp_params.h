@@ -46,6 +46,26 @@ inline std::vector<layer::TpShard> BlockShards(const std::vector<ParamSpec>& spe
   return shards;
 }
 
+// The embedding's and the head's parameters (EmbeddingParams, HeadParams): the token embedding
+// `wte` (the head's tied copy too) is vocab-parallel, rows of the padded vocabulary
+// (layer::PaddedVocabSize) split over the ranks; wpe and lnf are replicated.
+inline std::vector<layer::TpShard> VocabShards(const std::vector<ParamSpec>& specs, int rank,
+                                               int size) {
+  std::vector<layer::TpShard> shards;
+  for (const ParamSpec& spec : specs) {
+    layer::TpShard shard;
+    shard.rank = rank;
+    shard.size = size;
+    shard.full_shape = spec.shape;
+    if (spec.name == "wte") {
+      shard.dim = 0;
+      shard.padded = layer::PaddedVocabSize(spec.shape[0], size);
+    }
+    shards.push_back(shard);
+  }
+  return shards;
+}
+
 // Writes this rank's slice of `spec`'s initial full value into `local` (its LocalShape()).
 inline void InitSlice(const ParamSpec& spec, const layer::TpShard& shard, memory::Tensor* local,
                       uint64_t seed, int layer_id) {
