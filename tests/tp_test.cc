@@ -173,6 +173,52 @@ TEST(TpEquivalence, PipelineOverATpSplitIsBitwise) {
   EXPECT_EQ(one.layers, two.layers);
 }
 
+// A vocabulary that tp * 64 does not divide: 300 entries padded to 512 at tp = 4 (the padding
+// in [cfg]); the padding rows never reach the loss, and the dumps hold the 300 real rows.
+TEST(TpEquivalence, PaddedVocabularyMatchesTpOne) {
+  const std::string vocab = "--set model.vocab_size=300";
+  const TrainRun reference = Train({1, 1, 1}, vocab, "vocab300_tp1");
+  const TrainRun run = Train({4, 1, 1}, vocab, "vocab300_tp4");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("vocab_size=300 padded to 512"), std::string::npos) << run.output;
+  const Difference d = Compare(reference, run);
+  EXPECT_LE(d.loss, 1e-5);
+  EXPECT_LE(d.weight, 1e-5);
+  std::printf("[tp equivalence] vocab 300 at tp4: loss %.3g, weights %.3g\n", d.loss, d.weight);
+}
+
+// Saved at tp=2 pp=2 dp=2 (step 5 of 10), resumed at tp=1 pp=4 dp=1 and at tp=4 pp=1 dp=2: the
+// files hold full tensors, each layout re-slices them, and the losses continue as the
+// uninterrupted run's.
+TEST(TpCheckpoint, ResumesUnderOtherTpPpDp) {
+  const std::string dir = TempDir() + "/tp_ckpt_full";
+  std::filesystem::remove_all(dir);
+  const TrainRun full =
+      Train({2, 2, 2}, "--set checkpoint.interval=5 --set checkpoint.dir=" + dir, "ckpt_full");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  ASSERT_EQ(full.losses.size(), size_t{kSteps});
+  const std::vector<double> tail(full.losses.begin() + 5, full.losses.end());
+  for (const Layout& to : {Layout{1, 4, 1}, Layout{4, 1, 2}}) {
+    // The same global batch: 2 micro-batches per replica at dp = 2, 4 at dp = 1.
+    const int accum = 4 / to.dp;
+    const TrainRun resumed =
+        Train(to,
+              "--resume " + dir + "/step_000005 --set checkpoint.dir=" + TempDir() + "/tp_ckpt_" +
+                  to.Name() + " --set parallel.num_microbatches=" + std::to_string(accum) +
+                  " --set train.gradient_accumulation_steps=" + std::to_string(accum),
+              "ckpt_" + to.Name());
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    ASSERT_EQ(resumed.losses.size(), tail.size()) << resumed.output;
+    double worst = 0;
+    for (size_t i = 0; i < tail.size(); ++i)
+      worst = std::max(worst, std::fabs(resumed.losses[i] - tail[i]) / std::max(1.0, tail[i]));
+    EXPECT_LE(worst, 1e-5) << to.Name();
+    std::printf("[tp checkpoint] tp2 pp2 dp2 -> %s: max relative loss difference %.3g\n",
+                to.Name().c_str(), worst);
+  }
+}
+
 // [cfg] and [rank] show the tp group of each rank.
 TEST(TpLog, RankLinesShowTheTpGroup) {
   const testutil::RunResult r = RunCommand(

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/checkpoint/crc32.h"
+#include "core/checkpoint/tp_slices.h"
 #include "google/protobuf/text_format.h"
 
 namespace bigmac::checkpoint {
@@ -193,6 +194,27 @@ std::string LayerFileName(int layer_id, int num_layers) {
   return name;
 }
 
+namespace {
+
+// The full value and AdamW moments of each of `owned` (empty moments before the first step)
+// from this rank's slices: collective over the tp group for a sliced parameter.
+std::vector<std::vector<memory::Tensor>> GatherFull(const std::vector<const layer::Param*>& owned,
+                                                    const std::vector<layer::TpShard>& shards,
+                                                    const optim::AdamW& adamw,
+                                                    comm::PipelineComm& comm) {
+  std::vector<std::vector<memory::Tensor>> full(owned.size());
+  for (size_t p = 0; p < owned.size(); ++p) {
+    const memory::Tensor* tensors[3] = {&owned[p]->value, adamw.FirstMoment(owned[p]),
+                                        adamw.SecondMoment(owned[p])};
+    for (const memory::Tensor* tensor : tensors) {
+      full[p].push_back(tensor ? GatherTpSlices(*tensor, shards[p], comm) : memory::Tensor());
+    }
+  }
+  return full;
+}
+
+}  // namespace
+
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
                const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last) {
@@ -232,40 +254,46 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
     for (const LayerParams& layer : state.layers) {
       const int layer_id = layer.layer_id;
       std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
-      for (const layer::Param* param : layer.params) {
-        if (!param->tied_copy) owned.push_back(param);
+      std::vector<layer::TpShard> shards;
+      for (size_t i = 0; i < layer.params.size(); ++i) {
+        if (layer.params[i]->tied_copy) continue;
+        owned.push_back(layer.params[i]);
+        shards.push_back(layer.shards.empty() ? layer::TpShard{} : layer.shards[i]);
       }
       if (owned.empty()) continue;
       if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() != comm.dp_rank())
         continue;
+      // Full tensors from the tp slices (collective over the tp group); its rank 0 writes.
+      const std::vector<std::vector<memory::Tensor>> full = GatherFull(owned, shards, adamw, comm);
+      if (comm.tp_rank() != 0) continue;
       const std::string file = LayerFileName(layer_id, num_layers);
       std::string data;
       size_t total = 0;
-      for (const layer::Param* param : owned) total += 3 * param->value.bytes();
+      for (const auto& tensors : full) total += 3 * tensors[0].bytes();
       data.reserve(total);
       uint32_t file_crc = 0;
-      for (const layer::Param* param : owned) {
+      for (size_t p = 0; p < owned.size(); ++p) {
+        const layer::Param* param = owned[p];
         if (param->value.dtype() != memory::DType::kF32) {
           throw CheckpointError(tmp_dir + "/" + file + ": " + ParamName(state, layer_id, *param) +
                                 " is " + memory::DTypeName(param->value.dtype()) +
                                 "; checkpoints hold " + kMasterDType + " master weights only");
         }
-        const memory::Tensor* moments[3] = {&param->value, adamw.FirstMoment(param),
-                                            adamw.SecondMoment(param)};
         for (int k = 0; k < 3; ++k) {
-          const int64_t bytes = param->value.bytes();
+          const memory::Tensor* moment = full[p][k].empty() ? nullptr : &full[p][k];
+          const int64_t bytes = full[p][0].bytes();
           TensorEntry* entry = fragment.add_tensors();
           entry->set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
           entry->set_layer_id(layer_id);
           entry->set_file(file);
           entry->set_offset(static_cast<int64_t>(data.size()));
           entry->set_bytes(bytes);
-          for (int64_t extent : param->value.shape()) entry->add_shape(extent);
+          for (int64_t extent : full[p][0].shape()) entry->add_shape(extent);
           entry->set_dtype(kMasterDType);
-          if (moments[k]) {
+          if (moment) {
             const size_t at = data.size();
             data.resize(at + bytes);
-            moments[k]->CopyToHost(data.data() + at);  // device memory through the host
+            moment->CopyToHost(data.data() + at);  // device memory through the host
           } else {
             data.append(bytes, '\0');  // no step taken yet: zero moments
           }
@@ -553,26 +581,31 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
       int layer_id;
       std::string name;  // without the #kind
       bool optimizer_state;
+      layer::TpShard shard;  // the file holds the full tensor; this rank takes its slice
     };
     std::vector<Wanted> wanted;
     std::vector<int> layer_order;
     std::map<int, std::vector<ExpectedTensor>> expected;
     for (const LayerParams& layer : state.layers) {
-      for (layer::Param* param : layer.params) {
+      for (size_t i = 0; i < layer.params.size(); ++i) {
+        layer::Param* param = layer.params[i];
+        layer::TpShard shard;
+        if (!layer.shards.empty()) shard = layer.shards[i];
+        if (shard.full_shape.empty()) shard.full_shape = param->value.shape();
         if (param->value.dtype() != memory::DType::kF32) {
           throw CheckpointError(step_dir + ": " + ParamName(state, layer.layer_id, *param) +
                                 " is " + memory::DTypeName(param->value.dtype()) +
                                 " in this model; checkpoints hold " + kMasterDType + " masters");
         }
-        Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true};
+        Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true, shard};
         if (param->tied_copy) {
           auto owner = layer_of.find(param->tied_owner + "#value");
           w = {param, owner == layer_of.end() ? layer.layer_id : owner->second, param->tied_owner,
-               false};
+               false, shard};
         }
         if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
         for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k)
-          expected[w.layer_id].push_back({w.name + "#" + kKinds[k], param->value.shape()});
+          expected[w.layer_id].push_back({w.name + "#" + kKinds[k], shard.full_shape});
         wanted.push_back(std::move(w));
       }
     }
@@ -583,10 +616,10 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
     for (const Wanted& w : wanted) {
       const VerifiedLayerFile& file = files.at(w.layer_id);
       auto read = [&](const char* kind) {
-        memory::Tensor tensor = w.param->value.Clone();
+        memory::Tensor tensor(w.param->value.device(), w.shard.full_shape, w.param->value.dtype());
         const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
         tensor.CopyFromHost(file.bytes.data() + entry.offset());
-        return tensor;
+        return TpSliceOf(tensor, w.shard);
       };
       Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(), w.optimizer_state};
       if (w.optimizer_state) {

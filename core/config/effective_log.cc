@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/config/schema.h"
+#include "core/layer/tp_layer.h"
 #include "core/util/format.h"
 
 namespace bigmac::config {
@@ -46,6 +47,11 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
         "num_heads/tp = " + std::to_string(values.model().num_heads() / r.tp) +
         " heads and 4*hidden/tp = " + std::to_string(4 * values.model().hidden_size() / r.tp) +
         " MLP columns");
+    const int64_t vocab = values.model().vocab_size();
+    add("vocab_size=" + std::to_string(vocab) + " padded to " +
+        std::to_string(layer::PaddedVocabSize(vocab, r.tp)) + " (a multiple of tp*64 = " +
+        std::to_string(64 * r.tp) + ") for the vocab-parallel embedding and head; the padding " +
+        "rows hold zeros, stay out of the loss and out of checkpoints");
   }
   add("micro_bs=" + std::to_string(batch.micro_batch_size) +
       " accum=" + std::to_string(batch.accumulation_steps) + " num_microbatches=" +

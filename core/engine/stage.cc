@@ -288,7 +288,11 @@ bool Stage::CountsOnce(const layer::Param* param) const {
 checkpoint::ModelState Stage::State() {
   checkpoint::ModelState state;
   state.num_layers = options_.dims.num_layers;
-  for (auto& layer : layers_) state.layers.push_back({layer->layer_id(), layer->Params()});
+  for (auto& layer : layers_) {
+    checkpoint::LayerParams params{layer->layer_id(), layer->Params(), {}};
+    for (const layer::Param* param : params.params) params.shards.push_back(TpShardOf(param));
+    state.layers.push_back(std::move(params));
+  }
   return state;
 }
 
