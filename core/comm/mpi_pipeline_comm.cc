@@ -278,7 +278,7 @@ class MpiPipelineComm : public PipelineComm {
                            memory::DTypeName(dtype));
     if (tensor->numel() > kMaxReduceCount)
       throw TransportError(what + ": more than 2^30 elements in one tp all-reduce");
-    CountTpReduced(tensor->bytes());
+    const auto start = std::chrono::steady_clock::now();
     const progress::WaitScope waiting({progress::WaitKind::kCollective, what, "tp"});
     std::vector<char> staging;
     void* data = tensor->raw();
@@ -293,6 +293,8 @@ class MpiPipelineComm : public PipelineComm {
                    op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comms_.tp, &request);
     Complete(&request, what);
     if (!staging.empty()) tensor->CopyFromHost(staging.data());
+    CountTpReduced(tensor->bytes(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 
   double AllReduceSumTp(double value) override {

@@ -133,8 +133,10 @@ class PipelineComm {
   virtual double AllReduceSumTp(double value) { return value; }
   // Every tp rank's `tensor` (equal dtypes and shapes on every rank), in tp rank order.
   virtual std::vector<memory::Tensor> AllGatherTp(const memory::Tensor& tensor);
-  // Payload bytes this rank has put into tp all-reduces so far (the planning model's volume).
+  // Payload bytes this rank has put into tp all-reduces so far (the planning model's volume),
+  // and the seconds it spent in them (waiting for the group included).
   int64_t tp_bytes_reduced() const { return tp_bytes_reduced_; }
+  double tp_seconds() const { return tp_seconds_; }
 
  protected:
   // Implementations call this for every Send.
@@ -142,11 +144,15 @@ class PipelineComm {
     if (tag < kTiedGradientTag) activation_bytes_sent_ += bytes;
   }
   // Implementations call this for every AllReduceTp.
-  void CountTpReduced(int64_t bytes) { tp_bytes_reduced_ += bytes; }
+  void CountTpReduced(int64_t bytes, double seconds) {
+    tp_bytes_reduced_ += bytes;
+    tp_seconds_ += seconds;
+  }
 
  private:
   int64_t activation_bytes_sent_ = 0;
   int64_t tp_bytes_reduced_ = 0;
+  double tp_seconds_ = 0;
   int default_reductions_ = 0;  // started through the default StartAllReduceSumDp
 };
 

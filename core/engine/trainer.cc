@@ -166,6 +166,8 @@ struct StepOutcome {
   bool skipped = false;
   double ms = 0;
   int64_t activation_bytes = 0;  // sent by this rank during the step
+  int64_t tp_bytes = 0;          // put into tp all-reduces by this rank during the step
+  double tp_ms = 0;              // spent in them
   double peak = 0;               // rank 0: the largest allocator peak of any rank
 };
 
@@ -414,6 +416,8 @@ void Trainer::FillBatches(int step, int flush) {
 StepOutcome Trainer::RunStep(int step) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t bytes_before = comm_.activation_bytes_sent();
+  const int64_t tp_bytes_before = comm_.tp_bytes_reduced();
+  const double tp_seconds_before = comm_.tp_seconds();
   StepOutcome outcome;
   timeline_.set_recording(step - start_step_ < train_.trace_steps());
   timeline_.ResetWindow();
@@ -440,6 +444,8 @@ StepOutcome Trainer::RunStep(int step) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   outcome.peak = comm_.MaxToRoot(double(device_->allocator().peak_bytes()));
   outcome.activation_bytes = comm_.activation_bytes_sent() - bytes_before;
+  outcome.tp_bytes = comm_.tp_bytes_reduced() - tp_bytes_before;
+  outcome.tp_ms = (comm_.tp_seconds() - tp_seconds_before) * 1e3;
   result_.activation_bytes_per_step = outcome.activation_bytes;
   return outcome;
 }
@@ -546,7 +552,10 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome) {
       {"dp_reduce_inflight_ms", get("dp_reduce")},
       {"peak_bytes", device_->allocator().peak_bytes()},
       {"rss_bytes", ResidentBytes()},
-      {"activation_bytes_sent", outcome.activation_bytes}};
+      {"activation_bytes_sent", outcome.activation_bytes},
+      // Tensor parallelism: this rank's all-reduce payload and time during the step.
+      {"tp_allreduce_bytes", outcome.tp_bytes},
+      {"tp_allreduce_ms", outcome.tp_ms}};
   const std::vector<std::string> per_rank = comm_.GatherToRoot(rank.dump());
   if (!metrics_file_.is_open()) return;
   nlohmann::json ranks = nlohmann::json::array();

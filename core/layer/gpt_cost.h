@@ -30,6 +30,13 @@ LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
                       bool activation_checkpointing, int bytes_per_element = 4);
 LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element = 4);
 
+// One tp rank's share of the vocab-parallel embedding and head (stages/gpt/tp_vocab.cc): wte
+// rows of the padded vocabulary split over tp, the logits too; all-reduces of the embedding's
+// output, and of the head's row statistics and input gradient. tp = 1 gives the whole layers.
+int64_t TpVocabRows(const ModelDims& dims, int tp);  // this rank's rows of wte
+LayerCost TpEmbeddingCost(const ModelDims& dims, int tp, int batch, int seq);
+LayerCost TpHeadCost(const ModelDims& dims, int tp, int batch, int seq, int bytes_per_element = 4);
+
 }  // namespace bigmac::layer
 
 #endif  // BIGMAC_CORE_LAYER_GPT_COST_H_

@@ -33,6 +33,7 @@ struct StagePlan {
   double total_mib = 0;       // parameters x 16 B (value, gradient, 2 Adam moments) + activations
   double forward_ms = 0;
   double backward_ms = 0;
+  double tp_allreduce_mib = 0;  // per optimizer step, per rank of the stage (0 at tp = 1)
 };
 
 struct PolicyPlan {

@@ -225,13 +225,15 @@ class TpHead : public VocabParallel<T> {
     saved->Clear();
   }
 
-  int64_t ForwardFlops(int batch, int seq) const override {
-    return layer::HeadCost(this->spec_.dims, batch, seq).forward_flops / this->group_->size();
-  }
+  int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
   int64_t ActivationBytes(int batch, int seq) const override {
-    const int64_t n = int64_t{batch} * seq;
-    return (2 * n * this->C() + 4 * n + n * this->rows_) *
-           static_cast<int64_t>(memory::DTypeSize(this->spec_.dtype));
+    return Cost(batch, seq).activation_bytes;
+  }
+
+ private:
+  layer::LayerCost Cost(int batch, int seq) const {
+    return layer::TpHeadCost(this->spec_.dims, this->group_->size(), batch, seq,
+                             static_cast<int>(memory::DTypeSize(this->spec_.dtype)));
   }
 };
 
