@@ -11,6 +11,7 @@ median and the spread (min..max over rounds) of each, and the all-reduce bytes p
 the planning model (`bigmac plan`). Writes bench/out/tp.md.
 
   bench/tp.py [--rounds 5] [--steps 12] [--hidden 256] [--layers 4] [--seq 64] [--batch 8]
+              [--data DIR] [--no-build]
 """
 import argparse
 import json
@@ -74,9 +75,11 @@ def main():
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--data", default=str(REPO / "data" / "fortunes"))
+    parser.add_argument("--no-build", action="store_true", help="use bazel-bin/bigmac as it is")
     a = parser.parse_args()
-    subprocess.run([REPO / "launch" / "setup.sh"], check=True)
-    subprocess.run(["bazel", "build", "//:bigmac"], cwd=REPO, check=True)
+    if not a.no_build:
+        subprocess.run([REPO / "launch" / "setup.sh"], check=True)
+        subprocess.run(["bazel", "build", "//:bigmac"], cwd=REPO, check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = REPO / "bench" / "out"

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/dump.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
@@ -45,11 +46,9 @@ struct Layout {
   friend void PrintTo(const Layout& l, std::ostream* os) { *os << l.Name(); }
 };
 
-struct TrainRun {
+struct TrainRun : testutil::Dump {
   int exit_code = -1;
   std::string output;
-  std::vector<double> losses;
-  std::map<std::string, std::vector<float>> layers;  // dump file -> full weights
 };
 
 // 4 blocks of hidden 32 with 4 heads (1 per rank at tp = 4), sequences of 16, 2 micro-batches of
@@ -75,19 +74,9 @@ TrainRun Train(const Layout& l, const std::string& extra, const std::string& nam
       " --set train.gradient_accumulation_steps=" + std::to_string(microbatches) + " " + extra;
   const testutil::RunResult r = RunCommand(command, 240);
   TrainRun run;
+  static_cast<testutil::Dump&>(run) = testutil::ReadDump(dump);
   run.exit_code = r.exit_code;
   run.output = r.output;
-  std::ifstream losses(dump + "/losses.txt");
-  for (double loss; losses >> loss;) run.losses.push_back(loss);
-  if (std::filesystem::exists(dump)) {
-    for (const auto& entry : std::filesystem::directory_iterator(dump)) {
-      if (entry.path().extension() != ".f32") continue;
-      std::ifstream in(entry.path(), std::ios::binary);
-      std::vector<float> values(std::filesystem::file_size(entry.path()) / sizeof(float));
-      in.read(reinterpret_cast<char*>(values.data()), values.size() * sizeof(float));
-      run.layers[entry.path().filename().string()] = std::move(values);
-    }
-  }
   return run;
 }
 
@@ -103,32 +92,10 @@ const TrainRun& Reference(int dp) {
   return cache.at(dp);
 }
 
-// Largest |a-b| / max(1, |a|) over the losses and over the weights of every layer_id.
-struct Difference {
-  double loss = 0;
-  double weight = 0;
-};
-
-Difference Compare(const TrainRun& reference, const TrainRun& run) {
-  Difference d;
-  EXPECT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
-  for (size_t i = 0; i < std::min(run.losses.size(), reference.losses.size()); ++i) {
-    d.loss = std::max(d.loss, std::fabs(run.losses[i] - reference.losses[i]) /
-                                  std::max(1.0, std::fabs(reference.losses[i])));
-  }
-  EXPECT_EQ(run.layers.size(), reference.layers.size()) << "every layer_id dumped once";
-  for (const auto& [name, values] : reference.layers) {
-    auto it = run.layers.find(name);
-    if (it == run.layers.end()) {
-      ADD_FAILURE() << name << " missing";
-      continue;
-    }
-    EXPECT_EQ(it->second.size(), values.size()) << name << ": full tensors, not slices";
-    for (size_t i = 0; i < std::min(values.size(), it->second.size()); ++i) {
-      d.weight = std::max(d.weight, std::fabs(double(it->second[i]) - values[i]) /
-                                        std::max(1.0, std::fabs(double(values[i]))));
-    }
-  }
+// Losses and weights against the reference; a missing or resized layer file fails the test.
+testutil::DumpDifference Compare(const TrainRun& reference, const TrainRun& run) {
+  testutil::DumpDifference d = testutil::CompareDumps(reference, run, kSteps);
+  for (const std::string& problem : d.problems) ADD_FAILURE() << problem;
   return d;
 }
 
@@ -140,7 +107,7 @@ TEST_P(TpEquivalenceTest, LossesAndWeightsMatchTpOne) {
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   const TrainRun run = Train(l, "", l.Name());
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  const Difference d = Compare(reference, run);
+  const testutil::DumpDifference d = Compare(reference, run);
   EXPECT_LE(d.loss, 1e-5) << l.Name();
   EXPECT_LE(d.weight, 1e-5) << l.Name();
   std::printf("[tp equivalence] %s: max relative difference: loss %.3g, weights %.3g\n",
@@ -182,7 +149,7 @@ TEST(TpEquivalence, PaddedVocabularyMatchesTpOne) {
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("vocab_size=300 padded to 512"), std::string::npos) << run.output;
-  const Difference d = Compare(reference, run);
+  const testutil::DumpDifference d = Compare(reference, run);
   EXPECT_LE(d.loss, 1e-5);
   EXPECT_LE(d.weight, 1e-5);
   std::printf("[tp equivalence] vocab 300 at tp4: loss %.3g, weights %.3g\n", d.loss, d.weight);

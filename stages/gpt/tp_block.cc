@@ -203,16 +203,8 @@ class TpBlock : public sdk::CpuLayer<T>, public layer::TpSharded {
   int hl_ = 0;  // heads / tp
 };
 
-std::unique_ptr<layer::Layer> MakeTpBlock(const LayerSpec& spec, layer::TpGroup* group) {
-  if (spec.dtype == memory::DType::kF64) return std::make_unique<TpBlock<double>>(spec, group);
-  if (spec.dtype == memory::DType::kF32) return std::make_unique<TpBlock<float>>(spec, group);
-  throw std::invalid_argument("tensor-parallel block: CPU kernels support f32 and f64, not " +
-                              memory::DTypeName(spec.dtype));
-}
-
-const registry::Registrar<layer::Layer, const LayerSpec&, layer::TpGroup*> kRegister("gpt_block",
-                                                                                     "cpu",
-                                                                                     MakeTpBlock);
+const registry::Registrar<layer::Layer, const LayerSpec&, layer::TpGroup*> kRegister(
+    "gpt_block", "cpu", MakeTpForDType<TpBlock>);
 
 }  // namespace
 }  // namespace bigmac::stages::gpt

@@ -6,6 +6,8 @@
 // that every tp size starts from the weights of tp = 1.
 
 #include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "core/layer/tp_layer.h"
@@ -76,6 +78,17 @@ inline void InitSlice(const ParamSpec& spec, const layer::TpShard& shard, memory
   full.CopyToHost(full_host.data());
   layer::FullToLocal(shard, full_host.data(), local_host.data(), element);
   local->CopyFromHost(local_host.data());
+}
+
+// The factory of a tensor-parallel CPU layer class template: LayerClass<float> or <double> for
+// the spec's dtype (the CPU kernels' types), as layer::MakeForDType for plain layers.
+template <template <typename> class LayerClass>
+std::unique_ptr<layer::Layer> MakeTpForDType(const layer::LayerSpec& spec, layer::TpGroup* group) {
+  if (spec.dtype == memory::DType::kF64) return std::make_unique<LayerClass<double>>(spec, group);
+  if (spec.dtype == memory::DType::kF32) return std::make_unique<LayerClass<float>>(spec, group);
+  throw std::invalid_argument("tensor-parallel " + spec.type +
+                              ": CPU kernels support f32 and f64, not " +
+                              memory::DTypeName(spec.dtype));
 }
 
 }  // namespace bigmac::stages::gpt

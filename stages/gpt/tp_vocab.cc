@@ -237,17 +237,10 @@ class TpHead : public VocabParallel<T> {
   }
 };
 
-template <template <typename> class LayerClass>
-std::unique_ptr<layer::Layer> Make(const LayerSpec& spec, layer::TpGroup* group) {
-  if (spec.dtype == memory::DType::kF64) return std::make_unique<LayerClass<double>>(spec, group);
-  if (spec.dtype == memory::DType::kF32) return std::make_unique<LayerClass<float>>(spec, group);
-  throw std::invalid_argument("vocab-parallel " + spec.type + ": CPU kernels support f32 and f64");
-}
-
 const registry::Registrar<layer::Layer, const LayerSpec&, layer::TpGroup*> kEmbedding(
-    "gpt_embedding", "cpu", Make<TpEmbedding>);
-const registry::Registrar<layer::Layer, const LayerSpec&, layer::TpGroup*> kHead("gpt_head", "cpu",
-                                                                                 Make<TpHead>);
+    "gpt_embedding", "cpu", MakeTpForDType<TpEmbedding>);
+const registry::Registrar<layer::Layer, const LayerSpec&, layer::TpGroup*> kHead(
+    "gpt_head", "cpu", MakeTpForDType<TpHead>);
 
 }  // namespace
 }  // namespace bigmac::stages::gpt
