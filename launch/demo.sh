@@ -74,6 +74,15 @@ echo "steps 11-20, uninterrupted on 4 ranks vs resumed on 2 ranks:"
 paste <(tail -n 10 data/demo_pp4/losses.txt) data/demo_resumed/losses.txt |
   awk '{printf "  step %2d  %.10f  %.10f  %s\n", NR + 10, $1, $2, ($1 == $2 ? "identical" : "DIFFERENT")}'
 
+step "tensor parallelism: tp=2 x pp=2 on 4 ranks against the 4-stage tp=1 run above" \
+  mpirun -np 4 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set parallel.tp_size=2 --set parallel.pp_size=2
+"${mpirun[@]}" -np 4 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set train.max_steps=20 \
+  --set parallel.tp_size=2 --set parallel.pp_size=2 --dump data/demo_tp2 |
+  grep -E '^(\[cfg\] (tp groups|vocab)|\[rank\]|step 20)'
+echo "per-step loss, tp=2 pp=2 vs tp=1 pp=4 (docs/tensor_parallel.md: within 1e-5 relative):"
+paste data/demo_tp2/losses.txt data/demo_pp4/losses.txt | awk '{d = ($1 - $2) / $2; if (d < 0) d = -d;
+  printf "  step %2d  %.10f  %.10f  %s\n", NR, $1, $2, ($1 == $2 ? "identical" : (d <= 1e-5 ? sprintf("within %.1e", d) : "DIFFERENT"))}'
+
 step "planning: the stage table of every policy, the largest micro-batch, a fair comparison" \
   "bazel-bin/bigmac plan | tune-mbs | compare"
 bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\]' | head -8

@@ -123,9 +123,12 @@ TEST(CliTrain, UnimplementedSettingsAreRefusedForTraining) {
   // The dry-run still shows such a layout.
   EXPECT_EQ(RunCommand(TrainCommand("--set parallel.tp_size=1 --dry-run"), 60).exit_code, 0);
   const testutil::RunResult tp =
-      RunCommand(testutil::Mpirun(2) + " " + TrainCommand("--set parallel.tp_size=2"), 60);
+      RunCommand(testutil::Mpirun(2) + " " +
+                     TrainCommand("--set parallel.tp_size=2 --set device.backend=cuda"),
+                 60);
   EXPECT_EQ(tp.exit_code, 2) << tp.output;
-  EXPECT_NE(tp.output.find("parallel.tp_size=2: tensor parallelism has no kernels yet"),
+  EXPECT_NE(tp.output.find("parallel.tp_size=2 with device.backend=cuda: tensor parallelism runs "
+                           "on the CPU backend only"),
             std::string::npos)
       << tp.output;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/testing/dump.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
@@ -53,11 +54,9 @@ struct Layout {
   }
 };
 
-struct TrainRun {
-  int exit_code;
+struct TrainRun : testutil::Dump {
+  int exit_code = -1;
   std::string output;
-  std::vector<double> losses;
-  std::map<std::string, std::vector<float>> layers;  // file name -> weights
 };
 
 // Trains kSteps on the tiny model with 4 micro-batches per flush and per replica; the reference
@@ -83,18 +82,10 @@ TrainRun Train(const Layout& l, int microbatches_per_replica, const std::string&
       " --set train.gradient_accumulation_steps=" + std::to_string(microbatches_per_replica) +
       " --set model.partition=" + l.policy + " " + extra;
   const testutil::RunResult r = RunCommand(command, 240);
-  TrainRun run{r.exit_code, r.output, {}, {}};
-  std::ifstream losses(dump + "/losses.txt");
-  for (double loss; losses >> loss;) run.losses.push_back(loss);
-  if (std::filesystem::exists(dump)) {
-    for (const auto& entry : std::filesystem::directory_iterator(dump)) {
-      if (entry.path().extension() != ".f32") continue;
-      std::ifstream in(entry.path(), std::ios::binary);
-      std::vector<float> values(std::filesystem::file_size(entry.path()) / sizeof(float));
-      in.read(reinterpret_cast<char*>(values.data()), values.size() * sizeof(float));
-      run.layers[entry.path().filename().string()] = std::move(values);
-    }
-  }
+  TrainRun run;
+  static_cast<testutil::Dump&>(run) = testutil::ReadDump(dump);
+  run.exit_code = r.exit_code;
+  run.output = r.output;
   return run;
 }
 
@@ -108,32 +99,11 @@ const TrainRun& Reference(int dp, const std::string& extra = "") {
   return cache.at(key);
 }
 
-// Largest |a-b| / max(1, |a|) over the losses and over every weight.
-struct Difference {
-  double loss = 0;
-  double weight = 0;
-};
-
-Difference Compare(const TrainRun& reference, const TrainRun& run) {
-  Difference d;
-  EXPECT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
-  for (size_t i = 0; i < std::min(run.losses.size(), reference.losses.size()); ++i) {
-    d.loss = std::max(d.loss, std::fabs(run.losses[i] - reference.losses[i]) /
-                                  std::max(1.0, std::fabs(reference.losses[i])));
-  }
-  EXPECT_EQ(run.layers.size(), reference.layers.size()) << "every layer_id is dumped exactly once";
-  for (const auto& [name, values] : reference.layers) {
-    auto it = run.layers.find(name);
-    if (it == run.layers.end()) {
-      ADD_FAILURE() << name << " missing";
-      continue;
-    }
-    EXPECT_EQ(it->second.size(), values.size()) << name;
-    for (size_t i = 0; i < std::min(values.size(), it->second.size()); ++i) {
-      d.weight = std::max(d.weight, std::fabs(double(it->second[i]) - values[i]) /
-                                        std::max(1.0, std::fabs(double(values[i]))));
-    }
-  }
+// Largest |a-b| / max(1, |a|) over the losses and over every weight; a missing or resized layer
+// file fails the test.
+testutil::DumpDifference Compare(const TrainRun& reference, const TrainRun& run) {
+  testutil::DumpDifference d = testutil::CompareDumps(reference, run, kSteps);
+  for (const std::string& problem : d.problems) ADD_FAILURE() << problem;
   return d;
 }
 
@@ -147,7 +117,7 @@ TEST_P(EquivalenceTest, LossesAndWeightsMatchOneRank) {
       l.schedule + "_pp" + std::to_string(l.pp) + "_dp" + std::to_string(l.dp) + "_" + l.policy;
   const TrainRun run = Train(l, 4, "", name);
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  const Difference d = Compare(reference, run);
+  const testutil::DumpDifference d = Compare(reference, run);
   EXPECT_LE(d.loss, 1e-5) << name;
   EXPECT_LE(d.weight, 1e-5) << name;
   std::printf("[equivalence] %s: max relative difference: loss %.3g, weights %.3g\n", name.c_str(),

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/checkpoint/crc32.h"
+#include "core/checkpoint/tp_slices.h"
 #include "google/protobuf/text_format.h"
 
 namespace bigmac::checkpoint {
@@ -263,6 +264,83 @@ std::string LayerFileName(int layer_id, int num_layers) {
   return name;
 }
 
+namespace {
+
+// The full value and AdamW moments of each of `owned` (empty moments before the first step)
+// from this rank's slices: collective over the tp group for a sliced parameter.
+std::vector<std::vector<memory::Tensor>> GatherFull(const std::vector<const layer::Param*>& owned,
+                                                    const std::vector<layer::TpShard>& shards,
+                                                    const optim::AdamW& adamw,
+                                                    comm::PipelineComm& comm) {
+  std::vector<std::vector<memory::Tensor>> full(owned.size());
+  for (size_t p = 0; p < owned.size(); ++p) {
+    const memory::Tensor* tensors[3] = {&owned[p]->value, adamw.FirstMoment(owned[p]),
+                                        adamw.SecondMoment(owned[p])};
+    for (const memory::Tensor* tensor : tensors) {
+      full[p].push_back(tensor ? GatherTpSlices(*tensor, shards[p], comm) : memory::Tensor());
+    }
+  }
+  return full;
+}
+
+}  // namespace
+
+// One layer's file under tensor parallelism: every tp rank of the writing replica takes part in
+// gathering the full tensors (values and moments) from the slices; its tp rank 0 writes them.
+// Returns the bytes this rank wrote.
+namespace {
+int64_t WriteGatheredLayer(const std::string& tmp_dir, const std::string& file,
+                           const ModelState& state, int layer_id,
+                           const std::vector<const layer::Param*>& owned,
+                           const std::vector<layer::TpShard>& shards, const optim::AdamW& adamw,
+                           comm::PipelineComm& comm, bool crash, bool fail, Manifest* fragment) {
+  const std::vector<std::vector<memory::Tensor>> full = GatherFull(owned, shards, adamw, comm);
+  if (comm.tp_rank() != 0) return 0;
+  std::string data;
+  size_t total = 0;
+  for (const auto& tensors : full) total += 3 * tensors[0].bytes();
+  data.reserve(total);
+  uint32_t file_crc = 0;
+  for (size_t p = 0; p < owned.size(); ++p) {
+    const layer::Param* param = owned[p];
+    if (param->value.dtype() != memory::DType::kF32) {
+      throw CheckpointError(tmp_dir + "/" + file + ": " + ParamName(state, layer_id, *param) +
+                            " is " + memory::DTypeName(param->value.dtype()) +
+                            "; checkpoints hold " + kMasterDType + " master weights only");
+    }
+    for (int k = 0; k < 3; ++k) {
+      const memory::Tensor* moment = full[p][k].empty() ? nullptr : &full[p][k];
+      const int64_t bytes = full[p][0].bytes();
+      TensorEntry* entry = fragment->add_tensors();
+      entry->set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
+      entry->set_layer_id(layer_id);
+      entry->set_file(file);
+      entry->set_offset(static_cast<int64_t>(data.size()));
+      entry->set_bytes(bytes);
+      for (int64_t extent : full[p][0].shape()) entry->add_shape(extent);
+      entry->set_dtype(kMasterDType);
+      if (moment) {
+        const size_t at = data.size();
+        data.resize(at + bytes);
+        moment->CopyToHost(data.data() + at);  // device memory through the host
+      } else {
+        data.append(bytes, '\0');  // no step taken yet: zero moments
+      }
+      entry->set_crc32(Crc32(data.data() + entry->offset(), bytes));
+      file_crc = Crc32Combine(file_crc, entry->crc32(), bytes);
+    }
+  }
+  WriteFileSynced(tmp_dir + "/" + file, data, crash, fail);
+  LayerFile* layer_file = fragment->add_files();
+  layer_file->set_layer_id(layer_id);
+  layer_file->set_file(file);
+  layer_file->set_bytes(static_cast<int64_t>(data.size()));
+  layer_file->set_crc32(file_crc);
+  layer_file->set_writer_rank(comm.world_rank());
+  return static_cast<int64_t>(data.size());
+}
+}  // namespace
+
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
                const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last) {
@@ -305,10 +383,23 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
     for (const LayerParams& layer : state.layers) {
       const int layer_id = layer.layer_id;
       std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
-      for (const layer::Param* param : layer.params) {
-        if (!param->tied_copy) owned.push_back(param);
+      std::vector<layer::TpShard> shards;
+      for (size_t i = 0; i < layer.params.size(); ++i) {
+        if (layer.params[i]->tied_copy) continue;
+        owned.push_back(layer.params[i]);
+        shards.push_back(layer.shards.empty() ? layer::TpShard{} : layer.shards[i]);
       }
       if (owned.empty()) continue;
+      if (comm.tp_size() > 1) {
+        // Tensor parallel (ZeRO-1 is refused with tp > 1 at start-up): full tensors gathered from
+        // the tp slices; the writing replica's tp rank 0 writes.
+        if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() == comm.dp_rank()) {
+          bytes_written +=
+              WriteGatheredLayer(tmp_dir, LayerFileName(layer_id, num_layers), state, layer_id,
+                                 owned, shards, adamw, comm, crash, fail, &fragment);
+        }
+        continue;
+      }
       const bool writer =
           ((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() == comm.dp_rank();
       const bool sliced = std::any_of(owned.begin(), owned.end(), [&](const layer::Param* p) {
@@ -647,26 +738,31 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
       int layer_id;
       std::string name;  // without the #kind
       bool optimizer_state;
+      layer::TpShard shard;  // the file holds the full tensor; this rank takes its slice
     };
     std::vector<Wanted> wanted;
     std::vector<int> layer_order;
     std::map<int, std::vector<ExpectedTensor>> expected;
     for (const LayerParams& layer : state.layers) {
-      for (layer::Param* param : layer.params) {
+      for (size_t i = 0; i < layer.params.size(); ++i) {
+        layer::Param* param = layer.params[i];
+        layer::TpShard shard;
+        if (!layer.shards.empty()) shard = layer.shards[i];
+        if (shard.full_shape.empty()) shard.full_shape = param->value.shape();
         if (param->value.dtype() != memory::DType::kF32) {
           throw CheckpointError(step_dir + ": " + ParamName(state, layer.layer_id, *param) +
                                 " is " + memory::DTypeName(param->value.dtype()) +
                                 " in this model; checkpoints hold " + kMasterDType + " masters");
         }
-        Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true};
+        Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true, shard};
         if (param->tied_copy) {
           auto owner = layer_of.find(param->tied_owner + "#value");
           w = {param, owner == layer_of.end() ? layer.layer_id : owner->second, param->tied_owner,
-               false};
+               false, shard};
         }
         if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
         for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k)
-          expected[w.layer_id].push_back({w.name + "#" + kKinds[k], param->value.shape()});
+          expected[w.layer_id].push_back({w.name + "#" + kKinds[k], shard.full_shape});
         wanted.push_back(std::move(w));
       }
     }
@@ -677,10 +773,10 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
     for (const Wanted& w : wanted) {
       const VerifiedLayerFile& file = files.at(w.layer_id);
       auto read = [&](const char* kind) {
-        memory::Tensor tensor = w.param->value.Clone();
+        memory::Tensor tensor(w.param->value.device(), w.shard.full_shape, w.param->value.dtype());
         const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
         tensor.CopyFromHost(file.bytes.data() + entry.offset());
-        return tensor;
+        return TpSliceOf(tensor, w.shard);
       };
       Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(), w.optimizer_state};
       if (w.optimizer_state) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/layer/layer.h"
+#include "core/layer/tp_layer.h"
 
 namespace bigmac::checkpoint {
 
@@ -14,6 +15,10 @@ namespace bigmac::checkpoint {
 struct LayerParams {
   int layer_id = 0;
   std::vector<layer::Param*> params;
+  // How this rank holds each of `params` over its tp group (core/layer/tp_layer.h); empty: every
+  // parameter whole. Checkpoints hold full tensors: tp ranks gather slices to write, and slice
+  // what they read.
+  std::vector<layer::TpShard> shards;
 };
 
 // A view of the parameters one rank holds, by layer_id, in model order: what checkpoints read and

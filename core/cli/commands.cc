@@ -201,11 +201,13 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
 // not implement yet. Each is named with its value and what works instead.
 std::vector<std::string> UnsupportedForTraining(const config::Config& values) {
   std::vector<std::string> missing;
-  if (values.parallel().tp_size() != 1) {
-    missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
-                      ": tensor parallelism has no kernels yet; training needs tp_size=1");
-  }
   if (values.device().backend() == "cuda") {
+    if (values.parallel().tp_size() != 1) {
+      missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
+                        " with device.backend=cuda: tensor parallelism runs on the CPU backend "
+                        "only (rule: tp_size > 1 needs device.backend=cpu until the NCCL "
+                        "transport implements PipelineComm::AllReduceTp)");
+    }
     for (std::string& problem : stages::gpt::cuda::CudaModelProblems(config::ModelDimsOf(values)))
       missing.push_back(std::move(problem));
   }

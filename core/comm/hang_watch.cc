@@ -515,6 +515,7 @@ class HangWatchImpl : public HangWatch {
   std::vector<int> Members(int rank, const std::string& group) const {
     if (group == "pp") return topology_.PpGroup(rank);
     if (group == "dp") return topology_.DpGroup(rank);
+    if (group == "tp") return topology_.TpGroup(rank);
     if (group == "tied") return topology_.TiedGroup(rank);
     if (group == "world") {
       std::vector<int> all(topology_.world_size());

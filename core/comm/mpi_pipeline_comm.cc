@@ -381,6 +381,68 @@ class MpiComm : public MpiPipelineComm {
     return sum;
   }
 
+  int tp_rank() const override { return coords_.tp; }
+  int tp_size() const override { return topology_.tp_size(); }
+
+  void AllReduceTp(memory::Tensor* tensor, ReduceOp op, const std::string& what) override {
+    if (topology_.tp_size() == 1) return;
+    const memory::DType dtype = tensor->dtype();
+    if (dtype != memory::DType::kF32 && dtype != memory::DType::kF64)
+      throw TransportError(what + ": the tp all-reduce takes f32 or f64, not " +
+                           memory::DTypeName(dtype));
+    if (tensor->numel() > std::numeric_limits<int>::max())
+      throw TransportError(what + ": more elements in one tp all-reduce than an MPI count holds");
+    const auto start = std::chrono::steady_clock::now();
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what, "tp"});
+    std::vector<char> staging;
+    void* data = tensor->raw();
+    if (Staged(tensor->device())) {
+      staging.resize(tensor->bytes());
+      tensor->CopyToHost(staging.data());
+      data = staging.data();
+    }
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(tensor->numel()),
+                   dtype == memory::DType::kF32 ? MPI_FLOAT : MPI_DOUBLE,
+                   op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comms_.tp, &request);
+    Complete(&request, what);
+    if (!staging.empty()) tensor->CopyFromHost(staging.data());
+    CountTpReduced(tensor->bytes(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  double AllReduceSumTp(double value) override {
+    if (topology_.tp_size() == 1) return value;
+    const std::string what = "OptimizerStep: all-reduce of the gradient norm over the tp group";
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what, "tp"});
+    double sum = 0;
+    MPI_Request request;
+    MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, comms_.tp, &request);
+    Complete(&request, what);
+    return sum;
+  }
+
+  std::vector<memory::Tensor> AllGatherTp(const memory::Tensor& tensor) override {
+    const int p = topology_.tp_size();
+    const std::string what = "gathering tensor-parallel slices " + tensor.ShapeString();
+    const progress::WaitScope waiting({progress::WaitKind::kCollective, what, "tp"});
+    if (tensor.bytes() > kMaxMessageBytes)
+      throw TransportError(what + ": slices of 1 GiB and more are not gathered");
+    const int bytes = static_cast<int>(tensor.bytes());
+    std::vector<char> local(bytes);
+    tensor.CopyToHost(local.data());
+    std::vector<char> all(static_cast<size_t>(bytes) * p);
+    MPI_Request request;
+    MPI_Iallgather(local.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, comms_.tp, &request);
+    Complete(&request, what);
+    std::vector<memory::Tensor> result;
+    for (int i = 0; i < p; ++i) {
+      result.emplace_back(tensor.device(), tensor.shape(), tensor.dtype());
+      result.back().CopyFromHost(all.data() + static_cast<size_t>(bytes) * i);
+    }
+    return result;
+  }
+
   double SumToRoot(double value) override {
     return ReduceToRoot(value, MPI_SUM, "the sum of losses on rank 0");
   }

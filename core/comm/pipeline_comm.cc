@@ -59,6 +59,17 @@ bool PipelineComm::TestAllReduce(int handle) {
 
 void PipelineComm::WaitAllReduces() { default_reductions_ = 0; }
 
+void PipelineComm::AllReduceTp(memory::Tensor*, ReduceOp, const std::string& what) {
+  if (tp_size() > 1) throw std::logic_error(what + ": this transport has no tp all-reduce");
+}
+
+std::vector<memory::Tensor> PipelineComm::AllGatherTp(const memory::Tensor& tensor) {
+  if (tp_size() > 1) throw std::logic_error("this transport has no tp all-gather");
+  std::vector<memory::Tensor> all;
+  all.push_back(tensor.Clone());
+  return all;
+}
+
 void LocalPipelineComm::Send(memory::Tensor tensor, int, int tag, const std::string&) {
   CountSent(tag, tensor.bytes());
   queues_[tag].push_back(std::move(tensor));

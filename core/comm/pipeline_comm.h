@@ -146,14 +146,40 @@ class PipelineComm {
   // True on every rank iff every rank passed true (a barrier that also agrees on success).
   virtual bool AllOk(bool ok) = 0;
 
+  // Tensor parallelism (docs/tensor_parallel.md): the tp group is the ranks of one pipeline
+  // stage and one replica that split each layer's matrices (Megatron's layout). The defaults are
+  // a group of one (every reduction an identity).
+  virtual int tp_rank() const { return 0; }
+  virtual int tp_size() const { return 1; }
+  enum class ReduceOp { kSum, kMax };
+  // Blocking, with the deadline: reduces `tensor` (f32 or f64) in place over the tp group, and
+  // every rank of the group gets the same bits. The one call the tensor-parallel layers make
+  // (the f/g operators, the vocab-parallel cross-entropy); an NCCL transport implements it as
+  // one ncclAllReduce on the compute stream. `what` names it in a deadline message.
+  virtual void AllReduceTp(memory::Tensor* tensor, ReduceOp op, const std::string& what);
+  virtual double AllReduceSumTp(double value) { return value; }
+  // Every tp rank's `tensor` (equal dtypes and shapes on every rank), in tp rank order.
+  virtual std::vector<memory::Tensor> AllGatherTp(const memory::Tensor& tensor);
+  // Payload bytes this rank has put into tp all-reduces so far (the planning model's volume),
+  // and the seconds it spent in them (waiting for the group included).
+  int64_t tp_bytes_reduced() const { return tp_bytes_reduced_; }
+  double tp_seconds() const { return tp_seconds_; }
+
  protected:
   // Implementations call this for every Send.
   void CountSent(int tag, int64_t bytes) {
     if (tag < kTiedGradientTag) activation_bytes_sent_ += bytes;
   }
+  // Implementations call this for every AllReduceTp.
+  void CountTpReduced(int64_t bytes, double seconds) {
+    tp_bytes_reduced_ += bytes;
+    tp_seconds_ += seconds;
+  }
 
  private:
   int64_t activation_bytes_sent_ = 0;
+  int64_t tp_bytes_reduced_ = 0;
+  double tp_seconds_ = 0;
   int default_reductions_ = 0;  // started through the default StartAllReduceSumDp
 };
 

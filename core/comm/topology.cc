@@ -67,6 +67,12 @@ std::string FormatRankLine(const Topology& topology, const partition::Partition&
   const Coords coords = topology.CoordsOf(rank);
   std::string line = "rank " + std::to_string(rank) + ": pp=" + std::to_string(coords.pp) +
                      " dp=" + std::to_string(coords.dp) + " tp=" + std::to_string(coords.tp);
+  if (topology.tp_size() > 1) {
+    std::string group;
+    for (int member : topology.TpGroup(rank))
+      group += (group.empty() ? "" : ",") + std::to_string(member);
+    line += " tp_group=[" + group + "]";
+  }
   if (!placement.empty()) line += " | " + placement;
   for (const partition::StageRange& range : partition.StagesOfRank(coords.pp)) {
     line += " | stage " + std::to_string(range.stage) + ": " +

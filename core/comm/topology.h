@@ -47,7 +47,8 @@ class Topology {
   int tp_size_;
 };
 
-// "rank 5: pp=2 dp=1 tp=0 | <placement> | stage 2: layers 14-20 (7)" for `rank`.
+// "rank 5: pp=2 dp=1 tp=0 | <placement> | stage 2: layers 14-20 (7)" for `rank`; with
+// tp_size > 1 the tp coordinate is followed by the rank's tp group, "tp=1 tp_group=[2,3]".
 std::string FormatRankLine(const Topology& topology, const partition::Partition& partition,
                            int rank, const std::string& placement);
 

@@ -1,8 +1,10 @@
 #include "core/config/effective_log.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/config/schema.h"
+#include "core/layer/tp_layer.h"
 #include "core/util/format.h"
 
 namespace bigmac::config {
@@ -32,6 +34,25 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
       "; tp <- " + from("parallel.tp_size") +
       "; dp <- derived: world_size/(pp*tp) = " + std::to_string(r.world_size) + "/(" +
       std::to_string(r.pp) + "*" + std::to_string(r.tp) + ")");
+  if (r.tp > 1) {
+    // Tensor-parallel peers are neighbours in rank order (docs/topology.md).
+    const int groups = r.world_size / r.tp;
+    std::string list;
+    for (int g = 0; g < std::min(groups, 4); ++g) {
+      list += (g ? " " : "") + std::string("[") + std::to_string(g * r.tp) + "-" +
+              std::to_string(g * r.tp + r.tp - 1) + "]";
+    }
+    add("tp groups: " + list + (groups > 4 ? " ..." : "") + " (" + std::to_string(groups) +
+        " of tp=" + std::to_string(r.tp) + " consecutive ranks); per block each rank holds " +
+        "num_heads/tp = " + std::to_string(values.model().num_heads() / r.tp) +
+        " heads and 4*hidden/tp = " + std::to_string(4 * values.model().hidden_size() / r.tp) +
+        " MLP columns");
+    const int64_t vocab = values.model().vocab_size();
+    add("vocab_size=" + std::to_string(vocab) + " padded to " +
+        std::to_string(layer::PaddedVocabSize(vocab, r.tp)) + " (a multiple of tp*64 = " +
+        std::to_string(64 * r.tp) + ") for the vocab-parallel embedding and head; the padding " +
+        "rows hold zeros, stay out of the loss and out of checkpoints");
+  }
   add("micro_bs=" + std::to_string(batch.micro_batch_size) +
       " accum=" + std::to_string(batch.accumulation_steps) + " num_microbatches=" +
       std::to_string(batch.num_microbatches) + " global_bs=" + std::to_string(batch.global_batch) +

@@ -215,6 +215,12 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                        describe("parallel.tp_size", tp) +
                        " (rule: each tensor-parallel rank holds num_heads/tp_size heads)");
   }
+  if (model.hidden_size() % tp != 0) {
+    problems.push_back(describe("model.hidden_size", model.hidden_size()) +
+                       " must be divisible by " + describe("parallel.tp_size", tp) +
+                       " (rule: each tensor-parallel rank holds hidden_size/tp_size columns of "
+                       "the attention and hidden_size*4/tp_size of the MLP)");
+  }
   const int accum = train.gradient_accumulation_steps();
   const int microbatches = NumMicrobatches(values);
   if (accum % microbatches != 0) {
@@ -262,6 +268,12 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                        " must be 0 (the optimizer state replicated over dp) or 1 (ZeRO-1: the "
                        "AdamW state sharded over dp); ZeRO stages 2 and 3 (sharded gradients "
                        "and parameters) are not implemented");
+  }
+  if (parallel.zero_stage() == 1 && tp > 1) {
+    problems.push_back(describe("parallel.zero_stage", parallel.zero_stage()) + " with " +
+                       describe("parallel.tp_size", tp) +
+                       " (rule: ZeRO-1 shards whole parameters over dp and does not yet shard "
+                       "tensor-parallel slices; use parallel.zero_stage=0 with tp_size > 1)");
   }
   const Optim& optim = values.optim();
   auto check_range = [&](const std::string& key, double value, double low, bool low_open,

@@ -28,7 +28,10 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
     spec.device = options.device;
     spec.activation_checkpointing = options.activation_checkpointing && block;
     try {
-      layers_.push_back(layer::CreateLayer(spec));
+      layer::TpBuiltLayer built = layer::CreateTpLayer(spec, options.tp);
+      const std::vector<layer::Param*> params = built.layer->Params();
+      for (size_t i = 0; i < params.size(); ++i) shards_[params[i]] = built.shards.at(i);
+      layers_.push_back(std::move(built.layer));
     } catch (const memory::OutOfMemoryError&) {
       throw;  // its own exit code, worded like CUDA's
     } catch (const std::exception& error) {
@@ -272,10 +275,24 @@ std::vector<Stage::NamedParam> Stage::OwnedParams() {
   return params;
 }
 
+const layer::TpShard& Stage::TpShardOf(const layer::Param* param) const {
+  auto it = shards_.find(param);
+  if (it == shards_.end()) throw std::logic_error("a parameter of no layer of this stage");
+  return it->second;
+}
+
+bool Stage::CountsOnce(const layer::Param* param) const {
+  return TpShardOf(param).sliced() || options_.tp == nullptr || options_.tp->rank() == 0;
+}
+
 checkpoint::ModelState Stage::State() {
   checkpoint::ModelState state;
   state.num_layers = options_.dims.num_layers;
-  for (auto& layer : layers_) state.layers.push_back({layer->layer_id(), layer->Params()});
+  for (auto& layer : layers_) {
+    checkpoint::LayerParams params{layer->layer_id(), layer->Params(), {}};
+    for (const layer::Param* param : params.params) params.shards.push_back(TpShardOf(param));
+    state.layers.push_back(std::move(params));
+  }
   return state;
 }
 

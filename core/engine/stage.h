@@ -12,6 +12,7 @@
 #include "core/engine/model.h"
 #include "core/engine/tied_weight.h"
 #include "core/layer/layer.h"
+#include "core/layer/tp_layer.h"
 #include "core/partition/partition.h"
 
 namespace bigmac::engine {
@@ -27,6 +28,9 @@ struct StageOptions {
   ModelDescription model;
   // Layer type of each block when `model` is empty; empty: all gpt_block.
   std::vector<std::string> block_types;
+  // The tensor-parallel group (outlives the stage), or null for tp_size = 1. Layer types with a
+  // tensor-parallel implementation are built sliced over it; the others replicated.
+  layer::TpGroup* tp = nullptr;
 };
 
 // The layers of one pipeline rank, built from the registry in layer_id order, for the device's
@@ -104,6 +108,12 @@ class Stage {
     layer::Param* param;
   };
   std::vector<NamedParam> OwnedParams();
+  // How this rank holds `param` over the tp group (replicated at tp = 1 and for layers without a
+  // tensor-parallel implementation).
+  const layer::TpShard& TpShardOf(const layer::Param* param) const;
+  // Whether this rank counts `param` in the gradient norm and in parameter totals: a slice, or
+  // a replicated parameter on tp rank 0 (so that each parameter counts once over the group).
+  bool CountsOnce(const layer::Param* param) const;
   // Every parameter this rank holds, by layer_id, for checkpoints: a view, valid while this Stage
   // lives.
   checkpoint::ModelState State();
@@ -131,6 +141,7 @@ class Stage {
   std::vector<std::unique_ptr<layer::Layer>> layers_;
   std::vector<bool> stage_checkpointed_;  // per layer: the stage recomputes it
   std::vector<TiedWeight> tied_;
+  std::map<const layer::Param*, layer::TpShard> shards_;
   std::vector<partition::StageRange> ranges_;
   std::map<int, std::vector<int>> layers_of_stage_;
   int last_stage_ = 0;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/tp_slices.h"
 #include "core/comm/progress.h"
 #include "core/config/effective_log.h"
 #include "core/config/resolve.h"
@@ -26,6 +27,7 @@
 #include "core/engine/executor.h"
 #include "core/engine/generate.h"
 #include "core/engine/stage.h"
+#include "core/engine/tp_group.h"
 #include "core/engine/zero_shard.h"
 #include "core/memory/allocator.h"
 #include "core/metrics/event_writer.h"
@@ -72,23 +74,35 @@ struct BatchSlot {
 };
 
 // Writes this rank's owned parameters as <dir>/layer_<id>.f32 (every parameter of the layer, in
-// order, float32), so that runs under different layouts can be compared by layer_id.
-void DumpWeights(Stage& stage, const std::string& dir) {
-  std::filesystem::create_directories(dir);
+// order, float32, full tensors), so that runs under different layouts can be compared by
+// layer_id. Collective over the tp group, whose rank 0 writes.
+void DumpWeights(Stage& stage, const std::string& dir, comm::PipelineComm& comm) {
+  std::vector<memory::Tensor> full;  // gathered from the tp slices
+  for (const Stage::NamedParam& named : stage.OwnedParams())
+    full.push_back(
+        checkpoint::GatherTpSlices(named.param->value, stage.TpShardOf(named.param), comm));
   // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
-  if (layer::Param* copy = stage.TiedCopy(); copy && !stage.TiedOwner()) {
-    std::vector<char> host(copy->value.bytes());
-    copy->value.CopyToHost(host.data());
+  layer::Param* copy = stage.TiedOwner() ? nullptr : stage.TiedCopy();
+  const memory::Tensor copy_full =
+      copy ? checkpoint::GatherTpSlices(copy->value, stage.TpShardOf(copy), comm)
+           : memory::Tensor();
+  if (comm.tp_rank() != 0) return;
+  std::filesystem::create_directories(dir);
+  if (copy) {
+    std::vector<char> host(copy_full.bytes());
+    copy_full.CopyToHost(host.data());
     std::ofstream(dir + "/tied_copy.bin", std::ios::binary)
         .write(host.data(), static_cast<std::streamsize>(host.size()));
   }
   std::map<int, std::ofstream> files;
+  size_t index = 0;
   for (const Stage::NamedParam& named : stage.OwnedParams()) {
     auto [it, inserted] = files.try_emplace(named.layer_id);
     if (inserted)
       it->second.open(dir + "/layer_" + std::to_string(named.layer_id) + ".f32", std::ios::binary);
-    std::vector<char> host(named.param->value.bytes());
-    named.param->value.CopyToHost(host.data());
+    const memory::Tensor& value = full[index++];
+    std::vector<char> host(value.bytes());
+    value.CopyToHost(host.data());
     it->second.write(host.data(), static_cast<std::streamsize>(host.size()));
   }
 }
@@ -150,6 +164,8 @@ struct StepOutcome {
   bool skipped = false;
   double ms = 0;
   int64_t activation_bytes = 0;  // sent by this rank during the step
+  int64_t tp_bytes = 0;          // put into tp all-reduces by this rank during the step
+  double tp_ms = 0;              // spent in them
   double peak = 0;               // rank 0: the largest allocator peak of any rank
 };
 
@@ -208,6 +224,7 @@ class Trainer {
   // The trace's device tracks (an asynchronous device only): spans timed on the streams.
   std::unique_ptr<device::DeviceSpans> device_spans_;
   StageOptions stage_options_;
+  std::unique_ptr<CommTpGroup> tp_group_;  // tp_size > 1
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ZeroShards> zero_;  // parallel.zero_stage=1 with dp > 1
@@ -262,6 +279,10 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   stage_options_.activation_checkpointing = train_.activation_checkpointing();
   stage_options_.seed = static_cast<uint64_t>(train_.seed());
   stage_options_.model = GptModel(resolved);
+  if (comm.tp_size() > 1) {
+    tp_group_ = std::make_unique<CommTpGroup>(comm);
+    stage_options_.tp = tp_group_.get();
+  }
   stage_ = std::make_unique<Stage>(stage_options_, resolved.partition, comm.pp_rank());
 
   // The ranks' layers together must cover every layer_id once.
@@ -321,8 +342,10 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
 }
 
 void Trainer::LogModel() {
-  const double total_params =
-      comm_.SumToRoot(comm_.dp_rank() == 0 ? double(result_.parameter_count) : 0.0);
+  int64_t counted_once = 0;  // over the tp group
+  for (const Stage::NamedParam& named : stage_->OwnedParams())
+    if (stage_->CountsOnce(named.param)) counted_once += named.param->value.numel();
+  const double total_params = comm_.SumToRoot(comm_.dp_rank() == 0 ? double(counted_once) : 0.0);
   Log(
       Format("[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
              "flush(es) of %d "
@@ -394,7 +417,8 @@ double Trainer::Evaluate(int step) {
   for (int i = comm_.dp_rank(); i < train_.eval_batches(); i += comm_.dp_size()) {
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
     slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i);
-    local += executor_->Evaluate(slot.mb);
+    const double loss = executor_->Evaluate(slot.mb);
+    if (comm_.tp_rank() == 0) local += loss;  // each tp rank of the last stage has it
   }
   comm_.FinishSends();
   const double loss = comm_.SumToRoot(local) / train_.eval_batches();
@@ -463,6 +487,8 @@ void Trainer::FillBatches(int step, int flush) {
 StepOutcome Trainer::RunStep(int step) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t bytes_before = comm_.activation_bytes_sent();
+  const int64_t tp_bytes_before = comm_.tp_bytes_reduced();
+  const double tp_seconds_before = comm_.tp_seconds();
   StepOutcome outcome;
   timeline_.set_recording(step - start_step_ < train_.trace_steps());
   device_spans_->set_enabled(step - start_step_ < train_.trace_steps());
@@ -472,8 +498,9 @@ StepOutcome Trainer::RunStep(int step) {
   for (int flush = 0; flush < flushes_; ++flush) {
     comm::progress::SetStep(step + 1, flush, flushes_);
     FillBatches(step, flush);
-    local_loss += executor_->RunFlush(
+    const double loss = executor_->RunFlush(
         [&](int mb) -> const layer::MicroBatch& { return slots_[mb].mb; }, flush + 1 == flushes_);
+    if (comm_.tp_rank() == 0) local_loss += loss;  // each tp rank of the last stage has it
   }
   executor_->RunTail([&] { OptimizerStep(step, &outcome); });
   comm::progress::SetAction("", "losses and metrics");
@@ -492,6 +519,8 @@ StepOutcome Trainer::RunStep(int step) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   outcome.peak = comm_.MaxToRoot(double(device_->allocator().peak_bytes()));
   outcome.activation_bytes = comm_.activation_bytes_sent() - bytes_before;
+  outcome.tp_bytes = comm_.tp_bytes_reduced() - tp_bytes_before;
+  outcome.tp_ms = (comm_.tp_seconds() - tp_seconds_before) * 1e3;
   result_.activation_bytes_per_step = outcome.activation_bytes;
   return outcome;
 }
@@ -512,20 +541,22 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
     std::raise(SIGKILL);
   }
   // Each parameter is owned by one rank of the pipeline and is identical across dp replicas:
-  // sum over the pipeline only. Under ZeRO-1 each element's final gradient is on one rank of the
-  // dp group: sum over it first.
+  // sum over the pipeline, and over the tp group with each replicated parameter counted once.
+  // Under ZeRO-1 (never with tp > 1) each element's final gradient is on one rank of the dp
+  // group: sum over it first.
   double local_sumsq = 0;
   std::string bad;
   if (zero_) {
     local_sumsq = zero_->DpSum(zero_->SumSquares(&bad));
   } else {
     for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+      if (!stage_->CountsOnce(named.param)) continue;
       const double norm = optim::GlobalGradNorm({named.param});
       if (!std::isfinite(norm) && bad.empty()) bad = named.name;
       local_sumsq += norm * norm;
     }
   }
-  outcome->norm = std::sqrt(comm_.AllReduceSumPp(local_sumsq));
+  outcome->norm = std::sqrt(comm_.AllReduceSumPp(comm_.AllReduceSumTp(local_sumsq)));
   outcome->lr = optim::LearningRate(lr_schedule_, step);
   if (!std::isfinite(outcome->norm)) {
     DiagnoseNonFinite(step, bad, outcome);  // throws unless the step is skipped
@@ -607,7 +638,10 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome, std::optional<d
       {"device_comm_ms", get("device_comm")},
       {"peak_bytes", device_->allocator().peak_bytes()},
       {"rss_bytes", ResidentBytes()},
-      {"activation_bytes_sent", outcome.activation_bytes}};
+      {"activation_bytes_sent", outcome.activation_bytes},
+      // Tensor parallelism: this rank's all-reduce payload and time during the step.
+      {"tp_allreduce_bytes", outcome.tp_bytes},
+      {"tp_allreduce_ms", outcome.tp_ms}};
   const std::vector<std::string> per_rank = comm_.GatherToRoot(rank.dump());
   if (!metrics_file_.is_open()) return;
   nlohmann::json ranks = nlohmann::json::array();
@@ -753,7 +787,7 @@ void Trainer::WriteTraceAndDump() {
     result_.final_parameters.insert(result_.final_parameters.end(), host.begin(), host.end());
   }
   if (!options_.dump_dir.empty()) {
-    if (comm_.dp_rank() == 0) DumpWeights(*stage_, options_.dump_dir);
+    if (comm_.dp_rank() == 0) DumpWeights(*stage_, options_.dump_dir, comm_);
     if (root_) {
       std::ofstream losses(options_.dump_dir + "/losses.txt");
       for (double loss : result_.train_losses) losses << Format("%.17g\n", loss);

@@ -14,12 +14,28 @@ struct LayerCost {
   int64_t forward_flops = 0;     // a multiply-add counts 2
   int64_t backward_flops = 0;    // input and weight gradients (plus the recomputed forward)
   int64_t activation_bytes = 0;  // kept between forward and backward, per micro-batch
+  // Bytes this rank puts into tensor-parallel all-reduces per micro-batch (forward, backward
+  // and a recomputed forward); 0 at tp = 1.
+  int64_t tp_allreduce_bytes = 0;
 };
 
 LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq);
 LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
                     int bytes_per_element = 4);
+// One tp rank's share of a block split over `tp` ranks (stages/gpt/tp_block.cc): the sliced
+// matrices and activations divided by tp, LayerNorms, row-parallel biases and the block's
+// input, residual and LayerNorm outputs whole, and four all-reduces of (batch, seq, hidden)
+// (six with recomputation). tp = 1 gives BlockCost.
+LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
+                      bool activation_checkpointing, int bytes_per_element = 4);
 LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element = 4);
+
+// One tp rank's share of the vocab-parallel embedding and head (stages/gpt/tp_vocab.cc): wte
+// rows of the padded vocabulary split over tp, the logits too; all-reduces of the embedding's
+// output, and of the head's row statistics and input gradient. tp = 1 gives the whole layers.
+int64_t TpVocabRows(const ModelDims& dims, int tp);  // this rank's rows of wte
+LayerCost TpEmbeddingCost(const ModelDims& dims, int tp, int batch, int seq);
+LayerCost TpHeadCost(const ModelDims& dims, int tp, int batch, int seq, int bytes_per_element = 4);
 
 }  // namespace bigmac::layer
 

@@ -88,9 +88,12 @@ void RefreshComputeCopy(Param* param) {
 std::unique_ptr<Layer> CreateLayer(const LayerSpec& spec) {
   if (spec.device == nullptr) throw std::logic_error("LayerSpec without a device");
   const device::Backend backend = spec.device->backend();
-  std::unique_ptr<Layer> layer =
-      LayerRegistry::Global().Create(spec.type, device::BackendName(backend), spec);
-  if (backend == device::Backend::kCpu && spec.bf16)
+  return WrapForBackend(
+      spec, LayerRegistry::Global().Create(spec.type, device::BackendName(backend), spec));
+}
+
+std::unique_ptr<Layer> WrapForBackend(const LayerSpec& spec, std::unique_ptr<Layer> layer) {
+  if (spec.device->backend() == device::Backend::kCpu && spec.bf16)
     return WrapWithActivationConversion(std::move(layer));
   return layer;
 }

@@ -142,6 +142,8 @@ std::unique_ptr<Layer> MakeForDType(const LayerSpec& spec) {
 // when the activation dtype differs (bf16), its inputs are widened and its (batch, seq, width)
 // outputs rounded at the boundary, so every CPU layer, a plugin's too, trains in bf16.
 std::unique_ptr<Layer> CreateLayer(const LayerSpec& spec);
+// What CreateLayer does to a layer it built: on the CPU under bf16, the activation conversion.
+std::unique_ptr<Layer> WrapForBackend(const LayerSpec& spec, std::unique_ptr<Layer> layer);
 
 }  // namespace bigmac::layer
 

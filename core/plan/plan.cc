@@ -31,8 +31,9 @@ LayerTimes EstimateLayerTimes(const config::ResolvedConfig& config, double gflop
   const int t = cfg.train().seq_length();
   const double ms_per_flop = 1e3 / (gflops * 1e9);
   const layer::LayerCost e = layer::EmbeddingCost(dims, b, t);
-  const layer::LayerCost k = layer::BlockCost(dims, b, t, cfg.train().activation_checkpointing());
-  const layer::LayerCost h = layer::HeadCost(dims, b, t);
+  const layer::LayerCost k =
+      layer::TpBlockCost(dims, config.tp, b, t, cfg.train().activation_checkpointing());
+  const layer::LayerCost h = layer::TpHeadCost(dims, config.tp, b, t);
   LayerTimes times;
   times.embedding_forward = e.forward_flops * ms_per_flop;
   times.embedding_backward = e.backward_flops * ms_per_flop;
@@ -115,10 +116,12 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
   const int b = cfg.train().micro_batch_size();
   const int t = cfg.train().seq_length();
   const bool ckpt = cfg.train().activation_checkpointing();
-  const layer::LayerCost embedding = layer::EmbeddingCost(dims, b, t);
-  const layer::LayerCost block = layer::BlockCost(dims, b, t, ckpt);
-  const layer::LayerCost head = layer::HeadCost(dims, b, t);
+  // One tp rank's share (tp = 1: the whole layers).
+  const layer::LayerCost embedding = layer::TpEmbeddingCost(dims, config.tp, b, t);
+  const layer::LayerCost block = layer::TpBlockCost(dims, config.tp, b, t, ckpt);
+  const layer::LayerCost head = layer::TpHeadCost(dims, config.tp, b, t);
   constexpr double kMiB = 1024.0 * 1024.0;
+  const double microbatches_per_step = cfg.train().gradient_accumulation_steps();
 
   schedule::Kind kind = schedule::Kind::k1F1B;
   schedule::ParseKind(cfg.parallel().schedule(), &kind);
@@ -155,10 +158,12 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       stage.range = range;
       stage.parameters = int64_t{range.num_layers} * block.parameters;
       double activation = double(range.num_layers) * block.activation_bytes;
+      double tp_bytes = double(range.num_layers) * block.tp_allreduce_bytes;
       stage.forward_ms = range.num_layers * times.block_forward;
       stage.backward_ms = range.num_layers * times.block_backward;
       if (range.has_embedding) {
         stage.parameters += embedding.parameters;
+        tp_bytes += double(embedding.tp_allreduce_bytes);
         stage.forward_ms += times.embedding_forward;
         stage.backward_ms += times.embedding_backward;
         stage.notes += "embedding (owns tied wte)";
@@ -166,11 +171,13 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       if (range.has_head) {
         stage.parameters += head.parameters;
         activation += double(head.activation_bytes);
+        tp_bytes += double(head.tp_allreduce_bytes);
         stage.forward_ms += times.head_forward;
         stage.backward_ms += times.head_backward;
         stage.notes += std::string(stage.notes.empty() ? "" : ", ") + "head (tied copy of wte)";
       }
       stage.activation_mib = activation / kMiB;
+      stage.tp_allreduce_mib = tp_bytes * microbatches_per_step / kMiB;
       costs.stage_forward.push_back(stage.forward_ms);
       costs.stage_backward.push_back(stage.backward_ms);
       plan.stages.push_back(stage);
@@ -182,10 +189,10 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       // The rank's in-flight count covers all its chunks; spread it evenly over them.
       stage.in_flight = (sim.max_in_flight[rank] + v - 1) / v;
       // The head's copy of wte is memory, not a parameter it owns.
-      const double copy_bytes =
-          stage.range.has_head && !stage.range.has_embedding
-              ? double(dims.vocab_size) * dims.hidden_size * 8  // value + gradient
-              : 0.0;
+      const double copy_bytes = stage.range.has_head && !stage.range.has_embedding
+                                    ? double(layer::TpVocabRows(dims, config.tp)) *
+                                          dims.hidden_size * 8  // value + gradient
+                                    : 0.0;
       stage.optimizer_mib = double(stage.parameters) * 8 / kMiB;
       stage.optimizer_zero_mib = stage.optimizer_mib / config.dp;
       const bool zero = config.values().parallel().zero_stage() == 1;
@@ -212,6 +219,13 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
                   (zero ? Format(" / dp=%d: ZeRO-1", config.dp) : std::string(", replicated")) +
                   ") + activations x micro-batches in flight under " +
                   config.values().parallel().schedule());
+  if (config.tp > 1) {
+    lines.push_back(Format(
+        "[plan] tp=%d: params, memory and times are one tp rank's share (heads, MLP columns and "
+        "vocab rows split %d ways; LayerNorms and row-parallel biases whole); \"tp MiB\" is "
+        "what each rank of the stage puts into tp all-reduces per optimizer step",
+        config.tp, config.tp));
+  }
   const PolicyPlan* best = nullptr;
   const PolicyPlan* current = nullptr;
   for (const PolicyPlan& plan : plans) {
@@ -228,9 +242,9 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
                            plan.policy.c_str(), plan.policy == configured ? " (configured)" : "",
                            plan.step_ms, plan.bubble));
     lines.push_back(
-        Format("[plan]   %-5s %-4s %-11s %-6s %-9s %-9s %-6s %-10s %-8s %-9s %-8s %-8s %s", "stage",
-               "rank", "layers", "count", "params", "diff", "ratio", "act MiB", "in fl.",
-               "total MiB", "fwd ms", "bwd ms", "notes"));
+        Format("[plan]   %-5s %-4s %-11s %-6s %-9s %-9s %-6s %-10s %-8s %-9s %-8s %-8s %s%s",
+               "stage", "rank", "layers", "count", "params", "diff", "ratio", "act MiB", "in fl.",
+               "total MiB", "fwd ms", "bwd ms", config.tp > 1 ? "tp MiB   " : "", "notes"));
     int64_t previous = -1;
     for (const StagePlan& s : plan.stages) {
       const std::string range = std::to_string(s.range.first_layer + origin) + "-" +
@@ -241,10 +255,11 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
       const std::string ratio =
           previous <= 0 ? "" : Format("%.2f", double(s.parameters) / previous);
       lines.push_back(Format(
-          "[plan]   %-5d %-4d %-11s %-6d %-9s %-9s %-6s %-10.2f %-8d %-9.1f %-8.2f %-8.2f %s",
+          "[plan]   %-5d %-4d %-11s %-6d %-9s %-9s %-6s %-10.2f %-8d %-9.1f %-8.2f %-8.2f %s%s",
           s.range.stage, s.range.pp_rank, range.c_str(), s.range.num_layers,
           Count(s.parameters).c_str(), diff.c_str(), ratio.c_str(), s.activation_mib, s.in_flight,
-          s.total_mib, s.forward_ms, s.backward_ms, s.notes.c_str()));
+          s.total_mib, s.forward_ms, s.backward_ms,
+          config.tp > 1 ? Format("%-9.2f", s.tp_allreduce_mib).c_str() : "", s.notes.c_str()));
       previous = s.parameters;
     }
     std::string optimizer;

@@ -38,6 +38,7 @@ struct StagePlan {
   double total_mib = 0;
   double forward_ms = 0;
   double backward_ms = 0;
+  double tp_allreduce_mib = 0;  // per optimizer step, per rank of the stage (0 at tp = 1)
 };
 
 struct PolicyPlan {
