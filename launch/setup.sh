@@ -16,6 +16,7 @@ packages=(
   libcli11-dev
   nlohmann-json3-dev
   zlib1g-dev             # CRC-32 of checkpoint files
+  libsentencepiece-dev   # bigmac data prep --tokenizer sentencepiece (core/data/sentencepiece_shim.cc)
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
   patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs
