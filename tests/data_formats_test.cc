@@ -462,3 +462,34 @@ TEST(SentencePiece, ACheckpointRefusesDataOfAnotherTokenizer) {
 
 }  // namespace
 }  // namespace bigmac
+
+namespace bigmac {
+namespace {
+
+// The command line: bad flag combinations exit 2, a SentencePiece prep through the binary (its
+// shim found beside the build), and data of a larger vocabulary refused with exit 5.
+TEST(DataPrepCli, TokenizerFlagsAndVocabularyRefusal) {
+  const std::string corpus = testutil::WriteTempFile("cli_corpus.txt", CorpusText());
+  const std::string out = testutil::TempDir() + "/cli_sp";
+  fs::remove_all(out);
+  const std::string prep = testutil::Bigmac() + " data prep --input " + corpus + " --output " + out;
+  testutil::RunResult r = testutil::RunCommand(prep + " --tokenizer sentencepiece", 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_HAS(r.output, "--tokenizer sentencepiece needs --vocab-size N");
+  r = testutil::RunCommand(prep + " --vocab-size 300 --tokenizer byte", 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = testutil::RunCommand(prep + " --tokenizer sentencepiece --vocab-size 300 --val-every 10",
+                           120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_HAS(r.output, "sentencepiece bpe, trained, vocab 300");
+  EXPECT_TRUE(fs::exists(out + "/tokenizer.model"));
+  r = testutil::RunCommand(testutil::Bigmac() + " train --config " +
+                               testutil::Runfile("configs/tiny.yaml") + " --set data.dir=" + out +
+                               " --set train.max_steps=1",
+                           120);
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_HAS(r.output, "tokenizer.json: vocabulary 300, larger than model.vocab_size=256");
+}
+
+}  // namespace
+}  // namespace bigmac
