@@ -382,15 +382,18 @@ TEST(SentencePiece, TrainsEncodesAndRoundTripsText) {
   EXPECT_EQ(manifest->kind, "sentencepiece");
   EXPECT_EQ(manifest->vocab_size, 400u);
   EXPECT_TRUE(fs::exists(dir + "/tokenizer.model"));
-  const data::Tokenizer tokenizer = data::Tokenizer::FromManifest(dir, *manifest);
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::TokenizerFor(dir);
+  EXPECT_EQ(tokenizer->name(), "sentencepiece (400 pieces)");
 
   // Text it has never seen (digits, tabs, CJK, an emoji) comes back exactly.
   const std::string text =
       "  the naïve stage\tsends 42 activations\n\n日本語 🙂 and waits.\n";
-  const std::vector<uint32_t> ids = tokenizer.Encode(text);
-  EXPECT_EQ(tokenizer.Decode(AsInt(ids)), text);
+  const std::vector<int32_t> ids = tokenizer->Encode(text);
+  EXPECT_EQ(tokenizer->Decode(ids), text);
+  EXPECT_EQ(tokenizer->Decode({ids[0], 400, ids[1]}),
+            tokenizer->Decode({ids[0]}) + "<|400|>" + tokenizer->Decode({ids[1]}));
   int64_t bytes = 0;
-  for (uint32_t id : ids) bytes += tokenizer.TextBytes(id);
+  for (int32_t id : ids) bytes += tokenizer->TextBytes(id);
   EXPECT_EQ(bytes, static_cast<int64_t>(text.size()));
 
   // The shards, put back in block order, decode to the corpus.
@@ -407,7 +410,7 @@ TEST(SentencePiece, TrainsEncodesAndRoundTripsText) {
     stream.insert(stream.end(), from.begin() + at, from.begin() + at + n);
     at += n;
   }
-  EXPECT_EQ(tokenizer.Decode(stream), CorpusText());
+  EXPECT_EQ(tokenizer->Decode(stream), CorpusText());
   EXPECT_LT(stream.size() * 2, CorpusText().size()) << "subwords: fewer tokens than bytes";
   EXPECT_EQ(manifest->val_tokens, static_cast<int64_t>(v.size()));
   EXPECT_GT(manifest->val_bytes, manifest->val_tokens * 2);

@@ -89,12 +89,12 @@ class ShardWriter {
 };
 
 // The tokenizer of `options`, its model (if any) written into `fresh`, and its manifest.
-Tokenizer MakeTokenizer(const PrepOptions& options, const fs::path& fresh,
-                        TokenizerManifest* manifest) {
+std::unique_ptr<Tokenizer> MakeTokenizer(const PrepOptions& options, const fs::path& fresh,
+                                         TokenizerManifest* manifest) {
   manifest->kind = options.tokenizer;
   if (options.tokenizer == "byte") {
     manifest->vocab_size = 256;
-    return Tokenizer::Byte();
+    return MakeByteTokenizer();
   }
   const fs::path model = fresh / kTokenizerModel;
   if (!options.tokenizer_model.empty()) {
@@ -106,8 +106,8 @@ Tokenizer MakeTokenizer(const PrepOptions& options, const fs::path& fresh,
   } else {
     TrainSentencePiece(options.inputs, fresh.string(), options.vocab_size, options.model_type);
   }
-  Tokenizer tokenizer = Tokenizer::SentencePiece(model.string());
-  manifest->vocab_size = tokenizer.vocab_size();
+  std::unique_ptr<Tokenizer> tokenizer = MakeSentencePieceTokenizer(model.string());
+  manifest->vocab_size = tokenizer->vocab_size();
   manifest->model = kTokenizerModel;
   manifest->model_hash = FileHash(model.string());
   return tokenizer;
@@ -123,9 +123,9 @@ std::string PrepareShards(const PrepOptions& options) {
   const fs::path fresh = FreshSibling(options.output);
   try {
     TokenizerManifest manifest;
-    const Tokenizer tokenizer = MakeTokenizer(options, fresh, &manifest);
-    ShardWriter train(fresh.string(), "train", tokenizer.vocab_size(), options.shard_tokens);
-    ShardWriter val(fresh.string(), "val", tokenizer.vocab_size(), options.shard_tokens);
+    const std::unique_ptr<Tokenizer> tokenizer = MakeTokenizer(options, fresh, &manifest);
+    ShardWriter train(fresh.string(), "train", tokenizer->vocab_size(), options.shard_tokens);
+    ShardWriter val(fresh.string(), "val", tokenizer->vocab_size(), options.shard_tokens);
     int64_t position = 0, text_bytes = 0;
     for (const std::string& input : options.inputs) {
       std::ifstream in(input, std::ios::binary);
@@ -134,11 +134,11 @@ std::string PrepareShards(const PrepOptions& options) {
       while (std::getline(in, line)) {
         if (!in.eof()) line += '\n';
         text_bytes += static_cast<int64_t>(line.size());
-        for (const uint32_t token : tokenizer.Encode(line)) {
+        for (const int32_t token : tokenizer->Encode(line)) {
           const bool held_out =
               (position++ / options.block_tokens) % options.val_every == options.val_every - 1;
-          if (held_out) manifest.val_bytes += tokenizer.TextBytes(token);
-          (held_out ? val : train).Add(token);
+          if (held_out) manifest.val_bytes += tokenizer->TextBytes(token);
+          (held_out ? val : train).Add(static_cast<uint32_t>(token));
         }
       }
     }
@@ -153,7 +153,7 @@ std::string PrepareShards(const PrepOptions& options) {
     manifest.val_tokens = val.count();
     WriteTokenizerManifest(fresh.string(), manifest);
     SwapIntoPlace(fresh, options.output);
-    const std::string kind = tokenizer.is_byte()
+    const std::string kind = options.tokenizer == "byte"
                                  ? std::string("byte-level")
                                  : "sentencepiece" + (options.tokenizer_model.empty()
                                                           ? " " + options.model_type + ", trained"
@@ -162,7 +162,7 @@ std::string PrepareShards(const PrepOptions& options) {
         "data prep: %zu files, %lld bytes -> %lld tokens (%s, vocab %u, %.3f bytes/token) -> %s: "
         "train %lld tokens, val %lld tokens (every %dth block of %d)",
         options.inputs.size(), static_cast<long long>(text_bytes), static_cast<long long>(position),
-        kind.c_str(), tokenizer.vocab_size(), double(text_bytes) / double(position),
+        kind.c_str(), tokenizer->vocab_size(), double(text_bytes) / double(position),
         options.output.c_str(), static_cast<long long>(train.count()),
         static_cast<long long>(val.count()), options.val_every, options.block_tokens);
   } catch (...) {

@@ -87,60 +87,103 @@ int PieceTextBytes(const std::string& piece, bool is_byte, bool is_control) {
   return bytes;
 }
 
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::string name() const override { return "byte-level"; }
+  uint32_t vocab_size() const override { return 256; }
+  std::vector<int32_t> Encode(const std::string& text) const override {
+    std::vector<int32_t> tokens(text.size());
+    for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
+    return tokens;
+  }
+  std::string Decode(const std::vector<int32_t>& tokens) const override {
+    std::string text;
+    text.reserve(tokens.size());
+    for (const int32_t token : tokens) {
+      if (token >= 0 && token < 256) {
+        text.push_back(static_cast<char>(token));
+      } else {
+        text += "<|" + std::to_string(token) + "|>";
+      }
+    }
+    return text;
+  }
+  int TextBytes(int32_t /*id*/) const override { return 1; }
+};
+
+class SentencePieceTokenizer : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::string& model_path) {
+    const Shim& shim = LoadShim();
+    std::string error;
+    Processor* loaded = shim.load(model_path, &error);
+    if (loaded == nullptr) throw DataError(model_path + ": not a SentencePiece model: " + error);
+    processor_ = std::shared_ptr<Processor>(loaded, shim.free);
+    text_bytes_.resize(shim.piece_size(loaded));
+    for (size_t id = 0; id < text_bytes_.size(); ++id) {
+      std::string piece;
+      bool is_byte = false, is_control = false;
+      shim.piece(loaded, static_cast<int>(id), &piece, &is_byte, &is_control);
+      text_bytes_[id] = PieceTextBytes(piece, is_byte, is_control);
+    }
+  }
+  std::string name() const override {
+    return "sentencepiece (" + std::to_string(vocab_size()) + " pieces)";
+  }
+  uint32_t vocab_size() const override { return static_cast<uint32_t>(text_bytes_.size()); }
+  std::vector<int32_t> Encode(const std::string& text) const override {
+    std::vector<int> ids;
+    std::string error;
+    if (!LoadShim().encode(processor_.get(), text, &ids, &error))
+      throw DataError("SentencePiece cannot encode the text: " + error);
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
+  std::string Decode(const std::vector<int32_t>& tokens) const override {
+    std::string text;
+    std::vector<int> run;  // ids the model has, decoded together
+    auto flush = [&] {
+      std::string piece, error;
+      if (!run.empty() && !LoadShim().decode(processor_.get(), run, &piece, &error))
+        throw DataError("SentencePiece cannot decode the ids: " + error);
+      text += piece;
+      run.clear();
+    };
+    for (const int32_t token : tokens) {
+      if (token >= 0 && token < static_cast<int32_t>(vocab_size())) {
+        run.push_back(token);
+      } else {
+        flush();
+        text += "<|" + std::to_string(token) + "|>";
+      }
+    }
+    flush();
+    return text;
+  }
+  int TextBytes(int32_t id) const override { return text_bytes_[id]; }
+
+ private:
+  std::shared_ptr<Processor> processor_;
+  std::vector<int> text_bytes_;
+};
+
 }  // namespace
 
-Tokenizer Tokenizer::Byte() { return Tokenizer(); }
+std::unique_ptr<Tokenizer> MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
 
-Tokenizer Tokenizer::SentencePiece(const std::string& model_path) {
-  const Shim& shim = LoadShim();
-  std::string error;
-  Processor* loaded = shim.load(model_path, &error);
-  if (loaded == nullptr) throw DataError(model_path + ": not a SentencePiece model: " + error);
-  Tokenizer tokenizer;
-  tokenizer.processor_ = std::shared_ptr<Processor>(loaded, shim.free);
-  tokenizer.vocab_size_ = static_cast<uint32_t>(shim.piece_size(loaded));
-  tokenizer.text_bytes_.resize(tokenizer.vocab_size_);
-  for (uint32_t id = 0; id < tokenizer.vocab_size_; ++id) {
-    std::string piece;
-    bool is_byte = false, is_control = false;
-    shim.piece(loaded, static_cast<int>(id), &piece, &is_byte, &is_control);
-    tokenizer.text_bytes_[id] = PieceTextBytes(piece, is_byte, is_control);
+std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_path) {
+  return std::make_unique<SentencePieceTokenizer>(model_path);
+}
+
+std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir) {
+  const std::optional<TokenizerManifest> manifest = ReadTokenizerManifest(data_dir);
+  if (!manifest || manifest->kind == "byte") return MakeByteTokenizer();
+  const std::string model = data_dir + "/" + manifest->model;
+  std::unique_ptr<Tokenizer> tokenizer = MakeSentencePieceTokenizer(model);
+  if (tokenizer->vocab_size() != manifest->vocab_size) {
+    throw DataError(model + ": " + std::to_string(tokenizer->vocab_size()) + " pieces, but " +
+                    kTokenizerManifest + " says " + std::to_string(manifest->vocab_size));
   }
   return tokenizer;
-}
-
-Tokenizer Tokenizer::FromManifest(const std::string& dir, const TokenizerManifest& manifest) {
-  if (manifest.kind == "byte") return Byte();
-  Tokenizer tokenizer = SentencePiece(dir + "/" + manifest.model);
-  if (tokenizer.vocab_size() != manifest.vocab_size) {
-    throw DataError(dir + "/" + manifest.model + ": " + std::to_string(tokenizer.vocab_size()) +
-                    " pieces, but " + kTokenizerManifest + " says " +
-                    std::to_string(manifest.vocab_size));
-  }
-  return tokenizer;
-}
-
-std::vector<uint32_t> Tokenizer::Encode(std::string_view text) const {
-  if (is_byte()) {
-    std::vector<uint32_t> bytes(text.size());
-    for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-    return bytes;
-  }
-  std::vector<int> ids;
-  std::string error;
-  if (!LoadShim().encode(processor_.get(), std::string(text), &ids, &error))
-    throw DataError("SentencePiece cannot encode the text: " + error);
-  return std::vector<uint32_t>(ids.begin(), ids.end());
-}
-
-std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
-  if (is_byte()) return std::string(ids.begin(), ids.end());
-  std::string text, error;
-  if (!LoadShim().decode(processor_.get(), std::vector<int>(ids.begin(), ids.end()), &text,
-                         &error)) {
-    throw DataError("SentencePiece cannot decode the ids: " + error);
-  }
-  return text;
 }
 
 void TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& dir,

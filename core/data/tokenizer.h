@@ -4,39 +4,39 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "core/data/tokenizer_manifest.h"
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace bigmac::data {
 
-// Text <-> token ids: byte-level (token = byte, vocabulary 256) or a SentencePiece model
-// (Debian's libsentencepiece). Copies share one loaded model; it is read-only after loading.
+// Text <-> token ids, as the data a model was trained on was made. `bigmac generate`, the
+// training samples and `data prep` go through this interface only. Implementations: byte-level
+// and SentencePiece (Debian's libsentencepiece, behind a dlopen shim: sentencepiece_shim.cc).
+// Implementations are immutable and thread-compatible.
 class Tokenizer {
  public:
-  static Tokenizer Byte();
-  // Loads a SentencePiece model file. Throws DataError naming the file.
-  static Tokenizer SentencePiece(const std::string& model_path);
-  // The tokenizer `manifest` in data directory `dir` describes. Throws DataError.
-  static Tokenizer FromManifest(const std::string& dir, const TokenizerManifest& manifest);
-
-  bool is_byte() const { return processor_ == nullptr; }
-  uint32_t vocab_size() const { return vocab_size_; }
-  std::vector<uint32_t> Encode(std::string_view text) const;
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  virtual ~Tokenizer() = default;
+  // "byte-level", or "sentencepiece (N pieces)".
+  virtual std::string name() const = 0;
+  virtual uint32_t vocab_size() const = 0;
+  virtual std::vector<int32_t> Encode(const std::string& text) const = 0;
+  // The text of `tokens`; an id the vocabulary lacks comes out as "<|id|>".
+  virtual std::string Decode(const std::vector<int32_t>& tokens) const = 0;
   // How many bytes of text token `id` decodes to (0 for control tokens).
-  int TextBytes(uint32_t id) const { return is_byte() ? 1 : text_bytes_[id]; }
-
- private:
-  std::shared_ptr<sentencepiece::SentencePieceProcessor> processor_;
-  std::vector<int> text_bytes_;
-  uint32_t vocab_size_ = 256;
+  virtual int TextBytes(int32_t id) const = 0;
 };
+
+// BigMac's byte-level shards: one token per byte (ids 0..255), so Decode(Encode(text)) == text
+// for any bytes, UTF-8 or not.
+std::unique_ptr<Tokenizer> MakeByteTokenizer();
+
+// Loads a SentencePiece model file. Throws DataError naming the file.
+std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_path);
+
+// The tokenizer of the training data in `data_dir` (a model's data.dir): the one its
+// tokenizer.json names (docs/data.md), else byte-level. Throws DataError naming the file.
+std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir);
 
 // Trains a SentencePiece model (`model_type` "bpe" or "unigram", `vocab_size` pieces) on the
 // lines of `inputs` and writes it to <dir>/tokenizer.model. The settings make decoding give back
