@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The demo: train a small character-level GPT on real English text (the fortunes corpus) on one
-# CPU rank, look at its TensorBoard file and generate text from its checkpoint; simulate pipeline schedules; train a 4-stage pipeline and compare it with one rank;
+# CPU rank, look at its TensorBoard file and generate text from its checkpoint, and train once more on
+# a SentencePiece vocabulary (bits per byte compared); simulate pipeline schedules; train a 4-stage
+# pipeline and compare it with one rank;
 # plan a layout, dry-run it under mpirun with 8 ranks, change a value with --set and see it in the
 # [cfg] log, and watch a bad layout get refused.
 set -euo pipefail
@@ -44,6 +46,20 @@ echo "final losses:"
 for p in fp32 bf16; do
   printf '  %s: %s | %s\n' "$p" "$(grep '^step' "data/demo_$p.log" | tail -1 | cut -d'|' -f1-2)" \
     "$(grep '^\[val\]' "data/demo_$p.log" | tail -1 | cut -d'|' -f2)"
+done
+
+step "SentencePiece: a 2048-piece BPE vocabulary trained on the same text, the same model and steps; val loss per token and per byte" \
+  bazel-bin/bigmac data prep --input ... --output data/fortunes_sp --tokenizer sentencepiece --vocab-size 2048
+bazel-bin/bigmac data prep --input $corpus --output data/fortunes_sp --overwrite \
+  --tokenizer sentencepiece --vocab-size 2048
+bazel-bin/bigmac train --config configs/tiny.yaml --set data.dir=data/fortunes_sp \
+  --set model.vocab_size=2048 "$@" | grep -E '^(step|\[val\])' | tee data/demo_sp.log | grep '^\[val\]'
+# bits/byte = nats/token / ln 2 * tokens/bytes (docs/data.md); byte-level: one byte per token.
+json_field() { grep -o "\"$2\": [0-9]*" "$1" | grep -o '[0-9]*$'; }
+for run in fp32:1:1 sp:$(json_field data/fortunes_sp/tokenizer.json val_tokens):$(json_field data/fortunes_sp/tokenizer.json val_bytes); do
+  IFS=: read -r name tokens bytes <<<"$run"
+  grep '^\[val\]' "data/demo_$name.log" | tail -1 | awk -v n="$name" -v t="$tokens" -v b="$bytes" \
+    '{printf "  %-13s val_loss %.4f nats/token = %.4f bits/byte\n", (n == "sp" ? "sentencepiece" : "byte-level"), $6, $6 / log(2) * t / b}'
 done
 
 step "pipeline schedules, simulated: the grid, the bubble, a Perfetto trace" \

@@ -17,6 +17,7 @@ packages=(
   nlohmann-json3-dev
   zlib1g-dev             # CRC-32 of checkpoint files
   libisal-dev            # Intel ISA-L: CRC-32C of TensorBoard event files (TFRecord framing)
+  libsentencepiece-dev   # bigmac data prep --tokenizer sentencepiece (core/data/sentencepiece_shim.cc)
   libgtest-dev libgmock-dev
   python3                # launch/count_tests.py reads the gtest XML
   patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs

@@ -8,6 +8,7 @@
 #include "core/config/loader.h"
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
+#include "core/data/prep.h"
 #include "core/data/shard.h"
 #include "core/engine/stage.h"
 #include "core/engine/trainer.h"
@@ -196,7 +197,12 @@ std::string DataDir() {
       text += (i % 11 == 10) ? ".\n" : " ";
     }
     std::ofstream(base + "/corpus.txt") << text;
-    data::PrepareByteShards({base + "/corpus.txt"}, base + "/shards", 10, 1024);
+    data::PrepOptions prep;
+    prep.inputs = {base + "/corpus.txt"};
+    prep.output = base + "/shards";
+    prep.val_every = 10;
+    prep.block_tokens = 1024;
+    data::PrepareShards(prep);
     return base + "/shards";
   }();
   return dir;
@@ -288,7 +294,7 @@ TEST(Shard, RoundTripsAndRejectsDamage) {
   const std::string dir = testutil::TempDir();
   const std::string good = dir + "/good.bin";
   data::WriteShard(good, 256, {1, 2, 255, 0});
-  EXPECT_EQ(data::ReadShard(good).tokens, (std::vector<uint16_t>{1, 2, 255, 0}));
+  EXPECT_EQ(data::ReadShard(good).tokens, (std::vector<uint32_t>{1, 2, 255, 0}));
   std::ifstream in(good, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_EQ(bytes.size(), 32u + 8u);

@@ -343,7 +343,7 @@ int64_t WriteGatheredLayer(const std::string& tmp_dir, const std::string& file,
 
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
                const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
-               int keep_last) {
+               int keep_last, const std::string& tokenizer) {
   const auto start = std::chrono::steady_clock::now();
   const int num_layers = config.values().model().num_layers();
   const std::string final_dir = root + "/" + StepDirName(step);
@@ -502,6 +502,7 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
       manifest.set_partition_policy(partition::PolicyName(config.policy));
       manifest.set_seed(config.values().train().seed());
       manifest.set_master_dtype(kMasterDType);
+      if (!tokenizer.empty()) manifest.set_tokenizer(tokenizer);
       WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
       std::string text;
       google::protobuf::TextFormat::PrintToString(manifest, &text);

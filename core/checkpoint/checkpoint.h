@@ -56,10 +56,10 @@ struct SaveStats {
 // them; rank 0 writes the manifest, fsyncs, renames the directory into place, fsyncs `root`,
 // then replaces the `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A
 // failure anywhere leaves the previous checkpoints untouched and throws CheckpointError on every
-// rank.
+// rank. `tokenizer` (rank 0's) goes into the manifest.
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
                const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
-               int keep_last);
+               int keep_last, const std::string& tokenizer = "");
 
 // "auto": the step directory `root/latest` names, or "" if there is none yet. Anything else is a
 // step directory, or a checkpoint root with a `latest` pointer. Throws CheckpointError.

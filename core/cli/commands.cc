@@ -32,6 +32,7 @@
 #include "core/config/resolve.h"
 #include "core/config/schema.h"
 #include "core/data/dataset.h"
+#include "core/data/prep.h"
 #include "core/data/shard.h"
 #include "core/device/cuda/cuda_device.h"
 #include "core/engine/trainer.h"
@@ -246,7 +247,32 @@ int ReportFailure(const std::string& message, int code) {
   return code;
 }
 
+namespace {
+
+// What is wrong with the combination of --tokenizer, --vocab-size and --tokenizer-model, or "".
+std::string TokenizerOptionsProblem(const DataPrepOptions& options) {
+  const std::string kind = options.tokenizer.empty()
+                               ? (options.tokenizer_model.empty() ? "byte" : "sentencepiece")
+                               : options.tokenizer;
+  if (kind == "byte" && (options.vocab_size != 0 || !options.tokenizer_model.empty())) {
+    return "--vocab-size and --tokenizer-model need --tokenizer sentencepiece (byte-level has "
+           "vocabulary 256)";
+  }
+  if (kind == "sentencepiece" && options.vocab_size == 0 && options.tokenizer_model.empty())
+    return "--tokenizer sentencepiece needs --vocab-size N (train a model) or --tokenizer-model "
+           "FILE";
+  if (options.vocab_size != 0 && !options.tokenizer_model.empty()) {
+    return "--vocab-size " + std::to_string(options.vocab_size) + " and --tokenizer-model " +
+           options.tokenizer_model + " conflict: the model fixes the vocabulary";
+  }
+  return "";
+}
+
+}  // namespace
+
 int RunDataPrep(const DataPrepOptions& options) {
+  if (std::string problem = TokenizerOptionsProblem(options); !problem.empty())
+    return ReportFailure(problem, kExitConfig);
   if (std::string problem = OutputDirProblem("--output", options.output); !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
   }
@@ -259,9 +285,17 @@ int RunDataPrep(const DataPrepOptions& options) {
                              "choose another directory",
                          kExitOutput);
   }
+  data::PrepOptions prep;
+  prep.inputs = options.inputs;
+  prep.output = options.output;
+  prep.val_every = options.val_every;
+  prep.tokenizer =
+      options.vocab_size != 0 || !options.tokenizer_model.empty() ? "sentencepiece" : "byte";
+  prep.vocab_size = options.vocab_size;
+  prep.model_type = options.model_type;
+  prep.tokenizer_model = options.tokenizer_model;
   try {
-    std::printf("%s%s\n",
-                data::PrepareByteShards(options.inputs, options.output, options.val_every).c_str(),
+    std::printf("%s%s\n", data::PrepareShards(prep).c_str(),
                 old.empty()
                     ? ""
                     : ("; replaced the " + std::to_string(old.size()) + " old shard(s)").c_str());
@@ -279,7 +313,7 @@ int RunDataBatches(const DataBatchesOptions& options) {
     if (std::string problem = OutputFileProblem("--output", options.output); !problem.empty()) {
       return ReportFailure(problem, kExitOutput);
     }
-    const data::TokenDataset dataset(cfg.data().dir(), "train");
+    const data::TokenDataset dataset(cfg.data().dir(), "train", cfg.data().train_files());
     const int batch = cfg.train().micro_batch_size();
     const int seq = cfg.train().seq_length();
     const int per_step = cfg.train().gradient_accumulation_steps() * resolved.dp;

@@ -40,9 +40,14 @@ struct DataPrepOptions {
   std::string output;
   int val_every = 20;
   bool overwrite = false;  // replace the shards already in `output`
+  std::string tokenizer;   // "byte" (default) or "sentencepiece"
+  int vocab_size = 0;      // sentencepiece: train a model of this many pieces
+  std::string model_type = "bpe";
+  std::string tokenizer_model;  // sentencepiece: encode with this model instead of training one
 };
 
-// `bigmac data prep`: text files -> byte-level token shards with a held-out validation split.
+// `bigmac data prep`: text files -> token shards (byte-level or SentencePiece) with a held-out
+// validation split and tokenizer.json beside them.
 int RunDataPrep(const DataPrepOptions& options);
 
 struct DataBatchesOptions {

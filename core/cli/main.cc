@@ -168,8 +168,9 @@ int main(int argc, char** argv) {
   data->require_subcommand(1);
   CLI::App* prep = data->add_subcommand(
       "prep",
-      "Turn UTF-8 text files into byte-level token shards (vocabulary 256), holding out "
-      "every Nth block of 4096 tokens for validation. Format: docs/data.md.");
+      "Turn UTF-8 text files into token shards, byte-level (vocabulary 256) or SentencePiece, "
+      "holding out every Nth block of 4096 tokens for validation; tokenizer.json (and "
+      "tokenizer.model) go beside them. Formats: docs/data.md.");
   prep->add_option("--input", prep_options.inputs, "text files, concatenated in this order")
       ->required()
       ->check(CLI::ExistingFile);
@@ -180,6 +181,17 @@ int main(int argc, char** argv) {
   prep->add_option("--val-every", prep_options.val_every,
                    "hold out every Nth block (default 20: 5%)")
       ->check(CLI::Range(2, 1000));
+  prep->add_option("--tokenizer", prep_options.tokenizer, "byte (default) or sentencepiece")
+      ->check(CLI::IsMember({"byte", "sentencepiece"}));
+  prep->add_option("--vocab-size", prep_options.vocab_size,
+                   "sentencepiece: train a model of N pieces on the input text")
+      ->check(CLI::Range(260, 1 << 20));
+  prep->add_option("--model-type", prep_options.model_type,
+                   "sentencepiece: bpe (default) or unigram")
+      ->check(CLI::IsMember({"bpe", "unigram"}));
+  prep->add_option("--tokenizer-model", prep_options.tokenizer_model,
+                   "sentencepiece: encode with this existing .model file instead of training one")
+      ->check(CLI::ExistingFile);
 
   bigmac::cli::DataBatchesOptions batches_options;
   CLI::App* batches = data->add_subcommand(

@@ -2,30 +2,45 @@
 #define BIGMAC_CORE_DATA_DATASET_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/data/error.h"
+#include "core/data/token_file.h"
+#include "core/data/tokenizer_manifest.h"
+
 namespace bigmac::data {
 
-// All tokens of one split ("train" or "val"): the shards <dir>/<split>_NNN.bin, in name order.
+// All tokens of one split: the files in `dir` matching a glob pattern, in name order, read as one
+// stream of tokens. Each file may be a BigMac shard, an llm.c token file or a Megatron .bin/.idx
+// pair (detected from its magic); every file stays memory-mapped for the dataset's lifetime.
 class TokenDataset {
  public:
-  // Throws DataError naming the directory or the bad shard.
-  TokenDataset(const std::string& dir, const std::string& split);
+  // `pattern` is a glob relative to `dir` ("" means "*<split>*.bin": train_000.bin,
+  // fineweb_train_000001.bin, corpus_train_text_document.bin). Opens and checks every file, and
+  // scans its tokens once (for the vocabulary check). Throws DataError naming the directory or
+  // the bad file.
+  TokenDataset(const std::string& dir, const std::string& split, const std::string& pattern = "");
 
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t size() const { return size_; }
+  // The vocabulary the files (or tokenizer.json) declare, else the largest token + 1.
   uint32_t vocab_size() const { return vocab_size_; }
-  const std::vector<uint16_t>& tokens() const { return tokens_; }
   const std::string& description() const { return description_; }
+  // tokenizer.json beside the shards, when `bigmac data prep` wrote one.
+  const std::optional<TokenizerManifest>& tokenizer() const { return tokenizer_; }
 
   // Throws DataError unless the split can serve windows of `seq` + 1 tokens to a model with
   // `model_vocab` token ids: called before training starts, so nothing is written for bad data.
   void CheckFits(int seq, int64_t model_vocab) const;
 
+  // Tokens [begin, begin + n) of the stream, as int32 (crossing file boundaries).
+  void Gather(int64_t begin, int64_t n, int32_t* out) const;
+
   // Training batch (batch x seq) for this (seed, step, dp_rank, micro_batch): each row is a
   // window at an offset drawn from a counter-based hash of those numbers and the row, so the
-  // batch never depends on the pipeline layout or on what was read before. targets = tokens
-  // shifted by one.
+  // batch never depends on the pipeline layout, on what was read before, or on how the tokens
+  // are cut into files or which format holds them. targets = tokens shifted by one.
   void TrainBatch(uint64_t seed, int64_t step, int dp_rank, int micro_batch, int batch, int seq,
                   int32_t* tokens, int32_t* targets) const;
 
@@ -34,10 +49,13 @@ class TokenDataset {
 
  private:
   void Window(int64_t offset, int seq, int32_t* tokens, int32_t* targets) const;
-  std::vector<uint16_t> tokens_;
+  std::vector<TokenFile> files_;
+  std::vector<int64_t> starts_;  // starts_[i]: the stream position of files_[i]'s first token
+  int64_t size_ = 0;
   uint32_t vocab_size_ = 0;
+  std::string vocab_source_;  // the file (and position) the vocabulary comes from
+  std::optional<TokenizerManifest> tokenizer_;
   std::string description_;
-  std::string first_shard_;
 };
 
 // Whether a file name is a token shard's, or a shard's temporary file: train_*.bin, val_*.bin,
@@ -46,17 +64,6 @@ bool IsShardName(const std::string& name);
 
 // The names of the shards in `dir` (none if it is not a directory), sorted.
 std::vector<std::string> ShardsIn(const std::string& dir);
-
-// `bigmac data prep`: byte-level tokenisation (token = byte, vocabulary 256) of the input files
-// (regular files only), concatenated in order, cut into blocks of `block_tokens`; every
-// `val_every`-th block is held out for validation. Writes <out>/train_000.bin... and
-// <out>/val_000.bin... into a new directory beside <out>, then swaps it into place in one rename:
-// <out>'s old shards (the caller has checked that replacing them is wanted) go in the same step,
-// so no reader ever sees shards of two corpora; its other files are kept. Returns a summary
-// line. Throws DataError for an input, std::filesystem::filesystem_error for the output.
-std::string PrepareByteShards(const std::vector<std::string>& inputs, const std::string& out_dir,
-                              int val_every = 20, int block_tokens = 4096,
-                              int64_t shard_tokens = int64_t{1} << 24);
 
 }  // namespace bigmac::data
 

@@ -6,29 +6,44 @@
 #include <string>
 #include <vector>
 
+#include "core/data/tokenizer_manifest.h"
+
 namespace bigmac::data {
 
-// Text <-> token ids, as the data a model was trained on was made. `bigmac generate` and the
-// training samples encode the prompt and decode what the model writes through this interface
-// only, so a new vocabulary (SentencePiece) plugs in as one more implementation returned by
-// TokenizerFor. Implementations are immutable and thread-compatible.
+// Text <-> token ids, as the data a model was trained on was made. `bigmac generate`, the
+// training samples and `data prep` go through this interface only. Implementations: byte-level
+// and SentencePiece (Debian's libsentencepiece, behind a dlopen shim: sentencepiece_shim.cc).
+// Implementations are immutable and thread-compatible.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // "byte-level", or the vocabulary's own name.
+  // "byte-level", or "sentencepiece (N pieces)".
   virtual std::string name() const = 0;
+  virtual uint32_t vocab_size() const = 0;
   virtual std::vector<int32_t> Encode(const std::string& text) const = 0;
   // The text of `tokens`; an id the vocabulary lacks comes out as "<|id|>".
   virtual std::string Decode(const std::vector<int32_t>& tokens) const = 0;
+  // How many bytes of text token `id` decodes to (0 for control tokens).
+  virtual int TextBytes(int32_t id) const = 0;
 };
 
-// BigMac's own shards: one token per byte (ids 0..255), so Decode(Encode(text)) == text for any
-// bytes, UTF-8 or not.
+// BigMac's byte-level shards: one token per byte (ids 0..255), so Decode(Encode(text)) == text
+// for any bytes, UTF-8 or not.
 std::unique_ptr<Tokenizer> MakeByteTokenizer();
 
-// The tokenizer of the training data in `data_dir` (a model's data.dir). Today every format BigMac
-// trains on is byte-level; a vocabulary recorded beside the shards (SentencePiece) is chosen here.
+// Loads a SentencePiece model file. Throws DataError naming the file.
+std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_path);
+
+// The tokenizer of the training data in `data_dir` (a model's data.dir): the one its
+// tokenizer.json names (docs/data.md), else byte-level. Throws DataError naming the file.
 std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir);
+
+// Trains a SentencePiece model (`model_type` "bpe" or "unigram", `vocab_size` pieces) on the
+// lines of `inputs` and writes it to <dir>/tokenizer.model. The settings make decoding give back
+// the exact text: identity normalization, whitespace kept, byte fallback for anything unseen.
+// Throws DataError with SentencePiece's reason.
+void TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& dir,
+                        int vocab_size, const std::string& model_type);
 
 }  // namespace bigmac::data
 

@@ -229,6 +229,9 @@ class Trainer {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ZeroShards> zero_;  // parallel.zero_stage=1 with dp > 1
   std::optional<data::TokenDataset> train_data_, val_data_;
+  // data.dir's tokenizer (tokenizer.json), read on every rank: recorded in checkpoints, and a
+  // resume on data of another tokenizer is refused. Empty when the data has no manifest.
+  std::string tokenizer_id_;
   metrics::Timeline timeline_;
   std::ofstream metrics_file_;
   std::unique_ptr<metrics::EventWriter> events_;  // rank 0, beside metrics.jsonl
@@ -294,11 +297,13 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
 
   // Only the ranks with the embedding (tokens) or the head (targets) read data.
   if (stage_->has_embedding() || stage_->has_head()) {
-    train_data_.emplace(cfg_.data().dir(), "train");
-    val_data_.emplace(cfg_.data().dir(), "val");
+    train_data_.emplace(cfg_.data().dir(), "train", cfg_.data().train_files());
+    val_data_.emplace(cfg_.data().dir(), "val", cfg_.data().val_files());
     train_data_->CheckFits(seq_, cfg_.model().vocab_size());
     val_data_->CheckFits(seq_, cfg_.model().vocab_size());
   }
+  if (const auto manifest = data::ReadTokenizerManifest(cfg_.data().dir()))
+    tokenizer_id_ = manifest->Id();
 
   schedule::Kind kind = schedule::Kind::k1F1B;
   schedule::ParseKind(cfg_.parallel().schedule(), &kind);
@@ -368,6 +373,13 @@ void Trainer::Resume() {
   if (step_dir.empty()) {
     Log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
     return;
+  }
+  // Every rank reads both, so every rank refuses alike.
+  if (const std::string saved = checkpoint::ReadManifest(step_dir, cfg_).tokenizer();
+      !saved.empty() && !tokenizer_id_.empty() && saved != tokenizer_id_) {
+    throw data::DataError(cfg_.data().dir() + "/" + data::kTokenizerManifest + ": tokenizer " +
+                          tokenizer_id_ + ", but " + step_dir + " was trained on tokenizer " +
+                          saved + " (its token ids mean other text)");
   }
   const auto load_start = std::chrono::steady_clock::now();
   start_step_ =
@@ -696,7 +708,7 @@ void Trainer::Save(int step) {
   comm::progress::SetAction("", "checkpoint");
   const checkpoint::SaveStats stats =
       checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, stage_->State(), adamw_, comm_,
-                       cfg_.checkpoint().keep_last());
+                       cfg_.checkpoint().keep_last(), tokenizer_id_);
   last_saved_step_ = step;
   Log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
              double(stats.bytes) / 1e6, stats.seconds,

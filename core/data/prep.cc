@@ -1,0 +1,175 @@
+#include "core/data/prep.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include "core/data/dataset.h"
+#include "core/data/error.h"
+#include "core/data/shard.h"
+#include "core/data/tokenizer.h"
+#include "core/data/tokenizer_manifest.h"
+#include "core/util/files.h"
+#include "core/util/format.h"
+
+namespace bigmac::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Replaces `out_dir` by `fresh` in one rename (RENAME_EXCHANGE where the filesystem has it),
+// after moving out_dir's files that `fresh` does not have (and that are not shards) into
+// `fresh`; the old shards end in `fresh`, which is then removed.
+void SwapIntoPlace(const fs::path& fresh, const fs::path& out_dir) {
+  std::error_code error;
+  if (!fs::exists(out_dir, error)) {
+    fs::rename(fresh, out_dir);
+    return;
+  }
+  for (const auto& entry : fs::directory_iterator(out_dir)) {
+    const fs::path name = entry.path().filename();
+    if (!IsShardName(name.string()) && !fs::exists(fresh / name, error))
+      fs::rename(entry.path(), fresh / name);
+  }
+  if (renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, out_dir.c_str(), RENAME_EXCHANGE) != 0) {
+    // No exchange on this filesystem: two renames, with no moment where shards mix.
+    const fs::path old = fresh.string() + ".old";
+    fs::rename(out_dir, old);
+    fs::rename(fresh, out_dir);
+    fs::remove_all(old);
+    return;
+  }
+  fs::remove_all(fresh);
+}
+
+// A new, empty directory beside `out_dir` (the same filesystem, so the swap is a rename).
+fs::path FreshSibling(const fs::path& out_dir) {
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  fs::create_directories(parent);
+  std::string name = (parent / ("." + out_dir.filename().string() + ".prep_XXXXXX")).string();
+  if (mkdtemp(name.data()) == nullptr) {
+    throw fs::filesystem_error("cannot create a directory beside the output", parent,
+                               std::error_code(errno, std::generic_category()));
+  }
+  return name;
+}
+
+// One split's shards, written as they fill: <dir>/<split>_NNN.bin.
+class ShardWriter {
+ public:
+  ShardWriter(std::string dir, std::string split, uint32_t vocab, int64_t shard_tokens)
+      : dir_(std::move(dir)),
+        split_(std::move(split)),
+        vocab_(vocab),
+        shard_tokens_(shard_tokens) {}
+  void Add(uint32_t token) {
+    buffer_.push_back(token);
+    ++count_;
+    if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) Flush();
+  }
+  void Flush() {
+    if (buffer_.empty()) return;
+    WriteShard(dir_ + "/" + util::Format("%s_%03d.bin", split_.c_str(), shards_++), vocab_,
+               buffer_);
+    buffer_.clear();
+  }
+  int64_t count() const { return count_; }
+
+ private:
+  std::string dir_, split_;
+  uint32_t vocab_;
+  int64_t shard_tokens_;
+  std::vector<uint32_t> buffer_;
+  int64_t count_ = 0;
+  int shards_ = 0;
+};
+
+// The tokenizer of `options`, its model (if any) written into `fresh`, and its manifest.
+std::unique_ptr<Tokenizer> MakeTokenizer(const PrepOptions& options, const fs::path& fresh,
+                                         TokenizerManifest* manifest) {
+  manifest->kind = options.tokenizer;
+  if (options.tokenizer == "byte") {
+    manifest->vocab_size = 256;
+    return MakeByteTokenizer();
+  }
+  const fs::path model = fresh / kTokenizerModel;
+  if (!options.tokenizer_model.empty()) {
+    if (std::string problem = util::CheckUserFile(options.tokenizer_model, "tokenizer model");
+        !problem.empty()) {
+      throw DataError(problem);
+    }
+    fs::copy_file(options.tokenizer_model, model);
+  } else {
+    TrainSentencePiece(options.inputs, fresh.string(), options.vocab_size, options.model_type);
+  }
+  std::unique_ptr<Tokenizer> tokenizer = MakeSentencePieceTokenizer(model.string());
+  manifest->vocab_size = tokenizer->vocab_size();
+  manifest->model = kTokenizerModel;
+  manifest->model_hash = FileHash(model.string());
+  return tokenizer;
+}
+
+}  // namespace
+
+std::string PrepareShards(const PrepOptions& options) {
+  for (const std::string& input : options.inputs) {
+    if (std::string problem = util::CheckUserFile(input, "text file"); !problem.empty())
+      throw DataError(problem);
+  }
+  const fs::path fresh = FreshSibling(options.output);
+  try {
+    TokenizerManifest manifest;
+    const std::unique_ptr<Tokenizer> tokenizer = MakeTokenizer(options, fresh, &manifest);
+    ShardWriter train(fresh.string(), "train", tokenizer->vocab_size(), options.shard_tokens);
+    ShardWriter val(fresh.string(), "val", tokenizer->vocab_size(), options.shard_tokens);
+    int64_t position = 0, text_bytes = 0;
+    for (const std::string& input : options.inputs) {
+      std::ifstream in(input, std::ios::binary);
+      if (!in) throw DataError(input + ": cannot open the text file");
+      std::string line;
+      while (std::getline(in, line)) {
+        if (!in.eof()) line += '\n';
+        text_bytes += static_cast<int64_t>(line.size());
+        for (const int32_t token : tokenizer->Encode(line)) {
+          const bool held_out =
+              (position++ / options.block_tokens) % options.val_every == options.val_every - 1;
+          if (held_out) manifest.val_bytes += tokenizer->TextBytes(token);
+          (held_out ? val : train).Add(static_cast<uint32_t>(token));
+        }
+      }
+    }
+    if (train.count() == 0 || val.count() == 0) {
+      throw DataError("data prep: " + std::to_string(position) +
+                      " tokens of text is too little for a train/validation split (need at least " +
+                      std::to_string(int64_t{options.val_every} * options.block_tokens) + ")");
+    }
+    train.Flush();
+    val.Flush();
+    manifest.train_tokens = train.count();
+    manifest.val_tokens = val.count();
+    WriteTokenizerManifest(fresh.string(), manifest);
+    SwapIntoPlace(fresh, options.output);
+    const std::string kind = options.tokenizer == "byte"
+                                 ? std::string("byte-level")
+                                 : "sentencepiece" + (options.tokenizer_model.empty()
+                                                          ? " " + options.model_type + ", trained"
+                                                          : " from " + options.tokenizer_model);
+    return util::Format(
+        "data prep: %zu files, %lld bytes -> %lld tokens (%s, vocab %u, %.3f bytes/token) -> %s: "
+        "train %lld tokens, val %lld tokens (every %dth block of %d)",
+        options.inputs.size(), static_cast<long long>(text_bytes), static_cast<long long>(position),
+        kind.c_str(), tokenizer->vocab_size(), double(text_bytes) / double(position),
+        options.output.c_str(), static_cast<long long>(train.count()),
+        static_cast<long long>(val.count()), options.val_every, options.block_tokens);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(fresh, ignored);
+    throw;
+  }
+}
+
+}  // namespace bigmac::data

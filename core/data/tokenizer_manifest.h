@@ -1,0 +1,45 @@
+#ifndef BIGMAC_CORE_DATA_TOKENIZER_MANIFEST_H_
+#define BIGMAC_CORE_DATA_TOKENIZER_MANIFEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace bigmac::data {
+
+// <data dir>/tokenizer.json, written by `bigmac data prep` beside the shards: which tokenizer
+// made them, so that a checkpoint trained on one vocabulary refuses data of another, and so
+// that tools can turn token ids back into text (docs/data.md).
+inline constexpr char kTokenizerManifest[] = "tokenizer.json";
+// The SentencePiece model beside the shards.
+inline constexpr char kTokenizerModel[] = "tokenizer.model";
+
+struct TokenizerManifest {
+  std::string kind;  // "byte" or "sentencepiece"
+  uint32_t vocab_size = 0;
+  std::string model;       // sentencepiece: the model file's name in the data directory
+  std::string model_hash;  // sentencepiece: FNV-1a 64 of the model file, 16 hex digits
+  // The validation split's tokens and the bytes of text they decode to, for bits per byte:
+  // bits/byte = loss (nats/token) / ln 2 * val_tokens / val_bytes.
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  int64_t val_bytes = 0;
+
+  // "byte/256" or "sentencepiece/8000/<model_hash>": equal ids mean the same token ids.
+  std::string Id() const;
+};
+
+// FNV-1a 64 of a file's bytes as 16 hex digits. Throws DataError naming the file.
+std::string FileHash(const std::string& path);
+
+// Writes <dir>/tokenizer.json. Throws DataError.
+void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& manifest);
+
+// Reads <dir>/tokenizer.json, or nothing when there is none (llm.c or Megatron data, older
+// shards). Checks that a SentencePiece model it names is there with its hash. Throws DataError
+// naming the file and the problem.
+std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir);
+
+}  // namespace bigmac::data
+
+#endif  // BIGMAC_CORE_DATA_TOKENIZER_MANIFEST_H_
