@@ -159,6 +159,19 @@ def learning_rate(step, lr, min_lr, warmup, max_steps):  # optim::LearningRate
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+def add_optim_args(ap):
+    """BigMac's optimizer settings (optim.* in its config) as options."""
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr", type=float, default=1e-4)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=10)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--init")
@@ -170,15 +183,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr", type=float, default=1e-4)
-    ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=10)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--grad-clip", type=float, default=1.0)
+    add_optim_args(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--attention", choices=("sdpa", "explicit"), default="sdpa")
     ap.add_argument("--no-fused", action="store_true", help="the for-each AdamW, not fused=True")

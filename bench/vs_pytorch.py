@@ -60,6 +60,53 @@ def train_flops_per_token(layers, hidden, vocab, seq):
     return 3 * forward
 
 
+def fortunes_data():
+    """The demo corpus, prepared once (bigmac data prep)."""
+    data = REPO / "data" / "fortunes"
+    if not data.is_dir():
+        texts = sorted(p for p in Path("/usr/share/games/fortunes").iterdir()
+                       if p.is_file() and "." not in p.name)
+        run([BIGMAC, "data", "prep", "--input", *texts, "--output", data])
+    return data
+
+
+def model_sets(layers, hidden, heads, seq, mbs, accum, steps, data, output_dir):
+    """BigMac's --set overrides for the model, batches and optimizer both trainers share."""
+    return [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
+            f"model.num_heads={heads}", "model.vocab_size=256", f"train.seq_length={seq}",
+            f"train.micro_batch_size={mbs}", f"train.gradient_accumulation_steps={accum}",
+            f"train.max_steps={steps}", f"optim.lr={OPTIM['lr']}",
+            f"optim.min_lr={OPTIM['min_lr']}", f"optim.warmup_steps={OPTIM['warmup']}",
+            f"optim.weight_decay={OPTIM['weight_decay']}",
+            f"optim.grad_clip={OPTIM['grad_clip']}", f"data.dir={data}",
+            "train.eval_interval=0", "train.eval_batches=1", "train.log_interval=1000",
+            "train.trace_steps=0", f"train.output_dir={output_dir}"]
+
+
+def prepare(work, layers, hidden, seq, steps, set_args, env):
+    """One set of initial weights (safetensors, imported as BigMac's step-0 checkpoint) and one
+    batches file in `work`; returns (weights, checkpoint dir, batches)."""
+    config = REPO / "configs" / "tiny.yaml"
+    weights = work / "init.safetensors"
+    run([TORCH_PYTHON, PYTORCH, "--init", weights, "--layers", str(layers), "--hidden",
+         str(hidden), "--seq", str(seq), "--vocab", "256"], env)
+    ckpt = work / "ckpt"
+    subprocess.run(["rm", "-rf", ckpt])
+    run([BIGMAC, "ckpt", "import", "--safetensors", weights, "--config", config, *set_args,
+         "--output", ckpt], env)
+    batches = work / "batches.bin"
+    run([BIGMAC, "data", "batches", "--config", config, *set_args, "--steps", str(steps),
+         "--output", batches], env)
+    return weights, ckpt, batches
+
+
+def torch_optim_args(steps):
+    """The same optimizer settings for the PyTorch trainers (bench/pytorch_gpt.py options)."""
+    return ["--lr", str(OPTIM["lr"]), "--min-lr", str(OPTIM["min_lr"]), "--warmup",
+            str(OPTIM["warmup"]), "--max-steps", str(steps), "--weight-decay",
+            str(OPTIM["weight_decay"]), "--grad-clip", str(OPTIM["grad_clip"])]
+
+
 def main():
     global BIGMAC
     ap = argparse.ArgumentParser()
@@ -82,11 +129,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads),
                OPENBLAS_NUM_THREADS=str(a.threads))
-    data = REPO / "data" / "fortunes"
-    if not data.is_dir():
-        texts = sorted(p for p in Path("/usr/share/games/fortunes").iterdir()
-                       if p.is_file() and "." not in p.name)
-        run([BIGMAC, "data", "prep", "--input", *texts, "--output", data])
+    data = fortunes_data()
     # The machine's ceiling, measured now and again at the end (neighbours on a shared machine
     # make single measurements noisy); the higher one is the peak.
     peak_line = run([SGEMM, str(a.threads), "2048"], env).strip()
@@ -101,34 +144,14 @@ def main():
         steps = a.steps or steps
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
-        sets = [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-                f"model.num_heads={heads}", "model.vocab_size=256", f"train.seq_length={seq}",
-                f"train.micro_batch_size={mbs}", f"train.gradient_accumulation_steps={accum}",
-                f"train.max_steps={steps}", f"optim.lr={OPTIM['lr']}",
-                f"optim.min_lr={OPTIM['min_lr']}", f"optim.warmup_steps={OPTIM['warmup']}",
-                f"optim.weight_decay={OPTIM['weight_decay']}",
-                f"optim.grad_clip={OPTIM['grad_clip']}", f"data.dir={data}",
-                "train.eval_interval=0", "train.eval_batches=1", "train.log_interval=1000",
-                "parallel.pp_size=1", "parallel.schedule=gpipe", "train.trace_steps=0",
-                f"train.output_dir={work / 'bigmac_run'}"]
+        sets = model_sets(layers, hidden, heads, seq, mbs, accum, steps, data, work / "bigmac_run")
+        sets += ["parallel.pp_size=1", "parallel.schedule=gpipe"]
         set_args = [arg for s in sets for arg in ("--set", s)]
         config = REPO / "configs" / "tiny.yaml"
-        weights = work / "init.safetensors"
-        run([TORCH_PYTHON, PYTORCH, "--init", weights, "--layers", str(layers), "--hidden",
-             str(hidden), "--seq", str(seq), "--vocab", "256"], torch_env)
-        ckpt = work / "ckpt"
-        subprocess.run(["rm", "-rf", ckpt])
-        run([BIGMAC, "ckpt", "import", "--safetensors", weights, "--config", config, *set_args,
-             "--output", ckpt], env)
-        batches = work / "batches.bin"
-        run([BIGMAC, "data", "batches", "--config", config, *set_args, "--steps", str(steps),
-             "--output", batches], env)
+        weights, ckpt, batches = prepare(work, layers, hidden, seq, steps, set_args, env)
         torch_cmd = [TORCH_PYTHON, PYTORCH, "--weights", weights, "--batches", batches,
                      "--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads),
-                     "--lr", str(OPTIM["lr"]), "--min-lr", str(OPTIM["min_lr"]),
-                     "--warmup", str(OPTIM["warmup"]), "--max-steps", str(steps),
-                     "--weight-decay", str(OPTIM["weight_decay"]),
-                     "--grad-clip", str(OPTIM["grad_clip"]), "--threads", str(a.threads)]
+                     *torch_optim_args(steps), "--threads", str(a.threads)]
         bigmac_cmd = [BIGMAC, "train", "--config", config, *set_args, "--resume",
                       ckpt / "step_000000", "--dump", work / "bigmac_dump"]
         tokens_per_step = mbs * seq * accum
