@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "plugins/sdk/cpu_kernels.h"
+#include "tests/testing/numeric.h"
 
 namespace bigmac::sdk::cpu {
 namespace {
@@ -22,24 +22,12 @@ struct Shape {
 // t = 70: query blocks of 32, 32 and 6 rows; t = 5: one partial block.
 const Shape kShapes[] = {{2, 70, 16, 2}, {1, 5, 8, 2}, {3, 33, 12, 3}};
 
+using testutil::ScaledError;
+
+// Scores up to about 4 / sqrt(head size) * head size: softmax rows far from uniform.
 template <typename T>
 std::vector<T> Random(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> uniform(-2.0, 2.0);
-  std::vector<T> x(n);
-  for (T& v : x) v = static_cast<T>(uniform(rng));
-  return x;
-}
-
-// max |a - b| / max(1, max |b|).
-template <typename T>
-double ScaledError(const std::vector<T>& a, const std::vector<T>& b) {
-  double err = 0, scale = 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return std::isnan(err) ? INFINITY : err / scale;
+  return testutil::Random<T>(n, seed, 2.0);
 }
 
 template <typename T>

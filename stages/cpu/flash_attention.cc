@@ -25,6 +25,8 @@ namespace {
 
 using internal::Exp;
 using internal::Gemm;
+using internal::SoftmaxBackwardInPlace;
+using internal::SoftmaxInPlace;
 
 constexpr int kQueryBlock = 32;
 
@@ -56,20 +58,9 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
           for (int r = 0; r < rows; ++r) {
             const int visible = i0 + r + 1;
             T* row = p.data() + int64_t{r} * kend;
-            T maxval = row[0];
-#pragma omp simd reduction(max : maxval)
-            for (int j = 1; j < visible; ++j) maxval = row[j] > maxval ? row[j] : maxval;
-            T sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < visible; ++j) {
-              row[j] = Exp(row[j] - maxval);
-              sum += row[j];
-            }
-            const T inv = T(1) / sum;
-#pragma omp simd
-            for (int j = 0; j < visible; ++j) row[j] *= inv;
+            const internal::RowStats<T> stats = SoftmaxInPlace(row, visible);
             for (int j = visible; j < kend; ++j) row[j] = 0;
-            l[i0 + r] = maxval + std::log(sum);
+            l[i0 + r] = stats.max + std::log(stats.sum);
           }
           Gemm(CblasNoTrans, CblasNoTrans, rows, hs, kend, T(1), p.data(), kend, v, ld, T(0),
                o + int64_t{i0} * c, c);
@@ -130,11 +121,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
             const int visible = i0 + r + 1;
             const T* prow = p.data() + int64_t{r} * kend;
             T* row = ds.data() + int64_t{r} * kend;
-            T dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < visible; ++j) dot += row[j] * prow[j];
-#pragma omp simd
-            for (int j = 0; j < visible; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
+            SoftmaxBackwardInPlace(row, prow, visible, scale);
             for (int j = visible; j < kend; ++j) row[j] = 0;
           }
           // dQ = dS K; dK += dS^T Q.

@@ -16,6 +16,8 @@ namespace {
 
 using internal::Exp;
 using internal::Gemm;
+using internal::SoftmaxBackwardInPlace;
+using internal::SoftmaxInPlace;
 
 constexpr double kLayerNormEps = 1e-5;
 
@@ -172,18 +174,7 @@ BIGMAC_SIMD_CLONES void AttentionForward(T* out, T* att, const T* qkv, int b, in
            static_cast<int>(c3), T(0), p, t);
       for (int ti = 0; ti < t; ++ti) {
         T* row = p + int64_t{ti} * t;
-        T maxval = row[0];
-#pragma omp simd reduction(max : maxval)
-        for (int t2 = 1; t2 <= ti; ++t2) maxval = row[t2] > maxval ? row[t2] : maxval;
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int t2 = 0; t2 <= ti; ++t2) {
-          row[t2] = Exp(row[t2] - maxval);
-          sum += row[t2];
-        }
-        const T inv = T(1) / sum;
-#pragma omp simd
-        for (int t2 = 0; t2 <= ti; ++t2) row[t2] *= inv;
+        SoftmaxInPlace(row, ti + 1);
         for (int t2 = ti + 1; t2 < t; ++t2) row[t2] = 0;
       }
       T* o = out + int64_t{bi} * t * c + hi * hs;
@@ -220,11 +211,7 @@ BIGMAC_SIMD_CLONES void AttentionBackward(T* dqkv, const T* dout, const T* qkv, 
         for (int ti = 0; ti < t; ++ti) {
           const T* prow = p + int64_t{ti} * t;
           T* row = ds.data() + int64_t{ti} * t;
-          T dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int t2 = 0; t2 <= ti; ++t2) dot += row[t2] * prow[t2];
-#pragma omp simd
-          for (int t2 = 0; t2 <= ti; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
+          SoftmaxBackwardInPlace(row, prow, ti + 1, scale);
           for (int t2 = ti + 1; t2 < t; ++t2) row[t2] = 0;
         }
         // dQ = dS K; dK = dS^T Q.

@@ -51,6 +51,39 @@ inline float Exp(float x) {
   return p * scale;
 }
 
+// Softmax of row[0, n) in place (n >= 1): exp(x - max) / sum. Returns the max and the sum (the
+// row's log-sum-exp is max + log(sum)).
+template <typename T>
+struct RowStats {
+  T max, sum;
+};
+template <typename T>
+inline RowStats<T> SoftmaxInPlace(T* row, int n) {
+  T maxval = row[0];
+#pragma omp simd reduction(max : maxval)
+  for (int j = 1; j < n; ++j) maxval = row[j] > maxval ? row[j] : maxval;
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    row[j] = Exp(row[j] - maxval);
+    sum += row[j];
+  }
+  const T inv = T(1) / sum;
+#pragma omp simd
+  for (int j = 0; j < n; ++j) row[j] *= inv;
+  return {maxval, sum};
+}
+
+// Softmax backward in place through a scale: d[j] = p[j] * (d[j] - sum_k d[k] p[k]) * scale.
+template <typename T>
+inline void SoftmaxBackwardInPlace(T* d, const T* p, int n, T scale) {
+  T dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int j = 0; j < n; ++j) dot += d[j] * p[j];
+#pragma omp simd
+  for (int j = 0; j < n; ++j) d[j] = p[j] * (d[j] - dot) * scale;
+}
+
 }  // namespace bigmac::sdk::cpu::internal
 
 #endif  // BIGMAC_STAGES_CPU_MATH_H_
