@@ -9,6 +9,7 @@ batches (`bigmac data batches`). Prints one JSON line: per-step losses and milli
 
   pytorch_gpt.py --weights W.safetensors --batches B.bin --layers L --hidden C --heads H
                  --vocab V --lr ... --min-lr ... --warmup ... --max-steps ... --threads 2
+                 [--attention sdpa|explicit] [--no-fused] [--compile] [--profile TABLE.txt]
   pytorch_gpt.py --init OUT.safetensors --layers ... --seq T --seed S   (write initial weights)
 """
 import argparse
@@ -73,43 +74,73 @@ def init_weights(layers, hidden, vocab, seq, seed):
     return {"transformer." + name: value for name, value in w.items()}
 
 
-class Gpt(torch.nn.Module):
-    """Hugging Face GPT-2 layouts (Conv1D: y = x @ W + b with W of shape (in, out))."""
+def embed(w, tokens):
+    return w("wte.weight")[tokens] + w("wpe.weight")[:tokens.shape[1]]
 
-    def __init__(self, weights, layers, heads):
+
+def block(w, i, x, heads, attention="sdpa"):
+    """One pre-LayerNorm block; `attention` is "sdpa" (F.scaled_dot_product_attention, causal)
+    or "explicit" (softmax of the masked T x T scores, as PyTorch code written before SDPA)."""
+    b, t, c = x.shape
+    p = f"h.{i}."
+    h = F.layer_norm(x, (c,), w(p + "ln_1.weight"), w(p + "ln_1.bias"), 1e-5)
+    qkv = torch.addmm(w(p + "attn.c_attn.bias"), h.view(-1, c),
+                      w(p + "attn.c_attn.weight")).view(b, t, 3, heads, c // heads)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    if attention == "sdpa":
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // heads)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        y = att.masked_fill(mask, float("-inf")).softmax(-1) @ v
+    y = y.transpose(1, 2).reshape(-1, c)
+    x = x + torch.addmm(w(p + "attn.c_proj.bias"), y, w(p + "attn.c_proj.weight")).view(b, t, c)
+    h = F.layer_norm(x, (c,), w(p + "ln_2.weight"), w(p + "ln_2.bias"), 1e-5)
+    h = F.gelu(torch.addmm(w(p + "mlp.c_fc.bias"), h.view(-1, c), w(p + "mlp.c_fc.weight")),
+               approximate="tanh")
+    return x + torch.addmm(w(p + "mlp.c_proj.bias"), h, w(p + "mlp.c_proj.weight")).view(b, t, c)
+
+
+def head(w, x):
+    """Final LayerNorm and the tied output head: logits of shape (B*T, V)."""
+    c = x.shape[-1]
+    x = F.layer_norm(x, (c,), w("ln_f.weight"), w("ln_f.bias"), 1e-5)
+    return x.reshape(-1, c) @ w("wte.weight").t()
+
+
+class Params(torch.nn.Module):
+    """A set of Hugging Face GPT-2 weights (Conv1D layout: y = x @ W + b, W of shape (in, out))."""
+
+    def __init__(self, weights):
         super().__init__()
         self.p = torch.nn.ParameterDict(
             {k.removeprefix("transformer.").replace(".", "__"): torch.nn.Parameter(v)
              for k, v in weights.items()})
-        self.layers, self.heads = layers, heads
 
     def w(self, name):
         return self.p[name.replace(".", "__")]
 
+
+class Gpt(Params):
+    def __init__(self, weights, layers, heads, attention="sdpa"):
+        super().__init__(weights)
+        self.layers, self.heads, self.attention = layers, heads, attention
+
     def forward(self, tokens, targets):
-        b, t = tokens.shape
-        c = self.w("wte.weight").shape[1]
-        x = self.w("wte.weight")[tokens] + self.w("wpe.weight")[:t]
+        x = embed(self.w, tokens)
         for i in range(self.layers):
-            p = f"h.{i}."
-            h = F.layer_norm(x, (c,), self.w(p + "ln_1.weight"), self.w(p + "ln_1.bias"), 1e-5)
-            qkv = torch.addmm(self.w(p + "attn.c_attn.bias"), h.view(-1, c),
-                              self.w(p + "attn.c_attn.weight")).view(b, t, 3, self.heads, c // self.heads)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
-            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-            att = att.masked_fill(mask, float("-inf")).softmax(-1)
-            y = (att @ v).transpose(1, 2).reshape(-1, c)
-            x = x + torch.addmm(self.w(p + "attn.c_proj.bias"), y,
-                                self.w(p + "attn.c_proj.weight")).view(b, t, c)
-            h = F.layer_norm(x, (c,), self.w(p + "ln_2.weight"), self.w(p + "ln_2.bias"), 1e-5)
-            h = F.gelu(torch.addmm(self.w(p + "mlp.c_fc.bias"), h.view(-1, c),
-                                   self.w(p + "mlp.c_fc.weight")), approximate="tanh")
-            x = x + torch.addmm(self.w(p + "mlp.c_proj.bias"), h,
-                                self.w(p + "mlp.c_proj.weight")).view(b, t, c)
-        x = F.layer_norm(x, (c,), self.w("ln_f.weight"), self.w("ln_f.bias"), 1e-5)
-        logits = x.view(-1, c) @ self.w("wte.weight").t()
-        return F.cross_entropy(logits, targets.reshape(-1), reduction="sum")
+            x = block(self.w, i, x, self.heads, self.attention)
+        return F.cross_entropy(head(self.w, x), targets.reshape(-1), reduction="sum")
+
+
+def adamw(named_params, a, fused):
+    """BigMac's AdamW groups: decay on matrices and embeddings, none on vectors."""
+    decay = [p for n, p in named_params if p.dim() == 2]
+    no_decay = [p for n, p in named_params if p.dim() != 2]
+    groups = [{"params": g, "weight_decay": wd}
+              for g, wd in ((decay, a.weight_decay), (no_decay, 0.0)) if g]
+    return torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                             fused=fused or None)
 
 
 def read_batches(path):
@@ -128,6 +159,19 @@ def learning_rate(step, lr, min_lr, warmup, max_steps):  # optim::LearningRate
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+def add_optim_args(ap):
+    """BigMac's optimizer settings (optim.* in its config) as options."""
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr", type=float, default=1e-4)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=10)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--init")
@@ -139,39 +183,37 @@ def main():
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr", type=float, default=1e-4)
-    ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=10)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--grad-clip", type=float, default=1.0)
+    add_optim_args(ap)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention", choices=("sdpa", "explicit"), default="sdpa")
+    ap.add_argument("--no-fused", action="store_true", help="the for-each AdamW, not fused=True")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--profile", help="write torch.profiler's per-operator table of the last step")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.init:
         write_safetensors(a.init, init_weights(a.layers, a.hidden, a.vocab, a.seq, a.seed))
         return
-    model = Gpt(read_safetensors(a.weights), a.layers, a.heads)
+    model = Gpt(read_safetensors(a.weights), a.layers, a.heads, a.attention)
     batches = read_batches(a.batches)
     steps, per_step, _, batch, seq = batches.shape
-    decay = [p for n, p in model.p.items() if p.dim() == 2]  # matrices and embeddings
-    no_decay = [p for n, p in model.p.items() if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
+    opt = adamw(list(model.p.items()), a, fused=not a.no_fused)
+    forward = torch.compile(model) if a.compile else model
     tokens_per_step = per_step * batch * seq
     losses, ms = [], []
-    for step in range(min(steps, a.max_steps)):
+    total_steps = min(steps, a.max_steps)
+    for step in range(total_steps):
+        profiler = None
+        if a.profile and step == total_steps - 1:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
         start = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, a.lr, a.min_lr, a.warmup, a.max_steps)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for m in range(per_step):
-            loss = model(batches[step, m, 0], batches[step, m, 1]) / tokens_per_step
+            loss = forward(batches[step, m, 0], batches[step, m, 1]) / tokens_per_step
             loss.backward()
             total += loss.item()
         if a.grad_clip > 0:
@@ -179,8 +221,15 @@ def main():
         opt.step()
         ms.append((time.perf_counter() - start) * 1000)
         losses.append(total)
+        if profiler:
+            profiler.__exit__(None, None, None)
+            with open(a.profile, "w") as f:
+                f.write(profiler.key_averages().table(sort_by="self_cpu_time_total",
+                                                      row_limit=40, max_name_column_width=60))
     print(json.dumps({"losses": losses, "step_ms": ms, "tokens_per_step": tokens_per_step,
-                      "threads": torch.get_num_threads(), "torch": torch.__version__}))
+                      "threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "variant": {"attention": a.attention, "fused": not a.no_fused,
+                                  "compile": a.compile}}))
 
 
 if __name__ == "__main__":

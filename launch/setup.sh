@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian package BigMac's build, tests and demo need (and, with --fuzz / --bench,
-# what launch/fuzz.sh and bench/vs_pytorch.py need). Idempotent; silent when nothing is missing. The CUDA toolkit is not a Debian package: it must already be in
+# what launch/fuzz.sh and the PyTorch benchmarks in bench/ need). Idempotent; silent when nothing is missing. The CUDA toolkit is not a Debian package: it must already be in
 # /usr/local/cuda (or $CUDA_HOME); this script only checks for it.
 set -euo pipefail
 
@@ -25,10 +25,11 @@ packages=(
   slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/slurm_test: a real Slurm
 )
 # Extras for the commands outside the test command (launch/setup.sh --fuzz --bench).
+bench=0
 for group in "$@"; do
   case "$group" in
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;  # launch/fuzz.sh: libFuzzer
-    --bench) packages+=(python3-torch) ;;            # bench/vs_pytorch.py: the PyTorch side
+    --bench) packages+=(python3-venv); bench=1 ;;    # bench/: PyTorch from PyPI in a venv (below)
     *) echo "setup: unknown option $group (--fuzz, --bench)" >&2; exit 2 ;;
   esac
 done
@@ -82,4 +83,17 @@ wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("incl
 PY
   rm -rf "$wheel_dir"
   echo "$cudnn_frontend_version" > "$frontend_dir/VERSION"
+fi
+
+# The benchmarks' peer: today's PyTorch from PyPI (MKL and oneDNN inside), in a virtual environment
+# of the Debian Python, shared by every checkout ($BIGMAC_BENCH_VENV; bench/README.md). Debian's
+# python3-torch is years behind (1.13, no fused AdamW, no torch.distributed.pipelining).
+if ((bench)); then
+  venv=${BIGMAC_BENCH_VENV:-$HOME/.cache/bigmac/bench-venv}
+  if ! "$venv/bin/python" -c 'import numpy, torch, sys; sys.exit(int(torch.__version__[0]) < 2)' \
+      2>/dev/null; then
+    echo "setup: installing PyTorch 2.x and numpy from PyPI into $venv"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check numpy 'torch>=2.4' >/dev/null
+  fi
 fi

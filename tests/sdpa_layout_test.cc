@@ -16,6 +16,7 @@
 
 #include "core/memory/dtype.h"
 #include "plugins/sdk/cpu_kernels.h"
+#include "tests/testing/numeric.h"
 #include "tests/testing/sdpa_reference.h"
 
 namespace bigmac::stages::cuda {
@@ -32,33 +33,9 @@ struct Shape {
 };
 const Shape kShapes[] = {{2, 7, 3, 8}, {1, 16, 4, 16}, {3, 5, 2, 8}};
 
-template <typename T>
-std::vector<T> Random(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  std::vector<T> x(n);
-  for (T& v : x) v = static_cast<T>(uniform(rng));
-  return x;
-}
-
-template <typename T>
-double MaxAbs(const std::vector<T>& x) {
-  double m = 0;
-  for (T v : x) m = std::max(m, std::abs(static_cast<double>(v)));
-  return m;
-}
-
-// max |a - b| / max(1, max |b|); infinite if either side has a NaN.
-template <typename T>
-double ScaledError(const std::vector<T>& a, const std::vector<T>& b) {
-  double err = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double diff = std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
-    if (!(diff == diff)) return std::numeric_limits<double>::infinity();
-    err = std::max(err, diff);
-  }
-  return err / std::max(1.0, MaxAbs(b));
-}
+using testutil::MaxAbs;
+using testutil::Random;
+using testutil::ScaledError;
 
 template <typename T>
 double Tolerance() {

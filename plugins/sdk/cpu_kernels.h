@@ -51,6 +51,15 @@ void AttentionForward(T* out, T* att, const T* qkv, int b, int t, int c, int h);
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b, int t, int c,
                        int h);
+// The same attention, blocked (stages/cpu/flash_attention.cc): the T x T probabilities are not
+// kept. Forward writes out (B,T,C) and lse (B,h,T), each row's log-sum-exp of its scaled scores;
+// backward overwrites dqkv (B,T,3C) from dout, qkv and lse. Sums run in other orders than the
+// full-square kernels above, so the results agree with them to rounding, not bitwise.
+template <typename T>
+void FlashAttentionForward(T* out, T* lse, const T* qkv, int b, int t, int c, int h);
+template <typename T>
+void FlashAttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* lse, int b, int t, int c,
+                            int h);
 
 // GELU, tanh approximation (GPT-2).
 template <typename T>

@@ -1,4 +1,3 @@
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,19 +9,15 @@
 
 #include "core/util/simd.h"
 #include "plugins/sdk/cpu_kernels.h"
+#include "stages/cpu/math.h"
 
 namespace bigmac::sdk::cpu {
 namespace {
 
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
-          int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
-          const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+using internal::Exp;
+using internal::Gemm;
+using internal::SoftmaxBackwardInPlace;
+using internal::SoftmaxInPlace;
 
 constexpr double kLayerNormEps = 1e-5;
 
@@ -32,34 +27,6 @@ std::pair<int, int> ThreadColumns(int columns) {
   const int per = (columns + threads - 1) / threads;
   const int begin = std::min(columns, per * omp_get_thread_num());
   return {begin, std::min(columns, begin + per)};
-}
-
-// exp for the elementwise loops. Doubles (the gradient checks) use libm. Floats use a Cephes-style
-// polynomial that the compiler vectorises (libm's expf is a scalar call, and its vector variants
-// need -ffast-math, which would break the NaN checks): 2^n * p(r), n = round(x / ln 2) by the
-// 1.5 * 2^23 trick, r = x - n ln 2, relative error about 2e-7 (1-2 ulp). NaN stays NaN; inputs are
-// clamped to [-87.3, 88], the range of normal float results.
-inline double Exp(double x) { return std::exp(x); }
-inline float Exp(float x) {
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.0f ? 88.0f : x;
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = x * 1.44269504088896341f + kShift;
-  const float n = shifted - kShift;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, sizeof(bits));
-  const int32_t scale_bits = (bits - 0x4B400000 + 127) << 23;  // n + 127 in the exponent field
-  float scale;
-  std::memcpy(&scale, &scale_bits, sizeof(scale));
-  return p * scale;
 }
 
 }  // namespace
@@ -207,18 +174,7 @@ BIGMAC_SIMD_CLONES void AttentionForward(T* out, T* att, const T* qkv, int b, in
            static_cast<int>(c3), T(0), p, t);
       for (int ti = 0; ti < t; ++ti) {
         T* row = p + int64_t{ti} * t;
-        T maxval = row[0];
-#pragma omp simd reduction(max : maxval)
-        for (int t2 = 1; t2 <= ti; ++t2) maxval = row[t2] > maxval ? row[t2] : maxval;
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int t2 = 0; t2 <= ti; ++t2) {
-          row[t2] = Exp(row[t2] - maxval);
-          sum += row[t2];
-        }
-        const T inv = T(1) / sum;
-#pragma omp simd
-        for (int t2 = 0; t2 <= ti; ++t2) row[t2] *= inv;
+        SoftmaxInPlace(row, ti + 1);
         for (int t2 = ti + 1; t2 < t; ++t2) row[t2] = 0;
       }
       T* o = out + int64_t{bi} * t * c + hi * hs;
@@ -255,11 +211,7 @@ BIGMAC_SIMD_CLONES void AttentionBackward(T* dqkv, const T* dout, const T* qkv, 
         for (int ti = 0; ti < t; ++ti) {
           const T* prow = p + int64_t{ti} * t;
           T* row = ds.data() + int64_t{ti} * t;
-          T dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int t2 = 0; t2 <= ti; ++t2) dot += row[t2] * prow[t2];
-#pragma omp simd
-          for (int t2 = 0; t2 <= ti; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
+          SoftmaxBackwardInPlace(row, prow, ti + 1, scale);
           for (int t2 = ti + 1; t2 < t; ++t2) row[t2] = 0;
         }
         // dQ = dS K; dK = dS^T Q.

@@ -79,8 +79,8 @@ class Block : public sdk::CpuLayer<T> {
     Tensor datty = this->New({n, c});
     cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(kProjWeight), n, c, c);
     Tensor dqkv = this->New({n, 3 * c});
-    cpu::AttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]),
-                           mb.batch, mb.seq, c, this->spec_.dims.num_heads);
+    cpu::FlashAttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]),
+                                mb.batch, mb.seq, c, this->spec_.dims.num_heads);
     s[kAtt] = Tensor();
     s[kQkv] = Tensor();
     Tensor dln1 = this->New({n, c});
@@ -116,8 +116,13 @@ class Block : public sdk::CpuLayer<T> {
   }
 
   int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
+  // BlockCost counts the (B,h,T,T) probabilities; this block keeps their (B,h,T) log-sum-exp.
   int64_t ActivationBytes(int batch, int seq) const override {
-    return Cost(batch, seq).activation_bytes;
+    const int64_t dropped = this->spec_.activation_checkpointing
+                                ? 0
+                                : int64_t{batch} * this->spec_.dims.num_heads * seq * (seq - 1);
+    return Cost(batch, seq).activation_bytes -
+           dropped * static_cast<int64_t>(memory::DTypeSize(this->spec_.dtype));
   }
 
  private:
@@ -137,7 +142,7 @@ class Block : public sdk::CpuLayer<T> {
     s[kLn1Mean] = this->New({n});
     s[kLn1Rstd] = this->New({n});
     s[kQkv] = this->New({n, 3 * c});
-    s[kAtt] = this->New({mb.batch, h, mb.seq, mb.seq});
+    s[kAtt] = this->New({mb.batch, h, mb.seq});  // the log-sum-exp of each attention row
     s[kAtty] = this->New({n, c});
     s[kRes2] = this->New({n, c});
     s[kLn2] = this->New({n, c});
@@ -149,8 +154,8 @@ class Block : public sdk::CpuLayer<T> {
                           Base::D(s[kX]), this->W(kLn1Weight), this->W(kLn1Bias), n, c);
     cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(kQkvWeight), this->W(kQkvBias),
                        n, c, 3 * c);
-    cpu::AttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch, mb.seq,
-                          c, h);
+    cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch,
+                               mb.seq, c, h);
     Tensor attn_out = this->New({n, c});
     cpu::MatmulForward(Base::D(attn_out), Base::D(s[kAtty]), this->W(kProjWeight),
                        this->W(kProjBias), n, c, c);

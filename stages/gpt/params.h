@@ -46,7 +46,8 @@ enum BlockParam {
 };
 // The tensors a block keeps between Forward and its backward, in the order Forward (then
 // BackwardInput) appends them: one order for both backends. kAtt holds the attention's softmax
-// probabilities (B,h,T,T), or cuDNN's softmax statistics (B,h,T) on the CUDA path.
+// statistics (B,h,T): the CPU's blocked attention and cuDNN keep each row's log-sum-exp; the CUDA
+// path without cuDNN keeps the probabilities (B,h,T,T).
 struct BlockSaved {
   enum Index {
     kX,

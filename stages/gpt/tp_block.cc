@@ -95,8 +95,8 @@ class TpBlock : public sdk::CpuLayer<T>, public layer::TpSharded {
     Tensor datty = this->New({n, cl_});
     cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(kProjWeight), n, cl_, c);
     Tensor dqkv = this->New({n, 3 * cl_});
-    cpu::AttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]),
-                           mb.batch, mb.seq, cl_, hl_);
+    cpu::FlashAttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]), Base::D(s[kAtt]),
+                                mb.batch, mb.seq, cl_, hl_);
     s[kAtt] = Tensor();
     s[kQkv] = Tensor();
     Tensor dln1 = this->New({n, c});
@@ -134,8 +134,13 @@ class TpBlock : public sdk::CpuLayer<T>, public layer::TpSharded {
   }
 
   int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
+  // TpBlockCost counts the (B,h/tp,T,T) probabilities; this block keeps their log-sum-exp, as the
+  // tp = 1 block does (stages/gpt/block.cc).
   int64_t ActivationBytes(int batch, int seq) const override {
-    return Cost(batch, seq).activation_bytes;
+    const int64_t dropped =
+        this->spec_.activation_checkpointing ? 0 : int64_t{batch} * hl_ * seq * (seq - 1);
+    return Cost(batch, seq).activation_bytes -
+           dropped * static_cast<int64_t>(memory::DTypeSize(this->spec_.dtype));
   }
 
  private:
@@ -164,7 +169,7 @@ class TpBlock : public sdk::CpuLayer<T>, public layer::TpSharded {
     s[kLn1Mean] = this->New({n});
     s[kLn1Rstd] = this->New({n});
     s[kQkv] = this->New({n, 3 * cl_});
-    s[kAtt] = this->New({mb.batch, hl_, mb.seq, mb.seq});
+    s[kAtt] = this->New({mb.batch, hl_, mb.seq});  // the log-sum-exp of each attention row
     s[kAtty] = this->New({n, cl_});
     s[kRes2] = this->New({n, c});
     s[kLn2] = this->New({n, c});
@@ -176,8 +181,8 @@ class TpBlock : public sdk::CpuLayer<T>, public layer::TpSharded {
                           Base::D(s[kX]), this->W(kLn1Weight), this->W(kLn1Bias), n, c);
     cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(kQkvWeight), this->W(kQkvBias),
                        n, c, 3 * cl_);
-    cpu::AttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch, mb.seq,
-                          cl_, hl_);
+    cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch,
+                               mb.seq, cl_, hl_);
     Tensor attn_out = this->New({n, c});
     RowParallel(&attn_out, s[kAtty], kProjWeight, kProjBias, n, cl_, c,
                 "tp block: attn.proj output (g)");
