@@ -101,7 +101,7 @@ paste data/demo_tp2/losses.txt data/demo_pp4/losses.txt | awk '{d = ($1 - $2) / 
 
 step "planning: the stage table of every policy, the largest micro-batch, a fair comparison" \
   "bazel-bin/bigmac plan | tune-mbs | compare"
-bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\]' | head -8
+bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\]' | sed -n '1,12p'  # sed reads to the end: no SIGPIPE under pipefail
 bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\] recommend'
 bazel-bin/bigmac tune-mbs --config configs/tiny.yaml --set device.memory_limit=64MiB --hi 64 --steps 2
 bazel-bin/bigmac compare --baseline configs/tiny_pp4.yaml --candidate configs/tiny_pp4.yaml \
