@@ -7,6 +7,7 @@
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "plugins/sdk/init.h"
+#include "stages/gpt/block_forward.h"
 #include "stages/gpt/params.h"
 
 namespace bigmac::stages::gpt {
@@ -42,19 +43,11 @@ class Block : public sdk::CpuLayer<T> {
   bool checkpoints_activations() const override { return true; }
 
   void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
-    saved->Clear();
-    saved->tensors.push_back(x.Clone());
-    if (!this->spec_.activation_checkpointing) ComputeInternals(mb, saved);
-    *y = this->NewActivation(mb.batch, mb.seq, this->C());
-    if (this->spec_.activation_checkpointing) {
-      // Compute the output through a temporary set of internals, then drop them.
-      Saved scratch;
-      scratch.tensors.push_back(x.Clone());
-      ComputeInternals(mb, &scratch);
-      ComputeOutput(mb, scratch, y);
-    } else {
-      ComputeOutput(mb, *saved, y);
-    }
+    BlockForward(
+        this->spec_.activation_checkpointing, x, saved,
+        [&](Saved* into) { ComputeInternals(mb, into); },
+        [&] { *y = this->NewActivation(mb.batch, mb.seq, this->C()); },
+        [&](const Saved& from) { ComputeOutput(mb, from, y); });
   }
 
   void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) override {
