@@ -7,12 +7,12 @@ optimizer settings and thread count. PyTorch (from PyPI, in the venv `launch/set
 makes) runs at its best: `F.scaled_dot_product_attention(is_causal=True)` and
 `AdamW(fused=True)` ("sdpa"), the same under `torch.compile` ("compile"), and optionally the
 hand-written attention of older PyTorch code ("explicit"). BigMac and each PyTorch variant
-alternate for --rounds rounds; the report gives the median tokens/s of each (steps after
+(once per GEMM library in --gemms, BIGMAC_CPU_GEMM) alternate for --rounds rounds; the report gives the median tokens/s of each (steps after
 --warmup), the ratio against the fastest PyTorch variant, the achieved GFLOP/s against an sgemm
 peak measured in the same run, and how far the losses agree step by step.
 
   bench/vs_pytorch.py [--models tiny,20m] [--variants sdpa,compile] [--rounds 3] [--threads 2]
-                      [--out bench/out]
+                      [--gemms openblas,onednn] [--out bench/out]
 """
 import argparse
 import json
@@ -119,8 +119,13 @@ def main():
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     ap.add_argument("--no-build", action="store_true", help="use the bazel-bin binaries as built")
     ap.add_argument("--bigmac", default=None, help="the bigmac binary (A/B of two builds)")
+    ap.add_argument("--gemms", default="openblas,onednn",
+                    help="BigMac's float GEMM libraries to run (BIGMAC_CPU_GEMM), the default first")
     a = ap.parse_args()
     variants = a.variants.split(",")
+    # BigMac once per GEMM library: "bigmac" is the default (OpenBLAS), "bigmac-onednn" the opt-in.
+    gemms = a.gemms.split(",")
+    bigmacs = {("bigmac" if i == 0 else f"bigmac-{g}"): g for i, g in enumerate(gemms)}
     run([REPO / "launch" / "setup.sh", "--bench"])  # PyTorch 2.x in a venv
     if not a.no_build:
         run(["bazel", "build", "//:bigmac", "//bench:sgemm_peak"], dict(os.environ))
@@ -155,13 +160,13 @@ def main():
         bigmac_cmd = [BIGMAC, "train", "--config", config, *set_args, "--resume",
                       ckpt / "step_000000", "--dump", work / "bigmac_dump"]
         tokens_per_step = mbs * seq * accum
-        trainers = ["bigmac", *variants]
+        trainers = [*bigmacs, *variants]
         results = {trainer: [] for trainer in trainers}
         losses = {}
         for round_index in range(a.rounds):
             for trainer in trainers if round_index % 2 == 0 else trainers[::-1]:
-                if trainer == "bigmac":
-                    run(bigmac_cmd, env)
+                if trainer in bigmacs:
+                    run(bigmac_cmd, dict(env, BIGMAC_CPU_GEMM=bigmacs[trainer]))
                     metrics = [json.loads(l) for l in open(work / "bigmac_run" / "metrics.jsonl")]
                     step_ms = [m["step_ms"] for m in metrics]
                     run_losses = [float(x) for x in open(work / "bigmac_dump" / "losses.txt")]
@@ -177,14 +182,15 @@ def main():
         medians = {trainer: statistics.median(results[trainer]) for trainer in trainers}
         best = max(variants, key=medians.get)
         bm, pt = medians["bigmac"], medians[best]
-        agree = max(abs(b - p) / abs(p) for v in variants
-                    for b, p in zip(losses["bigmac"], losses[v]))
+        agree = max(abs(b - p) / abs(p) for v in variants for bigmac in bigmacs
+                    for b, p in zip(losses[bigmac], losses[v]))
         flops = train_flops_per_token(layers, hidden, 256, seq)
         rows.append({
             "model": name, "parameters": parameters(layers, hidden, 256, seq),
             "shape": f"L{layers} C{hidden} H{heads} T{seq} B{mbs}", "steps": steps,
             "bigmac_tok_s": bm, "pytorch_tok_s": pt, "pytorch_best": best, "ratio": bm / pt,
             "variant_tok_s": {v: medians[v] for v in variants},
+            "bigmac_gemm_tok_s": {g: medians[t] for t, g in bigmacs.items()},
             "bigmac_gflops": bm * flops / 1e9, "pytorch_gflops": pt * flops / 1e9,
             "peak_gflops": peak, "max_rel_loss_diff": agree,
             "first_loss": losses["bigmac"][0], "last_loss": [losses["bigmac"][-1], losses[best][-1]],
@@ -205,13 +211,16 @@ def main():
         f"{LOSS_TOLERANCE:g}.",
         "",
         "| model | params | shape | BigMac tok/s | " + " | ".join(f"PyTorch {v} tok/s" for v in variants)
+        + "".join(f" | BigMac {g} tok/s, ratio" for g in gemms[1:])
         + " | ratio to best | BigMac GFLOP/s (% peak) | PyTorch best GFLOP/s (% peak) | max rel. loss diff | losses agree | final loss BigMac / PyTorch |",
-        "|---|---|---|---|" + "---|" * len(variants) + "---|---|---|---|---|---|",
+        "|---|---|---|---|" + "---|" * (len(variants) + len(gemms) - 1) + "---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['shape']} | {r['bigmac_tok_s']:.0f} | "
-            + " | ".join(f"{r['variant_tok_s'][v]:.0f}" for v in variants) +
+            + " | ".join(f"{r['variant_tok_s'][v]:.0f}" for v in variants)
+            + "".join(f" | {r['bigmac_gemm_tok_s'][g]:.0f}, "
+                      f"**{r['bigmac_gemm_tok_s'][g] / r['pytorch_tok_s']:.2f}x**" for g in gemms[1:]) +
             f" | **{r['ratio']:.2f}x** ({r['pytorch_best']}) | {r['bigmac_gflops']:.1f} "
             f"({100 * r['bigmac_gflops'] / peak:.0f}%) | {r['pytorch_gflops']:.1f} "
             f"({100 * r['pytorch_gflops'] / peak:.0f}%) | {r['max_rel_loss_diff']:.1e} | "

@@ -11,6 +11,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   protobuf-compiler libprotobuf-dev
   libopenblas-dev libopenblas-openmp-dev   # BigMac links the OpenMP build
+  libdnnl-dev            # oneDNN: the float GEMM with BIGMAC_CPU_GEMM=onednn (stages/cpu/gemm.cc)
   fortunes               # the demo's English corpus
   libyaml-cpp-dev
   libcli11-dev
@@ -29,7 +30,7 @@ bench=0
 for group in "$@"; do
   case "$group" in
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;  # launch/fuzz.sh: libFuzzer
-    --bench) packages+=(python3-venv); bench=1 ;;    # bench/: PyTorch from PyPI in a venv (below)
+    --bench) packages+=(python3-venv libblis4-openmp); bench=1 ;;  # bench/: PyTorch from PyPI in a venv (below); BLIS for gemm_libraries
     *) echo "setup: unknown option $group (--fuzz, --bench)" >&2; exit 2 ;;
   esac
 done
@@ -95,5 +96,10 @@ if ((bench)); then
     echo "setup: installing PyTorch 2.x and numpy from PyPI into $venv"
     /usr/bin/python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check numpy 'torch>=2.4' >/dev/null
+  fi
+  # MKL for bench/gemm_libraries (its libmkl_rt.so.3 lands in $venv/lib).
+  if [[ ! -e "$venv/lib/libmkl_rt.so.3" ]]; then
+    echo "setup: installing MKL from PyPI into $venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check mkl >/dev/null
   fi
 fi

@@ -60,6 +60,31 @@ TEST(CliTrain, PrintsAProgressLinePerStep) {
       << "the [cfg] log comes first";
 }
 
+// BIGMAC_CPU_GEMM picks the float GEMM: oneDNN trains to OpenBLAS's losses within float rounding,
+// the [rank] line names the library, and an unknown name exits 2 before anything runs.
+TEST(CliTrain, FloatGemmLibraryComesFromTheEnvironment) {
+  const std::regex last_loss(R"(step 3/3 \| loss ([0-9.]+))");
+  double losses[2];
+  const char* libraries[2] = {"openblas", "onednn"};
+  for (int i = 0; i < 2; ++i) {
+    const testutil::RunResult r =
+        RunCommand(std::string("BIGMAC_CPU_GEMM=") + libraries[i] + " " + TrainCommand(""), 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string(" gemm=") + libraries[i] + " "), std::string::npos)
+        << r.output;
+    std::smatch loss;
+    ASSERT_TRUE(std::regex_search(r.output, loss, last_loss)) << r.output;
+    losses[i] = std::stod(loss[1]);
+  }
+  EXPECT_NEAR(losses[1], losses[0], 1e-3 * losses[0]);
+  const testutil::RunResult bad = RunCommand("BIGMAC_CPU_GEMM=mkl " + TrainCommand(""), 60);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("environment variable BIGMAC_CPU_GEMM='mkl' names no GEMM library: "
+                            "it must be openblas (the default) or onednn"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST(CliTrain, OutOfMemoryExitsThree) {
   const testutil::RunResult r = RunCommand(TrainCommand("--set device.memory_limit=256KiB"), 120);
   EXPECT_EQ(r.exit_code, 3) << r.output;

@@ -42,6 +42,7 @@
 #include "core/util/files.h"
 #include "core/util/format.h"
 #include "core/util/stop_signal.h"
+#include "plugins/sdk/cpu_kernels.h"
 #include "stages/gpt/cuda/constraints.h"
 
 namespace bigmac::cli {
@@ -589,9 +590,10 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     placement += std::string(" CUDA_VISIBLE_DEVICES=") + (visible ? visible : "(unset)");
   }
   if (device.backend == "cpu") {
-    placement +=
-        " capacity=" + memory::FormatMiB(memory::CpuCapacity(
-                           resolved->values().device().memory_limit(), world.local_size()));
+    placement += " capacity=" +
+                 memory::FormatMiB(memory::CpuCapacity(resolved->values().device().memory_limit(),
+                                                       world.local_size())) +
+                 " gemm=" + sdk::cpu::FloatGemmLibrary();
   }
   placement += " " + transport.ToString();
   const std::vector<std::string> rank_lines = world.GatherToRoot(

@@ -2,14 +2,17 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <new>
 
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
+#include "plugins/sdk/cpu_kernels.h"
 
 namespace {
 
@@ -93,6 +96,10 @@ std::string UnknownCommand(CLI::App* app, int argc, char** argv, int at) {
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
   bigmac::cli::EnsureFastBlasKernels(argv);
+  if (std::string problem; !bigmac::sdk::cpu::FloatGemmLibrary(&problem)) {
+    std::fprintf(stderr, "bigmac: %s\n", problem.c_str());
+    return kExitConfig;
+  }
   CLI::App app{
       "BigMac: pipeline-parallel training of transformer models.\n"
       "Run `bigmac <command> --help` for a command's options."};

@@ -5,8 +5,9 @@
 // T = float (training) and T = double (gradient checks); instantiated for those two only.
 // Target //plugins/sdk:cpu_kernels; implemented in stages/cpu/kernels.cc.
 //
-// Rows are N = batch*seq tokens. Matmuls go to OpenBLAS; the rest are OpenMP loops with static
-// schedules and no cross-thread reductions, so results are bitwise reproducible run to run.
+// Rows are N = batch*seq tokens. Matmuls go to OpenBLAS (float ones to oneDNN with
+// BIGMAC_CPU_GEMM=onednn); the rest are OpenMP loops with static schedules and no cross-thread
+// reductions, so results are bitwise reproducible run to run.
 // Conventions: "Forward" and "BackwardInput" overwrite their outputs unless they say "+=";
 // "BackwardWeight" always accumulates (gradient accumulation over micro-batches).
 //
@@ -19,6 +20,7 @@
 // whole plugin ABI version: within it, kernels are added, never removed or changed in meaning.
 
 #include <cstdint>
+#include <string>
 
 namespace bigmac::sdk::cpu {
 
@@ -87,6 +89,13 @@ double CrossEntropyLossSum(const T* logits, const int32_t* targets, int n, int v
 template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v,
                           double scale);
+
+// The library behind the float matmuls for this process: "openblas" (the default; the same bits
+// at any thread count) or "onednn" (faster; bits depend on the threads per rank), from the
+// environment variable BIGMAC_CPU_GEMM, read once. Returns null, and says why in *problem when
+// given, if that variable holds anything else or oneDNN cannot be loaded (the matmuls then use
+// OpenBLAS; bigmac refuses to start).
+const char* FloatGemmLibrary(std::string* problem = nullptr);
 
 }  // namespace bigmac::sdk::cpu
 

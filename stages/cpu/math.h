@@ -1,8 +1,9 @@
 #ifndef BIGMAC_STAGES_CPU_MATH_H_
 #define BIGMAC_STAGES_CPU_MATH_H_
 
-// Private helpers of the CPU kernels (stages/cpu/*.cc): the BLAS GEMM for float and double, and
-// the exp the elementwise loops vectorise. Header-only and stateless.
+// Private helpers of the CPU kernels (stages/cpu/*.cc): the GEMM for float and double, and the
+// exp the elementwise loops vectorise. Stateless; the float GEMM's library is chosen once per
+// process (gemm.cc).
 #include <cblas.h>
 
 #include <cmath>
@@ -11,10 +12,14 @@
 
 namespace bigmac::sdk::cpu::internal {
 
-// Row-major C = alpha op(A) op(B) + beta C.
+// Row-major C = alpha op(A) op(B) + beta C. Floats go to the library FloatGemmLibrary() names
+// (OpenBLAS unless BIGMAC_CPU_GEMM=onednn); doubles (the gradient checks) to OpenBLAS.
+void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
 inline void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  SgemmRowMajor(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 inline void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,

@@ -1,0 +1,95 @@
+// The float GEMM of the CPU kernels: OpenBLAS's by default, oneDNN's with BIGMAC_CPU_GEMM=onednn.
+// oneDNN's steps are about 10% shorter on the bench models (bench/NOTES.md, lever 11), but it
+// picks its blocking from the shape and the thread count, so its bits change with the threads
+// per rank (a pp=2 rank with one core differs from the pp=1 rank with two in the last bits).
+// OpenBLAS splits only rows and columns across threads and keeps the sum order along k, so the
+// default keeps every layout bitwise equal to pp=1 (tests/pipeline_test.cc). oneDNN is loaded
+// with dlopen only when chosen: nothing else needs it, and the GPU bundle stays without it.
+#include <cblas.h>
+#include <dlfcn.h>
+#include <dnnl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "plugins/sdk/cpu_kernels.h"
+#include "stages/cpu/math.h"
+
+namespace bigmac::sdk::cpu {
+namespace {
+
+using DnnlSgemm = decltype(&dnnl_sgemm);
+
+struct Choice {
+  const char* name = nullptr;  // null: the environment asked for something unusable
+  DnnlSgemm dnnl_sgemm = nullptr;
+  std::string problem;
+};
+
+Choice Choose() {
+  Choice choice;
+  const char* value = std::getenv("BIGMAC_CPU_GEMM");
+  if (!value || !*value || std::strcmp(value, "openblas") == 0) {
+    choice.name = "openblas";
+  } else if (std::strcmp(value, "onednn") == 0) {
+    void* library = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);  // kept for the process
+    void* symbol = library ? dlsym(library, "dnnl_sgemm") : nullptr;
+    if (symbol) {
+      choice.name = "onednn";
+      choice.dnnl_sgemm = reinterpret_cast<DnnlSgemm>(symbol);
+    } else {
+      const char* error = dlerror();
+      choice.problem = std::string(
+                           "BIGMAC_CPU_GEMM=onednn needs oneDNN's libdnnl.so.2 (Debian's "
+                           "libdnnl2): ") +
+                       (error ? error : "dnnl_sgemm not found");
+    }
+  } else {
+    choice.problem = std::string("environment variable BIGMAC_CPU_GEMM='") + value +
+                     "' names no GEMM library: it must be openblas (the default) or onednn";
+  }
+  return choice;
+}
+
+const Choice& Chosen() {
+  static const Choice choice = Choose();
+  return choice;
+}
+
+}  // namespace
+
+const char* FloatGemmLibrary(std::string* problem) {
+  if (!Chosen().name && problem) *problem = Chosen().problem;
+  return Chosen().name;
+}
+
+namespace internal {
+
+void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const DnnlSgemm dnnl = Chosen().dnnl_sgemm;
+  if (!dnnl) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // dnnl_sgemm is row-major. It runs on the calling OpenMP pool (one thread inside a parallel
+  // region, as the attention kernels call it); at a fixed thread count its results are the same
+  // run to run.
+  const dnnl_status_t status =
+      dnnl(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success) {
+    // Only malformed arguments fail, which would be a kernel bug: stop before using garbage.
+    std::fprintf(stderr,
+                 "bigmac: dnnl_sgemm(%c, %c, m=%d, n=%d, k=%d, lda=%d, ldb=%d, ldc=%d) failed: "
+                 "status %d\n",
+                 trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc,
+                 static_cast<int>(status));
+    std::abort();
+  }
+}
+
+}  // namespace internal
+}  // namespace bigmac::sdk::cpu
