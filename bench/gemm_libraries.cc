@@ -163,8 +163,11 @@ int main(int argc, char** argv) {
           omp_set_num_threads(1);
           call(other.data());
           omp_set_num_threads(threads);
-          if (std::memcmp(out.data(), other.data(), sizeof(float) * sh.m * sh.n) != 0)
+          if (std::memcmp(out.data(), other.data(), sizeof(float) * sh.m * sh.n) != 0) {
             thread_invariant[lib] = false;
+            std::printf("# %s: %s differs at 1 thread\n", libraries[lib].name.c_str(),
+                        sh.name.c_str());
+          }
         }
       }
     }

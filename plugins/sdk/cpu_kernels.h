@@ -90,8 +90,8 @@ template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v,
                           double scale);
 
-// The library behind the float matmuls for this process: "openblas" (the default; the same bits
-// at any thread count) or "onednn" (faster; bits depend on the threads per rank), from the
+// The library behind the float matmuls for this process: "openblas" (the default) or "onednn"
+// (faster here, but it fails the bitwise layout equivalence suite; docs/build.md), from the
 // environment variable BIGMAC_CPU_GEMM, read once. Returns null, and says why in *problem when
 // given, if that variable holds anything else or oneDNN cannot be loaded (the matmuls then use
 // OpenBLAS; bigmac refuses to start).
