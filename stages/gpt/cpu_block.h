@@ -1,0 +1,199 @@
+#ifndef BIGMAC_STAGES_GPT_CPU_BLOCK_H_
+#define BIGMAC_STAGES_GPT_CPU_BLOCK_H_
+
+// The CPU GPT-2 block's arithmetic, written once for the tp = 1 block (block.cc) and the
+// tensor-parallel one (tp_block.cc): x + attn(ln1(x)), then + mlp(ln2(.)), causal multi-head
+// attention over this rank's heads and a GELU MLP over this rank's 4C/tp columns. A derived block
+// gives the local widths and the Megatron hooks: SumOverGroup (the all-reduce after each
+// row-parallel GEMM's forward and each column-parallel GEMM's input gradient; nothing at tp = 1)
+// and AddsRowParallelBias (only one rank of a group adds the bias before the sum). With activation
+// checkpointing, Forward keeps only its input and BackwardInput recomputes the rest with the same
+// kernels, so results are bitwise unchanged. Saved tensors follow stages/gpt/params.h BlockSaved.
+
+#include <cstdint>
+
+#include "core/layer/gpt_cost.h"
+#include "plugins/sdk/cpu_kernels.h"
+#include "plugins/sdk/cpu_layer.h"
+#include "stages/gpt/params.h"
+
+namespace bigmac::stages::gpt {
+
+template <typename T>
+class CpuBlockBody : public sdk::CpuLayer<T> {
+  using Base = sdk::CpuLayer<T>;
+  using Saved = sdk::Saved;
+  using Tensor = sdk::Tensor;
+  using MicroBatch = sdk::MicroBatch;
+  using enum BlockSaved::Index;
+
+ public:
+  // local_width: hidden / tp, the attention width this rank holds; local_heads: heads / tp.
+  CpuBlockBody(const sdk::LayerSpec& spec, int local_width, int local_heads)
+      : Base(spec), cl_(local_width), hl_(local_heads) {}
+
+  // It recomputes in BackwardInput itself: the stage must not rerun Forward as well.
+  bool checkpoints_activations() const override { return true; }
+
+  // One rule for activation checkpointing: `saved` keeps the input and, unless checkpointing, the
+  // internals the backward needs; with checkpointing the internals go into a scratch set dropped
+  // at return, and BackwardInput recomputes them from the input.
+  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
+    saved->Clear();
+    saved->tensors.push_back(x.Clone());
+    const bool checkpointing = this->spec_.activation_checkpointing;
+    if (!checkpointing) ComputeInternals(mb, saved);
+    *y = this->NewActivation(mb.batch, mb.seq, this->C());
+    if (checkpointing) {
+      Saved scratch;
+      scratch.tensors.push_back(x.Clone());
+      ComputeInternals(mb, &scratch);
+      ComputeOutput(mb, scratch, y);
+    } else {
+      ComputeOutput(mb, *saved, y);
+    }
+  }
+
+  void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) override {
+    auto& s = saved->tensors;
+    if (s.size() == 1) ComputeInternals(mb, saved);  // checkpointed: recompute
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    const int fl = 4 * cl_;
+    s.push_back(dy.Clone());  // kDy
+    // MLP: y = res2 + proj(gelu(fc(ln2(res2)))); fc2 row-parallel (g's backward: dy as is), fc
+    // column-parallel (f's backward: a sum over the group).
+    Tensor dfch_gelu = this->New({n, fl});
+    sdk::cpu::MatmulBackwardInput(Base::D(dfch_gelu), Base::D(dy), this->W(kFcProjWeight), n, fl,
+                                  c);
+    Tensor dfch = this->New({n, fl});
+    sdk::cpu::GeluBackward(Base::D(dfch), Base::D(s[kFch]), Base::D(dfch_gelu), int64_t{n} * fl);
+    s[kFch] = Tensor();
+    Tensor dln2 = this->New({n, c});
+    sdk::cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(kFcWeight), n, c, fl);
+    SumOverGroup(&dln2, "tp block: input gradient of mlp.fc (f)");
+    Tensor dres2 = dy.Clone();
+    sdk::cpu::LayerNormBackwardInput(Base::D(dres2), Base::D(dln2), Base::D(s[kRes2]),
+                                     this->W(kLn2Weight), Base::D(s[kLn2Mean]),
+                                     Base::D(s[kLn2Rstd]), n, c);
+    // Attention: res2 = x + proj(attn(qkv(ln1(x)))); proj row-parallel, qkv column-parallel by
+    // heads.
+    Tensor datty = this->New({n, cl_});
+    sdk::cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(kProjWeight), n, cl_, c);
+    Tensor dqkv = this->New({n, 3 * cl_});
+    sdk::cpu::FlashAttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]),
+                                     Base::D(s[kAtt]), mb.batch, mb.seq, cl_, hl_);
+    s[kAtt] = Tensor();
+    s[kQkv] = Tensor();
+    Tensor dln1 = this->New({n, c});
+    sdk::cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(kQkvWeight), n, c, 3 * cl_);
+    SumOverGroup(&dln1, "tp block: input gradient of attn.qkv (f)");
+    *dx = dres2.Clone();
+    sdk::cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]),
+                                     this->W(kLn1Weight), Base::D(s[kLn1Mean]),
+                                     Base::D(s[kLn1Rstd]), n, c);
+    s.push_back(std::move(dfch));
+    s.push_back(std::move(dln2));
+    s.push_back(std::move(dres2));
+    s.push_back(std::move(dqkv));
+    s.push_back(std::move(dln1));
+  }
+
+  void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
+    auto& s = saved->tensors;
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    const int fl = 4 * cl_;
+    sdk::cpu::MatmulBackwardWeight(this->G(kFcProjWeight), this->G(kFcProjBias), Base::D(s[kDy]),
+                                   Base::D(s[kFchGelu]), n, fl, c);
+    sdk::cpu::MatmulBackwardWeight(this->G(kFcWeight), this->G(kFcBias), Base::D(s[kDFch]),
+                                   Base::D(s[kLn2]), n, c, fl);
+    sdk::cpu::LayerNormBackwardWeight(this->G(kLn2Weight), this->G(kLn2Bias), Base::D(s[kDLn2]),
+                                      Base::D(s[kRes2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]),
+                                      n, c);
+    sdk::cpu::MatmulBackwardWeight(this->G(kProjWeight), this->G(kProjBias), Base::D(s[kDRes2]),
+                                   Base::D(s[kAtty]), n, cl_, c);
+    sdk::cpu::MatmulBackwardWeight(this->G(kQkvWeight), this->G(kQkvBias), Base::D(s[kDQkv]),
+                                   Base::D(s[kLn1]), n, c, 3 * cl_);
+    sdk::cpu::LayerNormBackwardWeight(this->G(kLn1Weight), this->G(kLn1Bias), Base::D(s[kDLn1]),
+                                      Base::D(s[kX]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]), n,
+                                      c);
+    saved->Clear();
+  }
+
+  int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
+  // The cost model counts the (B,h,T,T) probabilities; this block keeps their (B,h,T) log-sum-exp.
+  int64_t ActivationBytes(int batch, int seq) const override {
+    const int64_t dropped =
+        this->spec_.activation_checkpointing ? 0 : int64_t{batch} * hl_ * seq * (seq - 1);
+    return Cost(batch, seq).activation_bytes -
+           dropped * static_cast<int64_t>(memory::DTypeSize(this->spec_.dtype));
+  }
+
+ protected:
+  // The block's cost for one rank (layer::BlockCost or layer::TpBlockCost).
+  virtual layer::LayerCost Cost(int batch, int seq) const = 0;
+  // Sums `tensor` over the tensor-parallel group in place; `what` names it in a hang report.
+  virtual void SumOverGroup(Tensor* tensor, const char* what) = 0;
+  // Whether this rank adds the row-parallel GEMMs' biases (one rank per group does).
+  virtual bool AddsRowParallelBias() const = 0;
+
+ private:
+  // A row-parallel GEMM: out = sum over the group of inp @ w^T, plus the bias.
+  void RowParallel(Tensor* out, const Tensor& inp, int w, int bias, int n, int in, int oc,
+                   const char* what) {
+    sdk::cpu::MatmulForward(Base::D(*out), Base::D(inp), this->W(w),
+                            AddsRowParallelBias() ? this->W(bias) : nullptr, n, in, oc);
+    SumOverGroup(out, what);
+  }
+
+  // Fills saved[kLn1 .. kFchGelu] from saved[kX].
+  void ComputeInternals(const MicroBatch& mb, Saved* saved) {
+    const int n = mb.batch * mb.seq;
+    const int c = this->C();
+    const int fl = 4 * cl_;
+    auto& s = saved->tensors;
+    s.resize(kForwardCount);
+    s[kLn1] = this->New({n, c});
+    s[kLn1Mean] = this->New({n});
+    s[kLn1Rstd] = this->New({n});
+    s[kQkv] = this->New({n, 3 * cl_});
+    s[kAtt] = this->New({mb.batch, hl_, mb.seq});  // the log-sum-exp of each attention row
+    s[kAtty] = this->New({n, cl_});
+    s[kRes2] = this->New({n, c});
+    s[kLn2] = this->New({n, c});
+    s[kLn2Mean] = this->New({n});
+    s[kLn2Rstd] = this->New({n});
+    s[kFch] = this->New({n, fl});
+    s[kFchGelu] = this->New({n, fl});
+    sdk::cpu::LayerNormForward(Base::D(s[kLn1]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]),
+                               Base::D(s[kX]), this->W(kLn1Weight), this->W(kLn1Bias), n, c);
+    sdk::cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(kQkvWeight),
+                            this->W(kQkvBias), n, c, 3 * cl_);
+    sdk::cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch,
+                                    mb.seq, cl_, hl_);
+    Tensor attn_out = this->New({n, c});
+    RowParallel(&attn_out, s[kAtty], kProjWeight, kProjBias, n, cl_, c,
+                "tp block: attn.proj output (g)");
+    sdk::cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
+    sdk::cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]),
+                               Base::D(s[kRes2]), this->W(kLn2Weight), this->W(kLn2Bias), n, c);
+    sdk::cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(kFcWeight),
+                            this->W(kFcBias), n, c, fl);
+    sdk::cpu::GeluForward(Base::D(s[kFchGelu]), Base::D(s[kFch]), int64_t{n} * fl);
+  }
+
+  void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) {
+    const int n = mb.batch * mb.seq;
+    RowParallel(y, saved.tensors[kFchGelu], kFcProjWeight, kFcProjBias, n, 4 * cl_, this->C(),
+                "tp block: mlp.proj output (g)");
+    sdk::cpu::AddInPlace(Base::D(*y), Base::D(saved.tensors[kRes2]), int64_t{n} * this->C());
+  }
+
+  const int cl_;  // hidden / tp: this rank's share of the attention width
+  const int hl_;  // heads / tp
+};
+
+}  // namespace bigmac::stages::gpt
+
+#endif  // BIGMAC_STAGES_GPT_CPU_BLOCK_H_
