@@ -1,10 +1,11 @@
-// The CPU GEMM libraries on the model's own GEMM shapes (bench/NOTES.md, lever 11): OpenBLAS (the
-// build bigmac links), oneDNN, BLIS and MKL, each loaded with dlopen where it is installed. For
-// hidden size C and N = batch * seq rows it times the forward, backward-input and backward-weight
-// GEMMs of the block's four linear layers and of the head (vocab 256), in alternating rounds, and
-// prints each library's median GFLOP/s per shape, the time of one pass over all shapes, and
-// whether its results at 1 and at `threads` threads are the same bits (what pp/dp equivalence
-// needs when ranks get different thread counts).
+// The CPU GEMM libraries on the model's own GEMM shapes (bench/NOTES.md, levers 11 and 13):
+// OpenBLAS (the build bigmac links), BigMac's own blocked GEMM (stages/cpu/blocked_gemm.h), oneDNN,
+// BLIS and MKL, each loaded with dlopen where it is installed. For hidden size C and N = batch *
+// seq rows it times the forward, backward-input and backward-weight GEMMs of the block's four
+// linear layers and of the head (vocab 256), in alternating rounds, and prints each library's
+// median GFLOP/s per shape, the time of one pass over all shapes, and whether its results at 1 and
+// at `threads` threads are the same bits (what pp/dp equivalence needs when ranks get different
+// thread counts).
 //
 // Usage: gemm_libraries N C [threads] [rounds]
 // Libraries: OpenBLAS always; oneDNN from libdnnl.so.2; BLIS from $BIGMAC_BLIS (default Debian's
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "core/cli/blas_core.h"
+#include "stages/cpu/blocked_gemm.h"
 
 namespace {
 
@@ -60,6 +62,14 @@ void* Symbol(const std::string& path, const char* name) {
 
 std::vector<Library> Libraries() {
   std::vector<Library> libraries = {{"openblas", FromCblas(cblas_sgemm)}};
+  if (bigmac::sdk::cpu::internal::BlockedSgemmSupported()) {
+    libraries.push_back(
+        {"bigmac", [](bool ta, bool tb, int m, int n, int k, const float* a, int lda,
+                      const float* b, int ldb, float beta, float* c, int ldc) {
+           bigmac::sdk::cpu::internal::BlockedSgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c,
+                                                    ldc);
+         }});
+  }
   if (void* f = Symbol("libdnnl.so.2", "dnnl_sgemm")) {
     const auto dnnl = reinterpret_cast<DnnlSgemm>(f);
     libraries.push_back(

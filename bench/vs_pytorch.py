@@ -12,7 +12,7 @@ hand-written attention of older PyTorch code ("explicit"). BigMac and each PyTor
 peak measured in the same run, and how far the losses agree step by step.
 
   bench/vs_pytorch.py [--models tiny,20m] [--variants sdpa,compile] [--rounds 3] [--threads 2]
-                      [--gemms openblas,onednn] [--out bench/out]
+                      [--gemms bigmac,openblas] [--out bench/out]
 """
 import argparse
 import json
@@ -119,11 +119,12 @@ def main():
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     ap.add_argument("--no-build", action="store_true", help="use the bazel-bin binaries as built")
     ap.add_argument("--bigmac", default=None, help="the bigmac binary (A/B of two builds)")
-    ap.add_argument("--gemms", default="openblas,onednn",
+    ap.add_argument("--gemms", default="bigmac,openblas",
                     help="BigMac's float GEMM libraries to run (BIGMAC_CPU_GEMM), the default first")
     a = ap.parse_args()
     variants = a.variants.split(",")
-    # BigMac once per GEMM library: "bigmac" is the default (OpenBLAS), "bigmac-onednn" the opt-in.
+    # BigMac once per GEMM library: "bigmac" is the first (by default its own blocked GEMM), then
+    # "bigmac-openblas", "bigmac-onednn".
     gemms = a.gemms.split(",")
     bigmacs = {("bigmac" if i == 0 else f"bigmac-{g}"): g for i, g in enumerate(gemms)}
     run([REPO / "launch" / "setup.sh", "--bench"])  # PyTorch 2.x in a venv

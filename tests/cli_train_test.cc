@@ -4,6 +4,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "core/comm/cuda/cuda_probe.h"
 #include "tests/testing/run.h"
@@ -60,27 +61,35 @@ TEST(CliTrain, PrintsAProgressLinePerStep) {
       << "the [cfg] log comes first";
 }
 
-// BIGMAC_CPU_GEMM picks the float GEMM: oneDNN trains to OpenBLAS's losses within float rounding,
-// the [rank] line names the library, and an unknown name exits 2 before anything runs.
+// BIGMAC_CPU_GEMM picks the float GEMM: BigMac's own (the default where the CPU has AVX2 and
+// FMA), OpenBLAS and oneDNN train to the same losses within float rounding, the [rank] line names
+// the library, and an unknown name exits 2 before anything runs.
 TEST(CliTrain, FloatGemmLibraryComesFromTheEnvironment) {
   const std::regex last_loss(R"(step 3/3 \| loss ([0-9.]+))");
-  double losses[2];
-  const char* libraries[2] = {"openblas", "onednn"};
-  for (int i = 0; i < 2; ++i) {
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  std::vector<std::string> libraries = {"openblas", "onednn"};
+  if (avx2) libraries.push_back("bigmac");
+  std::vector<double> losses;
+  for (const std::string& library : libraries) {
     const testutil::RunResult r =
-        RunCommand(std::string("BIGMAC_CPU_GEMM=") + libraries[i] + " " + TrainCommand(""), 120);
+        RunCommand("BIGMAC_CPU_GEMM=" + library + " " + TrainCommand(""), 120);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find(std::string(" gemm=") + libraries[i] + " "), std::string::npos)
-        << r.output;
+    EXPECT_NE(r.output.find(" gemm=" + library + " "), std::string::npos) << r.output;
     std::smatch loss;
     ASSERT_TRUE(std::regex_search(r.output, loss, last_loss)) << r.output;
-    losses[i] = std::stod(loss[1]);
+    losses.push_back(std::stod(loss[1]));
   }
-  EXPECT_NEAR(losses[1], losses[0], 1e-3 * losses[0]);
+  for (size_t i = 1; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], losses[0], 1e-3 * losses[0]) << libraries[i];
+  }
+  const testutil::RunResult plain = RunCommand(TrainCommand(""), 120);
+  EXPECT_NE(plain.output.find(avx2 ? " gemm=bigmac " : " gemm=openblas "), std::string::npos)
+      << plain.output;
   const testutil::RunResult bad = RunCommand("BIGMAC_CPU_GEMM=mkl " + TrainCommand(""), 60);
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("environment variable BIGMAC_CPU_GEMM='mkl' names no GEMM library: "
-                            "it must be openblas (the default) or onednn"),
+                            "it must be bigmac (the default on CPUs with AVX2 and FMA), openblas "
+                            "or onednn"),
             std::string::npos)
       << bad.output;
 }

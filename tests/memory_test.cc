@@ -4,7 +4,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/device/device.h"
 #include "core/memory/allocator.h"
+#include "core/memory/tensor.h"
 
 namespace bigmac::memory {
 namespace {
@@ -108,6 +110,25 @@ TEST(Allocator, ThreadSafeAccounting) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(allocator.current_bytes(), 0);
   EXPECT_GE(allocator.peak_bytes(), 1000);
+}
+
+// A tensor is zeroed unless made ForOverwrite, which skips the pass: a freed block comes back
+// from the cache with its old bytes. Clone copies every byte either way.
+TEST(Tensor, ForOverwriteSkipsTheZeroing) {
+  std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 64 * kMiB);
+  {
+    Tensor used(cpu.get(), {1024}, DType::kF32);
+    for (int i = 0; i < 1024; ++i) used.data<float>()[i] = 7.0f;
+  }
+  Tensor again = Tensor::ForOverwrite(cpu.get(), {1024}, DType::kF32);
+  EXPECT_EQ(again.data<float>()[5], 7.0f);  // the cached block, as it was left
+  EXPECT_EQ(again.ShapeString(), "f32[1024]");
+  Tensor zeroed(cpu.get(), {1024}, DType::kF32);
+  EXPECT_EQ(zeroed.data<float>()[5], 0.0f);
+  again.data<float>()[5] = 3.0f;
+  const Tensor copy = again.Clone();
+  EXPECT_EQ(copy.data<float>()[5], 3.0f);
+  EXPECT_EQ(copy.data<float>()[6], 7.0f);
 }
 
 TEST(ByteSize, ParsesUnits) {

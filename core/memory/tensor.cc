@@ -6,13 +6,20 @@
 namespace bigmac::memory {
 
 Tensor::Tensor(device::Device* device, std::vector<int64_t> shape, DType dtype)
+    : Tensor(device, std::move(shape), dtype, /*zeroed=*/true) {}
+
+Tensor Tensor::ForOverwrite(device::Device* device, std::vector<int64_t> shape, DType dtype) {
+  return Tensor(device, std::move(shape), dtype, /*zeroed=*/false);
+}
+
+Tensor::Tensor(device::Device* device, std::vector<int64_t> shape, DType dtype, bool zeroed)
     : device_(device), shape_(std::move(shape)), numel_(1), dtype_(dtype) {
   for (int64_t extent : shape_) {
     if (extent <= 0) throw std::invalid_argument("tensor extent must be > 0: " + ShapeString());
     numel_ *= extent;
   }
   data_ = device_->allocator().Allocate(bytes());
-  device_->Memset(data_, bytes());
+  if (zeroed) device_->Memset(data_, bytes());
 }
 
 Tensor::~Tensor() { Release(); }
@@ -78,7 +85,7 @@ void Tensor::CopyFrom(const Tensor& other) {
 }
 
 Tensor Tensor::Clone() const {
-  Tensor copy(device_, shape_, dtype_);
+  Tensor copy = ForOverwrite(device_, shape_, dtype_);  // every byte is copied next
   copy.CopyFrom(*this);
   return copy;
 }

@@ -20,6 +20,10 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(device::Device* device, std::vector<int64_t> shape, DType dtype);
+  // The same tensor without the zeroing: its contents are unspecified (often a freed tensor's
+  // bytes). Only for outputs a kernel overwrites whole before anything reads them, where the
+  // zeroing pass would be wasted (on the CPU it was 5% of a step, bench/NOTES.md lever 14).
+  static Tensor ForOverwrite(device::Device* device, std::vector<int64_t> shape, DType dtype);
   ~Tensor();
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
@@ -63,6 +67,7 @@ class Tensor {
   void CopyFromHost(const void* host);
 
  private:
+  Tensor(device::Device* device, std::vector<int64_t> shape, DType dtype, bool zeroed);
   void CheckType(DType wanted) const;
   void Release();
 

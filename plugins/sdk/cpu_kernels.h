@@ -5,8 +5,9 @@
 // T = float (training) and T = double (gradient checks); instantiated for those two only.
 // Target //plugins/sdk:cpu_kernels; implemented in stages/cpu/kernels.cc.
 //
-// Rows are N = batch*seq tokens. Matmuls go to OpenBLAS (float ones to oneDNN with
-// BIGMAC_CPU_GEMM=onednn); the rest are OpenMP loops with static schedules and no cross-thread
+// Rows are N = batch*seq tokens. Float matmuls go to the library FloatGemmLibrary() names
+// (BigMac's own blocked GEMM by default, whose bits do not depend on the thread count), double
+// ones to OpenBLAS; the rest are OpenMP loops with static schedules and no cross-thread
 // reductions, so results are bitwise reproducible run to run.
 // Conventions: "Forward" and "BackwardInput" overwrite their outputs unless they say "+=";
 // "BackwardWeight" always accumulates (gradient accumulation over micro-batches).
@@ -90,11 +91,12 @@ template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v,
                           double scale);
 
-// The library behind the float matmuls for this process: "openblas" (the default) or "onednn"
-// (faster here, but it fails the bitwise layout equivalence suite; docs/build.md), from the
-// environment variable BIGMAC_CPU_GEMM, read once. Returns null, and says why in *problem when
-// given, if that variable holds anything else or oneDNN cannot be loaded (the matmuls then use
-// OpenBLAS; bigmac refuses to start).
+// The library behind the float matmuls for this process, from the environment variable
+// BIGMAC_CPU_GEMM, read once: "bigmac" (BigMac's blocked GEMM, the default on CPUs with AVX2 and
+// FMA), "openblas" (the default elsewhere) or "onednn" (it fails the bitwise layout equivalence
+// suite; docs/build.md). Returns null, and says why in *problem when given, if that variable holds
+// anything else, names bigmac on a CPU without AVX2 and FMA, or oneDNN cannot be loaded (the
+// matmuls then use OpenBLAS; bigmac refuses to start).
 const char* FloatGemmLibrary(std::string* problem = nullptr);
 
 }  // namespace bigmac::sdk::cpu

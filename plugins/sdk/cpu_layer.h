@@ -78,6 +78,11 @@ class CpuLayer : public layer::Layer {
   T* G(int index) { return params_[index].grad.template data<T>(); }
   // A new tensor of the compute dtype on the layer's device (counted against its capacity).
   Tensor New(std::vector<int64_t> shape) const { return Tensor(spec_.device, shape, spec_.dtype); }
+  // The same, not zeroed (contents unspecified): for a kernel's output that it overwrites whole,
+  // a Forward's or a BackwardInput's without "+=" (cpu_kernels.h).
+  Tensor NewForOverwrite(std::vector<int64_t> shape) const {
+    return Tensor::ForOverwrite(spec_.device, shape, spec_.dtype);
+  }
   static T* D(Tensor& tensor) { return tensor.data<T>(); }
   static const T* D(const Tensor& tensor) { return tensor.data<T>(); }
 

@@ -1,10 +1,10 @@
-// The float GEMM of the CPU kernels: OpenBLAS's by default, oneDNN's with BIGMAC_CPU_GEMM=onednn.
-// oneDNN's steps are about 10% shorter on the bench models (bench/NOTES.md, lever 11). It is not
-// the default because it breaks the layout equivalence suite: tests/pipeline_test's pp=2/4 runs
-// (one thread per rank) no longer match the pp=1 run (two threads) in the last bits, where OpenBLAS
-// does. (Neither library is thread-count invariant at the bench models' sizes, bench/gemm_libraries
-// shows; OpenBLAS is on the small shapes the suite trains.) oneDNN is loaded with dlopen only when
-// chosen: nothing else needs it, and the GPU bundle stays without it.
+// The float GEMM of the CPU kernels. The default is BigMac's own (blocked_gemm.h) on CPUs with
+// AVX2 and FMA: its bits do not depend on the thread count, so pp/dp layouts that give ranks
+// different thread counts stay bitwise equal at any size (bench/NOTES.md, lever 13, has its
+// speed). BIGMAC_CPU_GEMM=openblas or onednn choose a library instead: OpenBLAS's bits change
+// with the thread count at the bench models' sizes (bench/gemm_libraries), and oneDNN's fail the
+// pipeline equivalence suite (docs/build.md). oneDNN is loaded with dlopen only when chosen:
+// nothing else needs it, and the GPU bundle stays without it.
 #include <cblas.h>
 #include <dlfcn.h>
 #include <dnnl.h>
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "plugins/sdk/cpu_kernels.h"
+#include "stages/cpu/blocked_gemm.h"
 #include "stages/cpu/math.h"
 
 namespace bigmac::sdk::cpu {
@@ -24,6 +25,7 @@ using DnnlSgemm = decltype(&dnnl_sgemm);
 
 struct Choice {
   const char* name = nullptr;  // null: the environment asked for something unusable
+  bool blocked = false;        // BigMac's own GEMM
   DnnlSgemm dnnl_sgemm = nullptr;
   std::string problem;
 };
@@ -31,7 +33,18 @@ struct Choice {
 Choice Choose() {
   Choice choice;
   const char* value = std::getenv("BIGMAC_CPU_GEMM");
-  if (!value || !*value || std::strcmp(value, "openblas") == 0) {
+  const bool unset = !value || !*value;
+  if ((unset && internal::BlockedSgemmSupported()) ||
+      (!unset && std::strcmp(value, "bigmac") == 0)) {
+    if (internal::BlockedSgemmSupported()) {
+      choice.name = "bigmac";
+      choice.blocked = true;
+    } else {
+      choice.problem =
+          "BIGMAC_CPU_GEMM=bigmac needs a CPU with AVX2 and FMA, and this one lacks them: use "
+          "openblas";
+    }
+  } else if (unset || std::strcmp(value, "openblas") == 0) {
     choice.name = "openblas";
   } else if (std::strcmp(value, "onednn") == 0) {
     void* library = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);  // kept for the process
@@ -47,8 +60,10 @@ Choice Choose() {
                        (error ? error : "dnnl_sgemm not found");
     }
   } else {
-    choice.problem = std::string("environment variable BIGMAC_CPU_GEMM='") + value +
-                     "' names no GEMM library: it must be openblas (the default) or onednn";
+    choice.problem =
+        std::string("environment variable BIGMAC_CPU_GEMM='") + value +
+        "' names no GEMM library: it must be bigmac (the default on CPUs with AVX2 and FMA), "
+        "openblas or onednn";
   }
   return choice;
 }
@@ -69,6 +84,10 @@ namespace internal {
 
 void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  if (Chosen().blocked) {
+    BlockedSgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   const DnnlSgemm dnnl = Chosen().dnnl_sgemm;
   if (!dnnl) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

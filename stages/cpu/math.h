@@ -13,7 +13,7 @@
 namespace bigmac::sdk::cpu::internal {
 
 // Row-major C = alpha op(A) op(B) + beta C. Floats go to the library FloatGemmLibrary() names
-// (OpenBLAS unless BIGMAC_CPU_GEMM=onednn); doubles (the gradient checks) to OpenBLAS.
+// (gemm.cc: BigMac's blocked GEMM by default); doubles (the gradient checks) to OpenBLAS.
 void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc);
 

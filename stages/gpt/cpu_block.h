@@ -61,15 +61,16 @@ class CpuBlockBody : public sdk::CpuLayer<T> {
     const int c = this->C();
     const int fl = 4 * cl_;
     s.push_back(dy.Clone());  // kDy
+    // The gradients made with NewForOverwrite are whole outputs of their kernels (no "+=").
     // MLP: y = res2 + proj(gelu(fc(ln2(res2)))); fc2 row-parallel (g's backward: dy as is), fc
     // column-parallel (f's backward: a sum over the group).
-    Tensor dfch_gelu = this->New({n, fl});
+    Tensor dfch_gelu = this->NewForOverwrite({n, fl});
     sdk::cpu::MatmulBackwardInput(Base::D(dfch_gelu), Base::D(dy), this->W(kFcProjWeight), n, fl,
                                   c);
-    Tensor dfch = this->New({n, fl});
+    Tensor dfch = this->NewForOverwrite({n, fl});
     sdk::cpu::GeluBackward(Base::D(dfch), Base::D(s[kFch]), Base::D(dfch_gelu), int64_t{n} * fl);
     s[kFch] = Tensor();
-    Tensor dln2 = this->New({n, c});
+    Tensor dln2 = this->NewForOverwrite({n, c});
     sdk::cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(kFcWeight), n, c, fl);
     SumOverGroup(&dln2, "tp block: input gradient of mlp.fc (f)");
     Tensor dres2 = dy.Clone();
@@ -78,14 +79,14 @@ class CpuBlockBody : public sdk::CpuLayer<T> {
                                      Base::D(s[kLn2Rstd]), n, c);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))); proj row-parallel, qkv column-parallel by
     // heads.
-    Tensor datty = this->New({n, cl_});
+    Tensor datty = this->NewForOverwrite({n, cl_});
     sdk::cpu::MatmulBackwardInput(Base::D(datty), Base::D(dres2), this->W(kProjWeight), n, cl_, c);
-    Tensor dqkv = this->New({n, 3 * cl_});
+    Tensor dqkv = this->NewForOverwrite({n, 3 * cl_});
     sdk::cpu::FlashAttentionBackward(Base::D(dqkv), Base::D(datty), Base::D(s[kQkv]),
                                      Base::D(s[kAtt]), mb.batch, mb.seq, cl_, hl_);
     s[kAtt] = Tensor();
     s[kQkv] = Tensor();
-    Tensor dln1 = this->New({n, c});
+    Tensor dln1 = this->NewForOverwrite({n, c});
     sdk::cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(kQkvWeight), n, c, 3 * cl_);
     SumOverGroup(&dln1, "tp block: input gradient of attn.qkv (f)");
     *dx = dres2.Clone();
@@ -154,25 +155,27 @@ class CpuBlockBody : public sdk::CpuLayer<T> {
     const int fl = 4 * cl_;
     auto& s = saved->tensors;
     s.resize(kForwardCount);
-    s[kLn1] = this->New({n, c});
-    s[kLn1Mean] = this->New({n});
-    s[kLn1Rstd] = this->New({n});
-    s[kQkv] = this->New({n, 3 * cl_});
-    s[kAtt] = this->New({mb.batch, hl_, mb.seq});  // the log-sum-exp of each attention row
-    s[kAtty] = this->New({n, cl_});
-    s[kRes2] = this->New({n, c});
-    s[kLn2] = this->New({n, c});
-    s[kLn2Mean] = this->New({n});
-    s[kLn2Rstd] = this->New({n});
-    s[kFch] = this->New({n, fl});
-    s[kFchGelu] = this->New({n, fl});
+    // Every tensor below is a kernel's whole output (no "+="), so none is zeroed first.
+    s[kLn1] = this->NewForOverwrite({n, c});
+    s[kLn1Mean] = this->NewForOverwrite({n});
+    s[kLn1Rstd] = this->NewForOverwrite({n});
+    s[kQkv] = this->NewForOverwrite({n, 3 * cl_});
+    s[kAtt] =
+        this->NewForOverwrite({mb.batch, hl_, mb.seq});  // the log-sum-exp of each attention row
+    s[kAtty] = this->NewForOverwrite({n, cl_});
+    s[kRes2] = this->NewForOverwrite({n, c});
+    s[kLn2] = this->NewForOverwrite({n, c});
+    s[kLn2Mean] = this->NewForOverwrite({n});
+    s[kLn2Rstd] = this->NewForOverwrite({n});
+    s[kFch] = this->NewForOverwrite({n, fl});
+    s[kFchGelu] = this->NewForOverwrite({n, fl});
     sdk::cpu::LayerNormForward(Base::D(s[kLn1]), Base::D(s[kLn1Mean]), Base::D(s[kLn1Rstd]),
                                Base::D(s[kX]), this->W(kLn1Weight), this->W(kLn1Bias), n, c);
     sdk::cpu::MatmulForward(Base::D(s[kQkv]), Base::D(s[kLn1]), this->W(kQkvWeight),
                             this->W(kQkvBias), n, c, 3 * cl_);
     sdk::cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch,
                                     mb.seq, cl_, hl_);
-    Tensor attn_out = this->New({n, c});
+    Tensor attn_out = this->NewForOverwrite({n, c});
     RowParallel(&attn_out, s[kAtty], kProjWeight, kProjBias, n, cl_, c,
                 "tp block: attn.proj output (g)");
     sdk::cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);

@@ -1,0 +1,394 @@
+#include "stages/cpu/blocked_gemm.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace bigmac::sdk::cpu::internal {
+namespace {
+
+#define BIGMAC_AVX2_FMA __attribute__((target("avx2,fma")))
+
+// A 64-byte-aligned float buffer that only grows; one per thread and role, freed with the thread.
+class PackBuffer {
+ public:
+  PackBuffer() = default;
+  PackBuffer(const PackBuffer&) = delete;
+  PackBuffer& operator=(const PackBuffer&) = delete;
+  ~PackBuffer() { std::free(data_); }
+
+  float* Get(int64_t floats) {
+    if (floats > capacity_) {
+      std::free(data_);
+      const int64_t bytes = (floats * int64_t{sizeof(float)} + 63) / 64 * 64;
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data_) {
+        std::fprintf(stderr, "bigmac: out of memory for a %lld-byte GEMM packing buffer\n",
+                     static_cast<long long>(bytes));
+        std::abort();
+      }
+      capacity_ = floats;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+thread_local PackBuffer a_buffer;
+thread_local PackBuffer b_buffer;
+
+// How a micro-kernel folds its accumulators into C (all fused, so the rounding is stated here):
+// the first k block overwrites (beta == 0) or scales C, later blocks add to it.
+enum class Fold { kOverwrite, kScale, kAccumulate };
+
+// Where the micro-kernel reads A: element (r, p) of the tile is a[r * row_stride + p * k_stride].
+// Packed panels have strides (1, kGemmMr); an unpacked row-major A has (lda, 1).
+struct ATile {
+  const float* a;
+  int64_t row_stride;
+  int64_t k_stride;
+};
+
+// One row of 16 of C folded with its accumulators (lo: columns 0-7, hi: 8-15).
+template <Fold kFold>
+BIGMAC_AVX2_FMA inline void FoldRow(float* row, __m256 lo, __m256 hi, __m256 va, __m256 vb) {
+  if constexpr (kFold == Fold::kOverwrite) {
+    _mm256_storeu_ps(row, _mm256_mul_ps(va, lo));
+    _mm256_storeu_ps(row + 8, _mm256_mul_ps(va, hi));
+  } else if constexpr (kFold == Fold::kScale) {
+    _mm256_storeu_ps(row, _mm256_fmadd_ps(va, lo, _mm256_mul_ps(vb, _mm256_loadu_ps(row))));
+    _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(va, hi, _mm256_mul_ps(vb, _mm256_loadu_ps(row + 8))));
+  } else {
+    _mm256_storeu_ps(row, _mm256_fmadd_ps(va, lo, _mm256_loadu_ps(row)));
+    _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(va, hi, _mm256_loadu_ps(row + 8)));
+  }
+}
+
+// C[0..6) x [0..16) (leading dimension ldc) folded with the product of an A tile and a packed B
+// panel (kc rows of 16 floats, 64-byte aligned) over kc steps. (Reading an untransposed B in place
+// instead, with its row stride, made the kernel slower than the packing it saves: lever 13.)
+template <Fold kFold>
+BIGMAC_AVX2_FMA void MicroKernel(int kc, ATile tile, const float* bp, float alpha, float beta,
+                                 float* c, int64_t ldc) {
+  const float* a0 = tile.a;
+  const float* a1 = a0 + tile.row_stride;
+  const float* a2 = a1 + tile.row_stride;
+  const float* a3 = a2 + tile.row_stride;
+  const float* a4 = a3 + tile.row_stride;
+  const float* a5 = a4 + tile.row_stride;
+  const int64_t step = tile.k_stride;
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+  __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
+  __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t p = 0, offset = 0; p < kc; ++p, offset += step, bp += kGemmNr) {
+    const __m256 b0 = _mm256_load_ps(bp);
+    const __m256 b1 = _mm256_load_ps(bp + 8);
+    __m256 a = _mm256_broadcast_ss(a0 + offset);
+    c00 = _mm256_fmadd_ps(a, b0, c00);
+    c01 = _mm256_fmadd_ps(a, b1, c01);
+    a = _mm256_broadcast_ss(a1 + offset);
+    c10 = _mm256_fmadd_ps(a, b0, c10);
+    c11 = _mm256_fmadd_ps(a, b1, c11);
+    a = _mm256_broadcast_ss(a2 + offset);
+    c20 = _mm256_fmadd_ps(a, b0, c20);
+    c21 = _mm256_fmadd_ps(a, b1, c21);
+    a = _mm256_broadcast_ss(a3 + offset);
+    c30 = _mm256_fmadd_ps(a, b0, c30);
+    c31 = _mm256_fmadd_ps(a, b1, c31);
+    a = _mm256_broadcast_ss(a4 + offset);
+    c40 = _mm256_fmadd_ps(a, b0, c40);
+    c41 = _mm256_fmadd_ps(a, b1, c41);
+    a = _mm256_broadcast_ss(a5 + offset);
+    c50 = _mm256_fmadd_ps(a, b0, c50);
+    c51 = _mm256_fmadd_ps(a, b1, c51);
+  }
+  const __m256 va = _mm256_set1_ps(alpha);
+  const __m256 vb = _mm256_set1_ps(beta);
+  FoldRow<kFold>(c, c00, c01, va, vb);
+  FoldRow<kFold>(c + ldc, c10, c11, va, vb);
+  FoldRow<kFold>(c + 2 * ldc, c20, c21, va, vb);
+  FoldRow<kFold>(c + 3 * ldc, c30, c31, va, vb);
+  FoldRow<kFold>(c + 4 * ldc, c40, c41, va, vb);
+  FoldRow<kFold>(c + 5 * ldc, c50, c51, va, vb);
+}
+
+template <Fold kFold>
+void Tile(int kc, ATile tile, const float* bp, float alpha, float beta, float* c, int64_t ldc,
+          int rows, int cols) {
+  if (rows == kGemmMr && cols == kGemmNr) {
+    MicroKernel<kFold>(kc, tile, bp, alpha, beta, c, ldc);
+    return;
+  }
+  // An edge tile runs the same kernel on a full copy, so its elements round as full tiles do.
+  alignas(64) float full[kGemmMr * kGemmNr];
+  if (kFold != Fold::kOverwrite) {
+    for (int r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + cols, full + r * kGemmNr);
+  }
+  MicroKernel<kFold>(kc, tile, bp, alpha, beta, full, kGemmNr);
+  for (int r = 0; r < rows; ++r)
+    std::copy(full + r * kGemmNr, full + r * kGemmNr + cols, c + r * ldc);
+}
+
+// dst[r * ldd + c] = src[c * lds + r] for an 8 x 8 block.
+BIGMAC_AVX2_FMA inline void Transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+  __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+  __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+  __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  r0 = _mm256_shuffle_ps(t0, t2, 0x44);
+  r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  r2 = _mm256_shuffle_ps(t1, t3, 0x44);
+  r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  r4 = _mm256_shuffle_ps(t4, t6, 0x44);
+  r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  r6 = _mm256_shuffle_ps(t5, t7, 0x44);
+  r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(r0, r4, 0x20));
+  _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(r1, r5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(r2, r6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(r3, r7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(r0, r4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(r1, r5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(r2, r6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(r3, r7, 0x31));
+}
+
+// op(B)[p0, p0 + kc) x [col0, col0 + nc) into panels of kGemmNr columns (panel j at out + j * kc,
+// kc rows of kGemmNr floats); columns past nc are zero. The fixed-width loops compile to vector
+// moves (a std::copy of 16 floats is a memmove call).
+BIGMAC_AVX2_FMA void PackB(bool trans, const float* b, int64_t ldb, int p0, int kc, int col0,
+                           int nc, float* out) {
+  for (int j = 0; j < nc; j += kGemmNr) {
+    const int cols = std::min(kGemmNr, nc - j);
+    float* panel = out + int64_t{j} * kc;
+    if (!trans) {  // op(B)(p, j) = b[p * ldb + j]
+      const float* src = b + p0 * ldb + col0 + j;
+      if (cols == kGemmNr) {
+        for (int p = 0; p < kc; ++p, src += ldb) {
+          _mm256_store_ps(panel + p * kGemmNr, _mm256_loadu_ps(src));
+          _mm256_store_ps(panel + p * kGemmNr + 8, _mm256_loadu_ps(src + 8));
+        }
+      } else {
+        for (int p = 0; p < kc; ++p, src += ldb) {
+          for (int jj = 0; jj < kGemmNr; ++jj) panel[p * kGemmNr + jj] = jj < cols ? src[jj] : 0.0f;
+        }
+      }
+    } else if (cols == kGemmNr) {  // op(B)(p, j) = b[j * ldb + p]: 8 x 8 transposes
+      const float* src = b + (col0 + j) * ldb + p0;
+      int p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        for (int half = 0; half < kGemmNr; half += 8) {
+          Transpose8x8(src + half * ldb + p, ldb, panel + p * kGemmNr + half, kGemmNr);
+        }
+      }
+      for (; p < kc; ++p) {
+        for (int jj = 0; jj < kGemmNr; ++jj) panel[p * kGemmNr + jj] = src[jj * ldb + p];
+      }
+    } else {
+      for (int jj = 0; jj < kGemmNr; ++jj) {
+        const float* src = b + (col0 + j + jj) * ldb + p0;
+        for (int p = 0; p < kc; ++p) panel[p * kGemmNr + jj] = jj < cols ? src[p] : 0.0f;
+      }
+    }
+  }
+}
+
+// op(A) rows [row0, row0 + mc) x [p0, p0 + kc) into panels of kGemmMr rows (panel i at
+// out + i * kc, kc steps of kGemmMr floats); rows past mc are zero.
+BIGMAC_AVX2_FMA void PackA(bool trans, const float* a, int64_t lda, int row0, int mc, int p0,
+                           int kc, float* out) {
+  for (int i = 0; i < mc; i += kGemmMr) {
+    const int rows = std::min(kGemmMr, mc - i);
+    float* panel = out + int64_t{i} * kc;
+    if (trans) {  // op(A)(r, p) = a[p * lda + r]: kGemmMr contiguous floats per step
+      const float* src = a + p0 * lda + row0 + i;
+      float* dst = panel;
+      if (rows == kGemmMr) {
+        // Six floats per step by a masked load (it reads nothing past them) and an eight-float
+        // store, whose two extra zeros the next step overwrites (past the last step they land
+        // in the next panel's first step, packed after this one, or in the buffer's slack).
+        const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+        for (int p = 0; p < kc; ++p, src += lda, dst += kGemmMr) {
+          _mm256_storeu_ps(dst, _mm256_maskload_ps(src, six));
+        }
+      } else {
+        for (int p = 0; p < kc; ++p, src += lda, dst += kGemmMr) {
+          for (int r = 0; r < kGemmMr; ++r) dst[r] = r < rows ? src[r] : 0.0f;
+        }
+      }
+    } else {  // op(A)(r, p) = a[r * lda + p]: interleave kGemmMr rows
+      for (int r = 0; r < kGemmMr; ++r) {
+        const float* src = a + (row0 + i + r) * lda + p0;
+        if (r < rows) {
+          for (int p = 0; p < kc; ++p) panel[p * kGemmMr + r] = src[p];
+        } else {
+          for (int p = 0; p < kc; ++p) panel[p * kGemmMr + r] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+struct Problem {
+  bool trans_a, trans_b;
+  int m, n, k;
+  float alpha;
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+  float beta;
+  float* c;
+  int64_t ldc;
+};
+
+void RunTile(Fold fold, int kc, ATile tile, const float* b_panel, const Problem& pr, float* c,
+             int rows, int cols) {
+  switch (fold) {
+    case Fold::kOverwrite:
+      Tile<Fold::kOverwrite>(kc, tile, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
+      break;
+    case Fold::kScale:
+      Tile<Fold::kScale>(kc, tile, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
+      break;
+    case Fold::kAccumulate:
+      Tile<Fold::kAccumulate>(kc, tile, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
+      break;
+  }
+}
+
+// Rows [row_begin, row_end) (at most kGemmMc) of C for one column block and k block, against B
+// packed in bp: row tiles outside, column panels inside. A is read in place (a transposed A is
+// packed first, into this thread's buffer), its row tile stays in L1 while the packed B streams
+// from L2 or L3, and C is written row tile by row tile. (BLIS's order, column panels outside with
+// A packed into L2, measured 10-40% slower on the block's shapes on Zen 3: bench/NOTES.md,
+// lever 13.)
+void RunRows(const Problem& pr, Fold fold, int row_begin, int row_end, int jc, int nc, int pc,
+             int kc, const float* bp) {
+  const int mc = row_end - row_begin;
+  float* ap = a_buffer.Get(int64_t{kGemmKc} * (kGemmMc + kGemmMr));
+  if (pr.trans_a) PackA(true, pr.a, pr.lda, row_begin, mc, pc, kc, ap);
+  for (int ir = 0; ir < mc; ir += kGemmMr) {
+    const int rows = std::min(kGemmMr, mc - ir);
+    ATile tile;
+    if (pr.trans_a) {
+      tile = {ap + int64_t{ir} * kc, 1, kGemmMr};
+    } else if (rows == kGemmMr) {
+      tile = {pr.a + (row_begin + ir) * pr.lda + pc, pr.lda, 1};
+    } else {  // the last rows, zero-padded to a full tile so that no read leaves A
+      PackA(false, pr.a, pr.lda, row_begin + ir, rows, pc, kc, ap);
+      tile = {ap, 1, kGemmMr};
+    }
+    float* c_row = pr.c + (row_begin + ir) * pr.ldc + jc;
+    for (int jr = 0; jr < nc; jr += kGemmNr) {
+      RunTile(fold, kc, tile, bp + int64_t{jr} * kc, pr, c_row + jr, rows,
+              std::min(kGemmNr, nc - jr));
+    }
+  }
+}
+
+// f(0) .. f(count - 1), shared by the team of the enclosing parallel region when `team` (an
+// OpenMP worksharing loop, which ends in a barrier), or all on this thread.
+template <typename F>
+void ForEach(bool team, bool dynamic, int count, const F& f) {
+  if (!team) {
+    for (int i = 0; i < count; ++i) f(i);
+  } else if (dynamic) {
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < count; ++i) f(i);
+  } else {
+#pragma omp for schedule(static)
+    for (int i = 0; i < count; ++i) f(i);
+  }
+}
+
+// The whole product, by one thread or by the team that calls it together (`team`). For each
+// column block and k block the threads pack B's panels into the shared bp, then take chunks of
+// rows as they come free, which keeps both cores busy when one of them is slowed (on a shared
+// host it often is).
+
+void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
+  const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
+  for (int jc = 0; jc < pr.n; jc += kGemmNc) {
+    const int nc = std::min(kGemmNc, pr.n - jc);
+    const int panels = (nc + kGemmNr - 1) / kGemmNr;
+    for (int pc = 0; pc < pr.k; pc += kGemmKc) {
+      const int kc = std::min(kGemmKc, pr.k - pc);
+      ForEach(team, false, panels, [&](int panel) {
+        const int j = panel * kGemmNr;
+        PackB(pr.trans_b, pr.b, pr.ldb, pc, kc, jc + j, std::min(kGemmNr, nc - j),
+              bp + int64_t{j} * kc);
+      });
+      const Fold fold =
+          pc > 0 ? Fold::kAccumulate : (pr.beta == 0.0f ? Fold::kOverwrite : Fold::kScale);
+      ForEach(team, true, chunks, [&](int chunk) {
+        const int begin = chunk * chunk_rows;
+        RunRows(pr, fold, begin, std::min(pr.m, begin + chunk_rows), jc, nc, pc, kc, bp);
+      });
+    }
+  }
+}
+
+// k == 0 (or an empty product): C = beta C, as BLAS defines it.
+void ScaleOnly(int m, int n, float beta, float* c, int64_t ldc) {
+  for (int i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    for (int j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
+}  // namespace
+
+bool BlockedSgemmSupported() {
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+}
+
+int BlockedSgemmChunkRows(int m, int threads) {
+  // About eight chunks per thread, so that the last one to finish idles the others little; whole
+  // row tiles, at most kGemmMc rows (a transposed A's packed block).
+  const int per = (m + 8 * threads - 1) / (8 * threads);
+  const int rows = (per + kGemmMr - 1) / kGemmMr * kGemmMr;
+  return std::clamp(rows, kGemmMr, kGemmMc);
+}
+
+int BlockedSgemmThreads(int m, int n, int k, int available) {
+  const int64_t work = int64_t{m} * n * k;
+  if (work < (int64_t{1} << 20) || available <= 1) return 1;
+  return available;
+}
+
+void BlockedSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleOnly(m, n, beta, c, ldc);
+    return;
+  }
+  const Problem problem{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+  const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
+  // B's packed block is shared by the team: the calling thread's buffer.
+  float* bp = b_buffer.Get(int64_t{std::min(kGemmKc, k)} *
+                           ((std::min(kGemmNc, n) + kGemmNr - 1) / kGemmNr * kGemmNr));
+  if (threads == 1) {
+    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp);
+}
+
+}  // namespace bigmac::sdk::cpu::internal

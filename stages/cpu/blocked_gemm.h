@@ -1,0 +1,50 @@
+#ifndef BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_
+#define BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_
+
+// BigMac's own float GEMM for x86 CPUs with AVX2 and FMA (bench/NOTES.md, lever 13): row-major
+// C = alpha op(A) op(B) + beta C, blocked much as BLIS does (6 x 16 micro-tiles over a packed B, k
+// in blocks of kGemmKc), with chunks of C's rows shared out to the OpenMP threads as they come
+// free.
+//
+// Why not a library's: every element of C is computed by one thread, whichever, as the same chain
+// of fused multiply-adds over k, block by block in a fixed order, and edge tiles take the same
+// vector path as full ones. So its bits do not depend on the thread count, on how C is split, or on
+// whether it is called inside a parallel region: pp/dp layouts that give their ranks different
+// thread counts stay bitwise equal at any model size (with OpenBLAS they are not, docs/build.md).
+// It also packs less than OpenBLAS on the block's small-k shapes: A is read in place unless
+// transposed, and B is packed once per call and shared by the threads.
+//
+// Stateless apart from per-thread packing buffers that live as long as their thread.
+#include <cstdint>
+
+namespace bigmac::sdk::cpu::internal {
+
+// The micro-tile and the blocking (in floats): k in blocks of kGemmKc, B packed kGemmNc columns
+// at a time, a transposed A kGemmMc rows at a time.
+inline constexpr int kGemmMr = 6;
+inline constexpr int kGemmNr = 16;
+inline constexpr int kGemmKc = 256;
+inline constexpr int kGemmMc = 144;
+inline constexpr int kGemmNc = 4096;
+
+// True when this CPU runs AVX2 and FMA, which BlockedSgemm needs.
+bool BlockedSgemmSupported();
+
+// Row-major C = alpha op(A) op(B) + beta C with op(A) m x k and op(B) k x n (m, n, k >= 0). With
+// beta == 0, C is only written (it may hold NaN). Uses the OpenMP threads when called outside a
+// parallel region and the product is large enough; one thread inside one. Needs
+// BlockedSgemmSupported().
+void BlockedSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                  int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
+// The rows of C in one chunk of work (pure; tested): threads pack B together, then take chunks
+// of rows as they come free. About eight chunks per thread, whole micro-tiles, at most kGemmMc.
+int BlockedSgemmChunkRows(int m, int threads);
+
+// How many threads a product of this size uses at most `available` (pure): one below about a
+// million multiply-adds, where a fork costs more than it saves.
+int BlockedSgemmThreads(int m, int n, int k, int available);
+
+}  // namespace bigmac::sdk::cpu::internal
+
+#endif  // BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_

@@ -1,0 +1,187 @@
+// BigMac's blocked float GEMM (stages/cpu/blocked_gemm.h): every transpose case, edge and
+// multi-block shapes, alpha and beta, against a double reference; and the property the layouts
+// need, the same bits at any thread count and inside a parallel region.
+#include "stages/cpu/blocked_gemm.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace bigmac::sdk::cpu::internal {
+namespace {
+
+struct Case {
+  bool ta, tb;
+  int m, n, k;
+  float alpha, beta;
+};
+
+struct Operands {
+  std::vector<float> a, b, c;
+  int lda, ldb, ldc;
+};
+
+// Seeded uniform values in [-1, 1); leading dimensions padded past the logical width so that a
+// read or write outside the matrix shows.
+Operands Make(const Case& cs, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Operands o;
+  const int a_rows = cs.ta ? cs.k : cs.m, a_cols = cs.ta ? cs.m : cs.k;
+  const int b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
+  o.lda = a_cols + 3;
+  o.ldb = b_cols + 5;
+  o.ldc = cs.n + 2;
+  o.a.resize(size_t(a_rows) * o.lda);
+  o.b.resize(size_t(b_rows) * o.ldb);
+  o.c.resize(size_t(cs.m) * o.ldc);
+  for (float& x : o.a) x = u(rng);
+  for (float& x : o.b) x = u(rng);
+  for (float& x : o.c) x = u(rng);
+  return o;
+}
+
+float A(const Case& cs, const Operands& o, int i, int p) {
+  return cs.ta ? o.a[size_t(p) * o.lda + i] : o.a[size_t(i) * o.lda + p];
+}
+float B(const Case& cs, const Operands& o, int p, int j) {
+  return cs.tb ? o.b[size_t(j) * o.ldb + p] : o.b[size_t(p) * o.ldb + j];
+}
+
+void ExpectMatchesReference(const Case& cs, uint32_t seed) {
+  Operands o = Make(cs, seed);
+  const std::vector<float> c0 = o.c;
+  BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
+               cs.beta, o.c.data(), o.ldc);
+  double worst = 0;
+  for (int i = 0; i < cs.m; ++i) {
+    for (int j = 0; j < o.ldc; ++j) {
+      const size_t at = size_t(i) * o.ldc + j;
+      if (j >= cs.n) {  // the padding past n is untouched
+        ASSERT_EQ(o.c[at], c0[at]) << "wrote outside C at row " << i << " column " << j;
+        continue;
+      }
+      double sum = 0, magnitude = 0;
+      for (int p = 0; p < cs.k; ++p) {
+        sum += double(A(cs, o, i, p)) * B(cs, o, p, j);
+        magnitude += std::fabs(double(A(cs, o, i, p)) * B(cs, o, p, j));
+      }
+      const double want = cs.alpha * sum + (cs.beta == 0 ? 0.0 : cs.beta * double(c0[at]));
+      // Float accumulation over k terms: a few ulp of the sum of magnitudes per term.
+      const double tolerance = 1e-6 * (cs.k + 4) * (std::fabs(cs.alpha) * magnitude + 1);
+      const double error = std::fabs(o.c[at] - want);
+      worst = std::max(worst, error / tolerance);
+      ASSERT_LE(error, tolerance) << "C(" << i << ", " << j << ") of ta=" << cs.ta
+                                  << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n
+                                  << " k=" << cs.k;
+    }
+  }
+  EXPECT_GT(cs.m * cs.n, 0);
+}
+
+TEST(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
+  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  const int shapes[][3] = {
+      {1, 1, 1},     {6, 16, 8},    {7, 17, 9},      {5, 3, 300},  {13, 40, 257},
+      {150, 33, 64}, {64, 70, 513}, {145, 200, 100}, {32, 96, 32}, {2, 300, 7},
+  };
+  uint32_t seed = 1;
+  for (const auto& s : shapes) {
+    for (int layout = 0; layout < 4; ++layout) {
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+        ExpectMatchesReference({bool(layout & 1), bool(layout & 2), s[0], s[1], s[2], alpha, beta},
+                               seed++);
+      }
+    }
+  }
+}
+
+TEST(BlockedGemm, BetaZeroIgnoresWhatCHeld) {
+  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  const Case cs{false, true, 9, 20, 11, 1.0f, 0.0f};
+  Operands o = Make(cs, 7);
+  std::vector<float> clean = o.c;
+  for (float& x : o.c) x = std::numeric_limits<float>::quiet_NaN();
+  BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f,
+               o.c.data(), o.ldc);
+  BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f,
+               clean.data(), o.ldc);
+  for (int i = 0; i < cs.m; ++i) {
+    for (int j = 0; j < cs.n; ++j) EXPECT_EQ(o.c[i * o.ldc + j], clean[i * o.ldc + j]);
+  }
+}
+
+TEST(BlockedGemm, KZeroScalesC) {
+  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  std::vector<float> c = {1, 2, 3, 4};
+  BlockedSgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+}
+
+// The property pp/dp equivalence rests on: the same bits with 1, 2 or 3 threads and inside a
+// parallel region, for shapes that split by rows and by columns and span several k blocks.
+TEST(BlockedGemm, BitsDoNotDependOnThreads) {
+  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  const Case cases[] = {
+      {false, true, 2048, 384, 128, 1.0f, 0.0f},  // the block's forward
+      {true, false, 384, 128, 2048, 1.0f, 1.0f},  // its weight gradient
+      {false, false, 50, 700, 600, 0.25f, 0.0f},  // split by columns
+  };
+  for (const Case& cs : cases) {
+    const Operands o = Make(cs, 11);
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> c = o.c;
+      BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
+                   cs.beta, c.data(), o.ldc);
+      results.push_back(c);
+    }
+    std::vector<float> nested = o.c;
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
+                   cs.beta, nested.data(), o.ldc);
+    }
+    results.push_back(nested);
+    for (size_t r = 1; r < results.size(); ++r) {
+      EXPECT_EQ(std::memcmp(results[0].data(), results[r].data(), results[0].size() * 4), 0)
+          << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << ": run " << r
+          << " differs from one thread";
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+TEST(BlockedGemm, ChunksAreWholeTilesAboutEightPerThread) {
+  EXPECT_EQ(BlockedSgemmChunkRows(2048, 2), 132);  // 16 chunks, the last of 68 rows
+  EXPECT_EQ(BlockedSgemmChunkRows(1536, 2), 96);
+  EXPECT_EQ(BlockedSgemmChunkRows(384, 2), 24);
+  EXPECT_EQ(BlockedSgemmChunkRows(100000, 2), kGemmMc);  // capped at A's packed block
+  EXPECT_EQ(BlockedSgemmChunkRows(5, 2), kGemmMr);
+  for (int m : {1, 7, 100, 384, 5000}) {
+    for (int threads : {1, 2, 3, 8}) {
+      const int rows = BlockedSgemmChunkRows(m, threads);
+      EXPECT_EQ(rows % kGemmMr, 0);
+      EXPECT_GE(rows, kGemmMr);
+      EXPECT_LE(rows, kGemmMc);
+    }
+  }
+}
+
+TEST(BlockedGemm, SmallProductsStayOnOneThread) {
+  EXPECT_EQ(BlockedSgemmThreads(32, 32, 32, 8), 1);
+  EXPECT_EQ(BlockedSgemmThreads(2048, 384, 128, 2), 2);
+  EXPECT_EQ(BlockedSgemmThreads(2048, 384, 128, 1), 1);
+}
+
+}  // namespace
+}  // namespace bigmac::sdk::cpu::internal
