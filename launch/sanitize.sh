@@ -12,7 +12,7 @@ sanitizers=("$@")
 ((${#sanitizers[@]})) || sanitizers=(asan ubsan)
 unit_tests=(//tests:config_test //tests:partition_test //tests:topology_test //tests:memory_test
   //tests:gradcheck_test //tests:training_test //tests:schedule_test //tests:compare_test
-  //tests:plugin_test //tests/fuzz:all)
+  //tests:plugin_test //tests:blocked_gemm_test //tests/fuzz:all)
 supp=$PWD/launch/lsan.supp
 results=()
 status=0

@@ -28,17 +28,18 @@ struct Operands {
   int lda, ldb, ldc;
 };
 
-// Seeded uniform values in [-1, 1); leading dimensions padded past the logical width so that a
-// read or write outside the matrix shows.
-Operands Make(const Case& cs, uint32_t seed) {
+// Seeded uniform values in [-1, 1). With `padded`, leading dimensions run past the logical
+// width, so that a write outside C shows; without, they equal it, so that a read past a row's
+// end falls in the next row or outside the allocation (ASan, launch/sanitize.sh).
+Operands Make(const Case& cs, uint32_t seed, bool padded = true) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   Operands o;
   const int a_rows = cs.ta ? cs.k : cs.m, a_cols = cs.ta ? cs.m : cs.k;
   const int b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
-  o.lda = a_cols + 3;
-  o.ldb = b_cols + 5;
-  o.ldc = cs.n + 2;
+  o.lda = a_cols + (padded ? 3 : 0);
+  o.ldb = b_cols + (padded ? 5 : 0);
+  o.ldc = cs.n + (padded ? 2 : 0);
   o.a.resize(size_t(a_rows) * o.lda);
   o.b.resize(size_t(b_rows) * o.ldb);
   o.c.resize(size_t(cs.m) * o.ldc);
@@ -55,8 +56,8 @@ float B(const Case& cs, const Operands& o, int p, int j) {
   return cs.tb ? o.b[size_t(j) * o.ldb + p] : o.b[size_t(p) * o.ldb + j];
 }
 
-void ExpectMatchesReference(const Case& cs, uint32_t seed) {
-  Operands o = Make(cs, seed);
+void ExpectMatchesReference(const Case& cs, uint32_t seed, bool padded = true) {
+  Operands o = Make(cs, seed, padded);
   const std::vector<float> c0 = o.c;
   BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
                cs.beta, o.c.data(), o.ldc);
@@ -95,9 +96,11 @@ TEST(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
   uint32_t seed = 1;
   for (const auto& s : shapes) {
     for (int layout = 0; layout < 4; ++layout) {
-      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
-        ExpectMatchesReference({bool(layout & 1), bool(layout & 2), s[0], s[1], s[2], alpha, beta},
-                               seed++);
+      for (const auto& [alpha, beta] :
+           {std::pair{1.0f, 0.0f}, {0.5f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+        const Case cs{bool(layout & 1), bool(layout & 2), s[0], s[1], s[2], alpha, beta};
+        ExpectMatchesReference(cs, seed++, /*padded=*/true);
+        ExpectMatchesReference(cs, seed++, /*padded=*/false);
       }
     }
   }
@@ -118,11 +121,38 @@ TEST(BlockedGemm, BetaZeroIgnoresWhatCHeld) {
   }
 }
 
-TEST(BlockedGemm, KZeroScalesC) {
+TEST(BlockedGemm, KZeroOrAlphaZeroScalesC) {
   if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
   std::vector<float> c = {1, 2, 3, 4};
   BlockedSgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
   EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+  // As BLAS: alpha == 0 reads neither A nor B, so a NaN there does not reach C.
+  const std::vector<float> nan(4, std::numeric_limits<float>::quiet_NaN());
+  BlockedSgemm(false, false, 2, 2, 2, 0.0f, nan.data(), 2, nan.data(), 2, 2.0f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{1, 2, 3, 4}));
+}
+
+// An element's bits do not depend on where the matrix ends: the same row or column falls in a
+// full tile in one layout and in an edge tile in another (dp and tp split m and n).
+TEST(BlockedGemm, BitsDoNotDependOnTheMatrixEdges) {
+  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  for (int layout = 0; layout < 4; ++layout) {
+    const bool ta = layout & 1, tb = layout & 2;
+    const Case big{ta, tb, 12, 32, 300, 1.0f, 0.0f};
+    const Operands o = Make(big, 21);
+    std::vector<float> full(o.c.size()), cut(o.c.size());
+    BlockedSgemm(ta, tb, 12, 32, 300, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f, full.data(),
+                 o.ldc);
+    // The first 7 rows and 17 columns of the same product, as a smaller matrix.
+    BlockedSgemm(ta, tb, 7, 17, 300, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f, cut.data(),
+                 o.ldc);
+    for (int i = 0; i < 7; ++i) {
+      for (int j = 0; j < 17; ++j) {
+        ASSERT_EQ(std::memcmp(&full[i * o.ldc + j], &cut[i * o.ldc + j], 4), 0)
+            << "layout " << layout << " C(" << i << ", " << j << ")";
+      }
+    }
+  }
 }
 
 // The property pp/dp equivalence rests on: the same bits with 1, 2 or 3 threads and inside a
@@ -130,10 +160,12 @@ TEST(BlockedGemm, KZeroScalesC) {
 TEST(BlockedGemm, BitsDoNotDependOnThreads) {
   if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
   const Case cases[] = {
-      {false, true, 2048, 384, 128, 1.0f, 0.0f},  // the block's forward
-      {true, false, 384, 128, 2048, 1.0f, 1.0f},  // its weight gradient
-      {false, false, 50, 700, 600, 0.25f, 0.0f},  // split by columns
+      {false, true, 2048, 384, 128, 1.0f, 0.0f},     // the block's forward
+      {true, false, 384, 128, 2048, 1.0f, 1.0f},     // its weight gradient
+      {false, false, 50, 700, 600, 0.25f, 0.0f},     // several k blocks, alpha
+      {false, true, 40, 4096 + 40, 30, 1.0f, 0.0f},  // two column blocks
   };
+  const int threads_before = omp_get_max_threads();
   for (const Case& cs : cases) {
     const Operands o = Make(cs, 11);
     std::vector<std::vector<float>> results;
@@ -158,7 +190,7 @@ TEST(BlockedGemm, BitsDoNotDependOnThreads) {
           << " differs from one thread";
     }
   }
-  omp_set_num_threads(omp_get_num_procs());
+  omp_set_num_threads(threads_before);
 }
 
 TEST(BlockedGemm, ChunksAreWholeTilesAboutEightPerThread) {

@@ -83,6 +83,7 @@ TEST(CliTrain, FloatGemmLibraryComesFromTheEnvironment) {
     EXPECT_NEAR(losses[i], losses[0], 1e-3 * losses[0]) << libraries[i];
   }
   const testutil::RunResult plain = RunCommand(TrainCommand(""), 120);
+  EXPECT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_NE(plain.output.find(avx2 ? " gemm=bigmac " : " gemm=openblas "), std::string::npos)
       << plain.output;
   const testutil::RunResult bad = RunCommand("BIGMAC_CPU_GEMM=mkl " + TrainCommand(""), 60);

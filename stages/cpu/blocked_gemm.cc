@@ -129,7 +129,7 @@ void Tile(int kc, ATile tile, const float* bp, float alpha, float beta, float* c
     return;
   }
   // An edge tile runs the same kernel on a full copy, so its elements round as full tiles do.
-  alignas(64) float full[kGemmMr * kGemmNr];
+  alignas(64) float full[kGemmMr * kGemmNr] = {};  // lanes outside the tile are computed, dropped
   if (kFold != Fold::kOverwrite) {
     for (int r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + cols, full + r * kGemmNr);
   }
@@ -342,7 +342,7 @@ void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
   }
 }
 
-// k == 0 (or an empty product): C = beta C, as BLAS defines it.
+// k == 0 or alpha == 0: C = beta C, as BLAS defines it.
 void ScaleOnly(int m, int n, float beta, float* c, int64_t ldc) {
   for (int i = 0; i < m; ++i) {
     float* row = c + i * ldc;
@@ -374,7 +374,7 @@ int BlockedSgemmThreads(int m, int n, int k, int available) {
 void BlockedSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                   int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
+  if (k <= 0 || alpha == 0.0f) {  // as BLAS: A and B are not read
     ScaleOnly(m, n, beta, c, ldc);
     return;
   }

@@ -31,9 +31,9 @@ inline constexpr int kGemmNc = 4096;
 bool BlockedSgemmSupported();
 
 // Row-major C = alpha op(A) op(B) + beta C with op(A) m x k and op(B) k x n (m, n, k >= 0). With
-// beta == 0, C is only written (it may hold NaN). Uses the OpenMP threads when called outside a
-// parallel region and the product is large enough; one thread inside one. Needs
-// BlockedSgemmSupported().
+// beta == 0, C is only written (it may hold NaN); with alpha == 0 or k == 0, A and B are not read.
+// Uses the OpenMP threads when called outside a parallel region and the product is large enough;
+// one thread inside one. Needs BlockedSgemmSupported().
 void BlockedSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                   int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
