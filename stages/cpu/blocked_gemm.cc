@@ -274,8 +274,7 @@ void RunTile(Fold fold, int kc, ATile tile, const float* b_panel, const Problem&
 // packed in bp: row tiles outside, column panels inside. A is read in place (a transposed A is
 // packed first, into this thread's buffer), its row tile stays in L1 while the packed B streams
 // from L2 or L3, and C is written row tile by row tile. (BLIS's order, column panels outside with
-// A packed into L2, measured 10-40% slower on the block's shapes on Zen 3: bench/NOTES.md,
-// lever 13.)
+// A packed into L2, made the 20M step 16% slower on Zen 3: bench/NOTES.md, lever 13.)
 void RunRows(const Problem& pr, Fold fold, int row_begin, int row_end, int jc, int nc, int pc,
              int kc, const float* bp) {
   const int mc = row_end - row_begin;

@@ -33,9 +33,8 @@ struct Choice {
 Choice Choose() {
   Choice choice;
   const char* value = std::getenv("BIGMAC_CPU_GEMM");
-  const bool unset = !value || !*value;
-  if ((unset && internal::BlockedSgemmSupported()) ||
-      (!unset && std::strcmp(value, "bigmac") == 0)) {
+  if (!value || !*value) value = internal::BlockedSgemmSupported() ? "bigmac" : "openblas";
+  if (std::strcmp(value, "bigmac") == 0) {
     if (internal::BlockedSgemmSupported()) {
       choice.name = "bigmac";
       choice.blocked = true;
@@ -44,7 +43,7 @@ Choice Choose() {
           "BIGMAC_CPU_GEMM=bigmac needs a CPU with AVX2 and FMA, and this one lacks them: use "
           "openblas";
     }
-  } else if (unset || std::strcmp(value, "openblas") == 0) {
+  } else if (std::strcmp(value, "openblas") == 0) {
     choice.name = "openblas";
   } else if (std::strcmp(value, "onednn") == 0) {
     void* library = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);  // kept for the process
