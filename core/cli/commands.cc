@@ -530,6 +530,16 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
                                outputs.exit_code)) {
     return code;
   }
+  // One run per directory: rank 0 claims checkpoint.dir and train.output_dir for the whole run
+  // (the other ranks write under its claim); every rank stops if another run holds one.
+  std::vector<std::unique_ptr<util::DirectoryLock>> locks;  // released when the run ends
+  const StartupCheck lock_check =
+      world.rank() == 0 ? LockTrainOutputs(*resolved, options.dry_run, &locks) : StartupCheck{};
+  if (int code = AllRanksAgree(world, "output locations", lock_check.problems, resolved->hash,
+                               kExitOutput)) {
+    return code;
+  }
+  if (!lock_check.summary.empty()) PrintLines({lock_check.summary});
   const StartupCheck resume = CheckResumeSource(*resolved, options.resume);
   if (int code = AllRanksAgree(world, "resume source", resume.problems, resolved->hash,
                                resume.exit_code)) {

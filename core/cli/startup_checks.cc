@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <exception>
+#include <filesystem>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/output_guard.h"
@@ -63,6 +64,43 @@ StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std
     add(OutputDirProblem(KeyWithSource(resolved, "train.output_dir"), dir));
   }
   if (!dump.empty()) add(OutputDirProblem("--dump", dump));
+  return check;
+}
+
+StartupCheck LockTrainOutputs(const config::ResolvedConfig& resolved, bool dry_run,
+                              std::vector<std::unique_ptr<util::DirectoryLock>>* held) {
+  StartupCheck check;
+  check.exit_code = kExitOutput;
+  const config::Config& cfg = resolved.values();
+  std::vector<std::string> locked;  // directories already claimed, to lock a shared one once
+  for (const char* key : {"checkpoint.dir", "train.output_dir"}) {
+    const std::string& dir =
+        std::string(key) == "checkpoint.dir" ? cfg.checkpoint().dir() : cfg.train().output_dir();
+    if (dir.empty()) continue;
+    bool same = false;
+    for (const std::string& other : locked) {
+      std::error_code error;
+      same = same || std::filesystem::equivalent(dir, other, error) || dir == other;
+    }
+    if (same) continue;
+    locked.push_back(dir);
+    const std::string label = KeyWithSource(resolved, key);
+    if (dry_run) {
+      if (std::string problem = util::DirectoryLock::Probe(dir, label); !problem.empty())
+        check.problems.push_back(problem);
+      continue;
+    }
+    std::string problem, note;
+    std::unique_ptr<util::DirectoryLock> lock =
+        util::DirectoryLock::Acquire(dir, label, "train", &problem, &note);
+    if (!lock) {
+      check.problems.push_back(problem);
+      held->clear();  // every lock or none
+      return check;
+    }
+    if (!note.empty()) check.summary += (check.summary.empty() ? "" : "\n") + note;
+    held->push_back(std::move(lock));
+  }
   return check;
 }
 

@@ -1,10 +1,12 @@
 #ifndef BIGMAC_CORE_CLI_STARTUP_CHECKS_H_
 #define BIGMAC_CORE_CLI_STARTUP_CHECKS_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config/resolve.h"
+#include "core/util/dir_lock.h"
 
 namespace bigmac::cli {
 
@@ -26,6 +28,14 @@ std::string OutputFileProblem(const std::string& label, const std::string& file)
 // --dump. Each must be a directory this process can create files in, or creatable, and must not
 // replace what a checkpoint names. Exit code kExitOutput. Nothing is created.
 StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump);
+
+// One run per directory: locks checkpoint.dir and train.output_dir (each when set; one lock when
+// they are the same directory) for the run, creating them if needed, into *held; with `dry_run`
+// only probes them and creates nothing. Problems: another live run holds one (exit kExitOutput).
+// The summary holds notes worth printing (a stale lock taken over). Called on rank 0 only: the
+// other ranks of the run write under its locks.
+StartupCheck LockTrainOutputs(const config::ResolvedConfig& resolved, bool dry_run,
+                              std::vector<std::unique_ptr<util::DirectoryLock>>* held);
 
 // The resume source, as the trainer will resolve it: it exists, its manifest reads and matches
 // the model, every layer file it names is a regular file of the size it claims (no tensor is

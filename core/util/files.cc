@@ -70,6 +70,9 @@ std::string CheckNameLengths(const std::string& path) {
   return "";
 }
 
+// As the kernel's limit on links followed in one lookup (ELOOP).
+constexpr int kMaxLinkHops = 40;
+
 std::string Parent(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -86,6 +89,21 @@ std::string ProbeWritable(const std::string& dir, const std::string& target) {
   }
   rmdir(probe.c_str());
   return "";
+}
+
+// "" unless `part` (a part of `path` that stat() does not find) is a symbolic link to nothing:
+// stat() then says ENOENT as for a free name, but mkdir() of it fails with EEXIST at the first
+// write, so the check names the link and where it leads instead of passing.
+std::string DanglingLink(const std::string& path, const std::string& part) {
+  struct stat info;
+  if (lstat(part.c_str(), &info) != 0 || !S_ISLNK(info.st_mode)) return "";
+  char target[PATH_MAX];
+  const ssize_t n = readlink(part.c_str(), target, sizeof(target) - 1);
+  const std::string leads = n < 0 ? "" : std::string(target, static_cast<size_t>(n));
+  return path + ": " + (part == path ? "" : part + " ") + "is a symbolic link to " +
+         (leads.empty() ? "a name that cannot be read" : leads) +
+         ", which does not exist; a directory cannot be created through it (create its "
+         "target, or name another path)";
 }
 
 }  // namespace
@@ -151,6 +169,7 @@ std::string CheckOutputDir(const std::string& path) {
     if (errno != ENOENT && errno != ENOTDIR) {
       return path + ": " + (existing == path ? "" : existing + ": ") + OsReason(errno);
     }
+    if (std::string problem = DanglingLink(path, existing); !problem.empty()) return problem;
     const std::string parent = Parent(existing);
     if (parent == existing) return path + ": no part of the path exists";
     existing = parent;
@@ -160,19 +179,38 @@ std::string CheckOutputDir(const std::string& path) {
 std::string CheckOutputFile(const std::string& path) {
   if (path.empty()) return "an empty path is not a file";
   if (std::string problem = CheckNameLengths(path); !problem.empty()) return problem;
+  // A write goes where a symbolic link leads (WrittenPath): check that file and its directory.
+  std::string target;
+  if (std::string problem = WrittenPath(path, &target); !problem.empty()) return problem;
+  const std::string shown = target == path ? path : path + " (a link to " + target + ")";
   struct stat info;
-  if (stat(path.c_str(), &info) == 0) {
-    if (S_ISDIR(info.st_mode)) return path + ": is a directory, not a file";
+  if (stat(target.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return shown + ": is a directory, not a file";
     if (!S_ISREG(info.st_mode))
-      return path + ": is " + std::string(KindOf(info.st_mode)) + ", not a regular file";
-    if (access(path.c_str(), W_OK) != 0) return path + ": cannot be written: " + OsReason(errno);
+      return shown + ": is " + std::string(KindOf(info.st_mode)) + ", not a regular file";
+    if (access(target.c_str(), W_OK) != 0) return shown + ": cannot be written: " + OsReason(errno);
   } else if (errno != ENOENT && errno != ENOTDIR) {
-    return path + ": " + OsReason(errno);
+    return shown + ": " + OsReason(errno);
   }
-  if (std::string problem = CheckOutputDir(Parent(path)); !problem.empty()) {
-    return "cannot write " + path + ": " + problem;
+  if (std::string problem = CheckOutputDir(Parent(target)); !problem.empty()) {
+    return "cannot write " + shown + ": " + problem;
   }
   return "";
+}
+
+std::string WrittenPath(const std::string& path, std::string* target) {
+  *target = path;
+  for (int hops = 0; hops < kMaxLinkHops; ++hops) {
+    struct stat info;
+    if (lstat(target->c_str(), &info) != 0 || !S_ISLNK(info.st_mode)) return "";
+    char buffer[PATH_MAX];
+    const ssize_t n = readlink(target->c_str(), buffer, sizeof(buffer) - 1);
+    if (n < 0) return path + ": cannot read the symbolic link " + *target + ": " + OsReason(errno);
+    const std::string leads(buffer, static_cast<size_t>(n));
+    // A relative link is relative to the directory that holds it.
+    *target = leads.front() == '/' ? leads : Parent(*target) + "/" + leads;
+  }
+  return path + ": " + OsReason(ELOOP);
 }
 
 }  // namespace bigmac::util

@@ -26,11 +26,18 @@ std::string CheckUserFile(const std::string& path, const std::string& what);
 
 // An output directory: an existing directory that this process can create files in, or a path
 // that can be created (its nearest existing ancestor is a writable directory and every name fits
-// the OS's limits). Nothing is left behind by the check.
+// the OS's limits, and no part of it is a symbolic link to nothing, which stat() reports as a free
+// name but mkdir() cannot create through). Nothing is left behind by the check.
 std::string CheckOutputDir(const std::string& path);
 
 // An output file: not a directory nor a special file, and its directory passes CheckOutputDir.
+// A symbolic link is checked where it leads (WrittenPath), dangling or not.
 std::string CheckOutputFile(const std::string& path);
+
+// Where a write to the file `path` lands: `path`, or where its chain of symbolic links leads
+// (relative links resolved from their own directory), existing or not. Writers replace that
+// file, so a link the user made to another disk keeps working. "" or the problem (a loop).
+std::string WrittenPath(const std::string& path, std::string* target);
 
 }  // namespace bigmac::util
 
