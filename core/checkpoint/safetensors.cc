@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/util/output_file.h"
 #include "nlohmann/json.hpp"
 
 namespace bigmac::checkpoint {
@@ -85,18 +86,19 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
   }
   std::string json = header.dump();
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw CheckpointError(path + ": cannot create");
+  std::string problem;
+  std::unique_ptr<util::OutputFile> out = util::OutputFile::Open(path, &problem);
+  if (!out) throw CheckpointError(problem);
   unsigned char length[8];
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<unsigned char>((uint64_t{json.size()} >> (8 * i)) & 0xff);
-  out.write(reinterpret_cast<const char*>(length), 8);
-  out.write(json.data(), static_cast<std::streamsize>(json.size()));
+  out->Write(std::string_view(reinterpret_cast<const char*>(length), 8));
+  out->Write(json);
   for (const NamedTensor& t : tensors) {
-    out.write(reinterpret_cast<const char*>(t.data.data()),
-              static_cast<std::streamsize>(t.data.size() * sizeof(float)));
+    out->Write(std::string_view(reinterpret_cast<const char*>(t.data.data()),
+                                t.data.size() * sizeof(float)));
   }
-  if (!out.flush()) throw CheckpointError(path + ": write failed");
+  if (problem = out->Commit(); !problem.empty()) throw CheckpointError(problem);
 }
 
 namespace {

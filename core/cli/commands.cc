@@ -41,6 +41,7 @@
 #include "core/schedule/simulator.h"
 #include "core/util/files.h"
 #include "core/util/format.h"
+#include "core/util/output_file.h"
 #include "core/util/stop_signal.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "stages/gpt/cuda/constraints.h"
@@ -157,8 +158,15 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
                 const engine::TrainOptions& options) {
   const std::string rank = "bigmac: rank " + std::to_string(pipeline.world_rank()) + ": ";
   try {
-    engine::Train(resolved, pipeline, options);
-    return kExitOk;
+    const engine::TrainResult result = engine::Train(resolved, pipeline, options);
+    if (result.output_failures.empty()) return kExitOk;
+    // The training itself (and its checkpoints) completed; outputs that are not whole are a
+    // filesystem failure (docs/exit_codes.md): say which, once more, at the end.
+    std::fprintf(stderr,
+                 "%sexits with code %d: %zu output file(s) not written whole (each named in an "
+                 "[output] warning above); training and its checkpoints completed\n",
+                 rank.c_str(), kExitOutput, result.output_failures.size());
+    return kExitOutput;
   } catch (const memory::OutOfMemoryError& error) {
     std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
     return kExitOutOfMemory;
@@ -318,23 +326,25 @@ int RunDataBatches(const DataBatchesOptions& options) {
     const int batch = cfg.train().micro_batch_size();
     const int seq = cfg.train().seq_length();
     const int per_step = cfg.train().gradient_accumulation_steps() * resolved.dp;
-    std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
+    std::string problem;
+    std::unique_ptr<util::OutputFile> out = util::OutputFile::Open(options.output, &problem);
+    if (!out) return ReportFailure(problem, kExitOutput);
     const int32_t header[5] = {0x54424d42, options.steps, per_step, batch, seq};
-    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    auto put = [&out](const void* data, size_t bytes) {
+      out->Write(std::string_view(static_cast<const char*>(data), bytes));
+    };
+    put(header, sizeof(header));
     std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
     for (int step = 0; step < options.steps; ++step) {
       for (int global = 0; global < per_step; ++global) {
         // As the trainer reads them (engine/trainer.cc): keyed by the global micro-batch index.
         dataset.TrainBatch(static_cast<uint64_t>(cfg.train().seed()), step, 0, global, batch, seq,
                            tokens.data(), targets.data());
-        out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
-        out.write(reinterpret_cast<const char*>(targets.data()), targets.size() * 4);
+        put(tokens.data(), tokens.size() * 4);
+        put(targets.data(), targets.size() * 4);
       }
     }
-    if (!out.flush()) {
-      return ReportFailure(options.output + ": cannot write: " + util::OsReason(errno),
-                           kExitOutput);
-    }
+    if (problem = out->Commit(); !problem.empty()) return ReportFailure(problem, kExitOutput);
     std::printf("wrote %d steps x %d micro-batches of %dx%d tokens to %s\n", options.steps,
                 per_step, batch, seq, options.output.c_str());
     return kExitOk;
@@ -471,10 +481,10 @@ int RunSchedule(const ScheduleOptions& options) {
       !parent.empty()) {
     std::filesystem::create_directories(parent);
   }
-  std::ofstream trace(trace_path);
-  trace << schedule::ChromeTrace(result, options.kind);
-  if (!trace) {
-    return ReportFailure(trace_path + ": cannot write: " + util::OsReason(errno), kExitOutput);
+  if (std::string problem =
+          util::WriteWholeFile(trace_path, schedule::ChromeTrace(result, options.kind));
+      !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
   }
   std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
               trace_path.c_str());

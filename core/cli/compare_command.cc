@@ -17,6 +17,7 @@
 #include "core/config/resolve.h"
 #include "core/plan/compare.h"
 #include "core/util/format.h"
+#include "core/util/output_file.h"
 #include "core/util/process.h"
 #include "nlohmann/json.hpp"
 
@@ -278,8 +279,14 @@ int RunCompare(const CompareOptions& options) {
   std::printf("  => %s\nbottleneck: %s\n", summary.c_str(), verdict.bottleneck.c_str());
   markdown += "\n**" + summary + "**\n\nBottleneck: " + verdict.bottleneck +
               "\n\n![step time and loss](report.svg)\n";
-  std::ofstream(options.out + "/report.md") << markdown;
-  std::ofstream(options.out + "/report.svg") << Chart(records[0], records[1], options.warmup);
+  for (const auto& [name, contents] :
+       {std::pair<std::string, std::string>{"report.md", markdown},
+        {"report.svg", Chart(records[0], records[1], options.warmup)}}) {
+    if (std::string problem = util::WriteWholeFile(options.out + "/" + name, contents);
+        !problem.empty()) {
+      return ReportFailure(problem, kExitOutput);
+    }
+  }
   std::printf("report: %s/report.md, chart: %s/report.svg\n", options.out.c_str(),
               options.out.c_str());
   return kExitOk;

@@ -14,6 +14,7 @@
 #include "core/cli/startup_checks.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
+#include "core/util/output_file.h"
 #include "core/util/process.h"
 
 namespace bigmac::cli {
@@ -124,13 +125,10 @@ bool WriteMicroBatch(const std::string& file, const config::LoadedConfig& loaded
     lines.insert(lines.begin() + static_cast<long>(train) + 1,
                  "  micro_batch_size: " + std::to_string(value) + "   # bigmac tune-mbs");
   }
-  std::ofstream out(file, std::ios::trunc);
-  for (const std::string& line : lines) out << line << "\n";
-  if (!out) {
-    *error = file + ": cannot write";
-    return false;
-  }
-  return true;
+  std::string contents;
+  for (const std::string& line : lines) contents += line + "\n";
+  *error = util::WriteWholeFile(file, contents);
+  return error->empty();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/data/token_file.h"
+#include "core/util/output_file.h"
 
 namespace bigmac::data {
 namespace {
@@ -25,15 +26,14 @@ void WriteShard(const std::string& path, uint32_t vocab_size, const std::vector<
   PutLittleEndian(header + 16, tokens.size(), 8);
   std::vector<char> body(tokens.size() * width);
   for (size_t i = 0; i < tokens.size(); ++i) PutLittleEndian(&body[i * width], tokens[i], width);
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(header, kShardHeaderBytes);
-    out.write(body.data(), static_cast<std::streamsize>(body.size()));
-    if (!out.flush()) throw DataError(path + ": cannot write the shard");
+  std::string problem;
+  std::unique_ptr<util::OutputFile> out = util::OutputFile::Open(path, &problem);
+  if (out) {
+    out->Write(std::string_view(header, kShardHeaderBytes));
+    out->Write(std::string_view(body.data(), body.size()));
+    problem = out->Commit();
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    throw DataError(path + ": cannot rename " + temporary);
+  if (!problem.empty()) throw DataError("cannot write the shard: " + problem);
 }
 
 Shard ReadShard(const std::string& path) {

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/data/error.h"
+#include "core/util/output_file.h"
 #include "nlohmann/json.hpp"
 
 namespace bigmac::data {
@@ -43,9 +44,8 @@ void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& man
   json["val_tokens"] = manifest.val_tokens;
   json["val_bytes"] = manifest.val_bytes;
   const std::string path = dir + "/" + kTokenizerManifest;
-  std::ofstream out(path, std::ios::trunc);
-  out << json.dump(2) << "\n";
-  if (!out.flush()) throw DataError(path + ": cannot write the tokenizer manifest");
+  if (std::string problem = util::WriteWholeFile(path, json.dump(2) + "\n"); !problem.empty())
+    throw DataError("cannot write the tokenizer manifest: " + problem);
 }
 
 std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -35,6 +36,7 @@
 #include "core/optim/adamw.h"
 #include "core/schedule/schedule.h"
 #include "core/util/format.h"
+#include "core/util/output_file.h"
 #include "core/util/stop_signal.h"
 #include "nlohmann/json.hpp"
 
@@ -75,8 +77,10 @@ struct BatchSlot {
 
 // Writes this rank's owned parameters as <dir>/layer_<id>.f32 (every parameter of the layer, in
 // order, float32, full tensors), so that runs under different layouts can be compared by
-// layer_id. Collective over the tp group, whose rank 0 writes.
-void DumpWeights(Stage& stage, const std::string& dir, comm::PipelineComm& comm) {
+// layer_id. Collective over the tp group, whose rank 0 writes. Returns the files that could not
+// be written (each whole or not at all: util::WriteWholeFile).
+std::vector<std::string> DumpWeights(Stage& stage, const std::string& dir,
+                                     comm::PipelineComm& comm) {
   std::vector<memory::Tensor> full;  // gathered from the tp slices
   for (const Stage::NamedParam& named : stage.OwnedParams())
     full.push_back(
@@ -86,25 +90,25 @@ void DumpWeights(Stage& stage, const std::string& dir, comm::PipelineComm& comm)
   const memory::Tensor copy_full =
       copy ? checkpoint::GatherTpSlices(copy->value, stage.TpShardOf(copy), comm)
            : memory::Tensor();
-  if (comm.tp_rank() != 0) return;
-  std::filesystem::create_directories(dir);
-  if (copy) {
-    std::vector<char> host(copy_full.bytes());
-    copy_full.CopyToHost(host.data());
-    std::ofstream(dir + "/tied_copy.bin", std::ios::binary)
-        .write(host.data(), static_cast<std::streamsize>(host.size()));
-  }
-  std::map<int, std::ofstream> files;
+  if (comm.tp_rank() != 0) return {};
+  auto host_bytes = [](const memory::Tensor& tensor) {
+    std::string host(static_cast<size_t>(tensor.bytes()), '\0');
+    tensor.CopyToHost(host.data());
+    return host;
+  };
+  std::map<std::string, std::string> files;  // name -> contents
+  if (copy) files["tied_copy.bin"] = host_bytes(copy_full);
   size_t index = 0;
-  for (const Stage::NamedParam& named : stage.OwnedParams()) {
-    auto [it, inserted] = files.try_emplace(named.layer_id);
-    if (inserted)
-      it->second.open(dir + "/layer_" + std::to_string(named.layer_id) + ".f32", std::ios::binary);
-    const memory::Tensor& value = full[index++];
-    std::vector<char> host(value.bytes());
-    value.CopyToHost(host.data());
-    it->second.write(host.data(), static_cast<std::streamsize>(host.size()));
+  for (const Stage::NamedParam& named : stage.OwnedParams())
+    files["layer_" + std::to_string(named.layer_id) + ".f32"] += host_bytes(full[index++]);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  std::vector<std::string> problems;
+  for (const auto& [name, contents] : files) {
+    if (std::string problem = util::WriteWholeFile(dir + "/" + name, contents); !problem.empty())
+      problems.push_back(problem);
   }
+  return problems;
 }
 
 // Fault-injection hooks for the reliability tests (docs/exit_codes.md), read once from the
@@ -210,6 +214,10 @@ class Trainer {
   // The [memory] line's optimizer bytes, sharded or not.
   std::string OptimizerMemory() const;
   void WriteTraceAndDump();
+  // A run output that failed after start-up: warned at once, and the run exits 8 at the end.
+  void OutputFailed(const std::string& problem);
+  // metrics.jsonl and the events file: their first failure, once each.
+  void CheckRecordFiles();
 
   const config::ResolvedConfig& resolved_;
   const config::Config& cfg_;
@@ -233,8 +241,9 @@ class Trainer {
   // resume on data of another tokenizer is refused. Empty when the data has no manifest.
   std::string tokenizer_id_;
   metrics::Timeline timeline_;
-  std::ofstream metrics_file_;
-  std::unique_ptr<metrics::EventWriter> events_;  // rank 0, beside metrics.jsonl
+  std::unique_ptr<util::RecordFile> metrics_file_;  // rank 0: metrics.jsonl
+  std::unique_ptr<metrics::EventWriter> events_;    // rank 0, beside metrics.jsonl
+  bool metrics_failure_reported_ = false, events_failure_reported_ = false;
   optim::AdamW adamw_;
   optim::LrSchedule lr_schedule_;
   std::vector<layer::Param*> params_;
@@ -397,20 +406,22 @@ void Trainer::Resume() {
 void Trainer::OpenMetrics() {
   const std::string& output_dir = train_.output_dir();
   if (!root_ || output_dir.empty()) return;
-  // Metrics are a convenience: a directory that cannot be written costs a warning, not the run.
+  // The start-up checks found the directory writable and the lock created it: a failure here is
+  // a filesystem failing later (docs/reliability.md, "Outputs"): a warning now, exit 8 at the end.
   std::error_code error;
   std::filesystem::create_directories(output_dir, error);
-  metrics_file_.open(output_dir + "/metrics.jsonl", std::ios::trunc);
-  if (!metrics_file_.is_open()) {
-    Log("[train] warning: cannot write " + output_dir +
-        "/metrics.jsonl; no metrics or trace this run");
+  const std::string metrics_path = output_dir + "/metrics.jsonl";
+  std::filesystem::remove(metrics_path + ".incomplete", error);  // an earlier run's
+  std::string problem;
+  metrics_file_ = util::RecordFile::Create(metrics_path, &problem);
+  if (!metrics_file_) {
+    OutputFailed(problem + "; no metrics, events or trace this run");
     return;
   }
-  std::string problem;
   metrics::RemoveEventFiles(output_dir);  // one run per directory, as metrics.jsonl
   events_ = metrics::EventWriter::Open(output_dir, &problem);
   if (!events_) {
-    Log("[train] warning: " + problem + "; no TensorBoard events this run");
+    OutputFailed(problem + "; no TensorBoard events this run");
     return;
   }
   // The effective config, indented so that TensorBoard's Markdown shows it as written.
@@ -418,6 +429,23 @@ void Trainer::OpenMetrics() {
   for (const std::string& line : config::EffectiveConfigLines(resolved_))
     text += "    " + line + "\n";
   events_->AddText("config", start_step_, text);
+  CheckRecordFiles();
+}
+
+void Trainer::OutputFailed(const std::string& problem) {
+  Log("[output] warning: " + problem + "; training goes on, and the run will exit with code 8");
+  result_.output_failures.push_back(problem);
+}
+
+void Trainer::CheckRecordFiles() {
+  if (metrics_file_ && metrics_file_->failed() && !metrics_failure_reported_) {
+    metrics_failure_reported_ = true;
+    OutputFailed(metrics_file_->problem());
+  }
+  if (events_ && !events_->problem().empty() && !events_failure_reported_) {
+    events_failure_reported_ = true;
+    OutputFailed(events_->problem());
+  }
 }
 
 double Trainer::Evaluate(int step) {
@@ -655,7 +683,7 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome, std::optional<d
       {"tp_allreduce_bytes", outcome.tp_bytes},
       {"tp_allreduce_ms", outcome.tp_ms}};
   const std::vector<std::string> per_rank = comm_.GatherToRoot(rank.dump());
-  if (!metrics_file_.is_open()) return;
+  if (!metrics_file_) return;
   nlohmann::json ranks = nlohmann::json::array();
   for (const std::string& text : per_rank) ranks.push_back(nlohmann::json::parse(text));
   const bool clipped = cfg_.optim().grad_clip() > 0 && outcome.norm > cfg_.optim().grad_clip();
@@ -673,8 +701,8 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome, std::optional<d
                          {"precision", cfg_.precision().dtype()},
                          {"ranks", ranks}};
   if (val_loss) line["val_loss"] = *val_loss;
-  metrics_file_ << line.dump() << "\n";
-  metrics_file_.flush();
+  metrics_file_->Append(line.dump() + "\n");
+  CheckRecordFiles();
   if (!events_) return;
   // The same numbers as the line above, under TensorBoard tags (docs/planning.md).
   static constexpr std::pair<const char*, const char*> kScalars[] = {
@@ -691,6 +719,7 @@ void Trainer::WriteMetrics(int step, const StepOutcome& outcome, std::optional<d
     events_->AddScalar(Format("memory/peak_mib/rank_%d", r["rank"].get<int>()), step + 1,
                        r["peak_bytes"].get<double>() / (1 << 20));
   }
+  CheckRecordFiles();
 }
 
 void Trainer::ReportProgress(int step, const StepOutcome& outcome) {
@@ -784,10 +813,17 @@ void Trainer::WriteTraceAndDump() {
     const std::vector<std::string> events = comm_.GatherToRoot(timeline_.TraceEvents(
         comm_.world_rank(),
         Format("rank %d (pp %d, dp %d)", comm_.world_rank(), comm_.pp_rank(), comm_.dp_rank())));
-    if (root_ && metrics_file_.is_open()) {
-      std::ofstream(output_dir + "/trace.json", std::ios::trunc) << metrics::MergeTraces(events);
-      Log("[train] wrote " + output_dir + "/metrics.jsonl and " + output_dir +
-          "/trace.json (open it at https://ui.perfetto.dev)");
+    if (root_ && metrics_file_) {
+      if (!metrics_file_->Close()) CheckRecordFiles();
+      if (events_ && !events_->Close()) CheckRecordFiles();
+      const std::string trace = output_dir + "/trace.json";
+      if (std::string problem = util::WriteWholeFile(trace, metrics::MergeTraces(events));
+          !problem.empty()) {
+        OutputFailed(problem);
+      } else if (!metrics_file_->failed()) {
+        Log("[train] wrote " + output_dir + "/metrics.jsonl and " + trace +
+            " (open it at https://ui.perfetto.dev)");
+      }
     }
   }
   for (layer::Param* param : params_) {
@@ -799,10 +835,17 @@ void Trainer::WriteTraceAndDump() {
     result_.final_parameters.insert(result_.final_parameters.end(), host.begin(), host.end());
   }
   if (!options_.dump_dir.empty()) {
-    if (comm_.dp_rank() == 0) DumpWeights(*stage_, options_.dump_dir, comm_);
+    if (comm_.dp_rank() == 0) {
+      for (const std::string& problem : DumpWeights(*stage_, options_.dump_dir, comm_))
+        OutputFailed(problem);
+    }
     if (root_) {
-      std::ofstream losses(options_.dump_dir + "/losses.txt");
-      for (double loss : result_.train_losses) losses << Format("%.17g\n", loss);
+      std::string losses;
+      for (double loss : result_.train_losses) losses += Format("%.17g\n", loss);
+      if (std::string problem = util::WriteWholeFile(options_.dump_dir + "/losses.txt", losses);
+          !problem.empty()) {
+        OutputFailed(problem);
+      }
     }
   }
 }

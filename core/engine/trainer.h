@@ -49,6 +49,9 @@ struct TrainResult {
   // Activation and gradient bytes this rank sent to its pipeline neighbours per step (the last
   // step), as counted by the transport.
   int64_t activation_bytes_per_step = 0;
+  // Run outputs (metrics.jsonl, events, trace.json, --dump) that could not be written whole after
+  // start-up, each naming the file and the OS's reason: the run trains on and exits 8.
+  std::vector<std::string> output_failures;
 };
 
 // Trains with the configured schedule on this rank's stages: for each optimizer step,

@@ -74,12 +74,9 @@ std::unique_ptr<EventWriter> EventWriter::Open(const std::string& dir, std::stri
   const std::string path = dir + "/events.out.tfevents." +
                            std::to_string(static_cast<int64_t>(WallTime())) + "." + host + "." +
                            std::to_string(getpid());
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file.is_open()) {
-    *error = path + ": cannot write (" + std::strerror(errno) + ")";
-    return nullptr;
-  }
-  std::unique_ptr<EventWriter> writer(new EventWriter(path, std::move(file)));
+  std::unique_ptr<util::RecordFile> file = util::RecordFile::Create(path, error);
+  if (!file) return nullptr;
+  std::unique_ptr<EventWriter> writer(new EventWriter(std::move(file)));
   tensorboard::Event event;
   event.set_wall_time(WallTime());
   event.set_file_version("brain.Event:2");
@@ -113,10 +110,6 @@ void EventWriter::AddText(const std::string& tag, int64_t step, const std::strin
   Write(event.SerializeAsString());
 }
 
-void EventWriter::Write(const std::string& event_bytes) {
-  const std::string record = TfRecord(event_bytes);
-  file_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  file_.flush();
-}
+void EventWriter::Write(const std::string& event_bytes) { file_->Append(TfRecord(event_bytes)); }
 
 }  // namespace bigmac::metrics

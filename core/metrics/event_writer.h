@@ -3,9 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <string>
+
+#include "core/util/output_file.h"
 
 namespace bigmac::metrics {
 
@@ -23,8 +24,9 @@ int RemoveEventFiles(const std::string& dir);
 
 // A TensorBoard event file, events.out.tfevents.<seconds>.<host>.<pid>, in one directory: scalars
 // and text summaries as TensorBoard's Event protos (core/metrics/events.proto) in TFRecord framing.
-// Each Add* appends one record and flushes it, so a reader (or a crash) sees whole records. Owns
-// the file; one writer per process (rank 0 of a training run).
+// Each Add* appends one record whole (util::RecordFile), so a reader (or a crash) sees whole
+// records; a failed write leaves the file at its last whole record, renamed .incomplete, and
+// problem() says so. Owns the file; one writer per process (rank 0 of a training run).
 class EventWriter {
  public:
   // Creates `dir` if needed and the file in it, with the file_version record. Returns null and
@@ -34,19 +36,21 @@ class EventWriter {
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_->path(); }
+  // "" while every record was written, else what failed (util::RecordFile::problem).
+  const std::string& problem() const { return file_->problem(); }
+  // fsync and close, checked: false (and problem()) on failure.
+  bool Close() { return file_->Close(); }
   // A scalar (TensorBoard's Scalars tab) at `step`; stored as float32, as TensorBoard does.
   void AddScalar(const std::string& tag, int64_t step, double value);
   // A text summary (the Text tab) at `step`, rendered as Markdown by TensorBoard.
   void AddText(const std::string& tag, int64_t step, const std::string& text);
 
  private:
-  EventWriter(std::string path, std::ofstream file)
-      : path_(std::move(path)), file_(std::move(file)) {}
+  explicit EventWriter(std::unique_ptr<util::RecordFile> file) : file_(std::move(file)) {}
   void Write(const std::string& event_bytes);
 
-  std::string path_;
-  std::ofstream file_;
+  std::unique_ptr<util::RecordFile> file_;
 };
 
 }  // namespace bigmac::metrics
