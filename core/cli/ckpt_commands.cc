@@ -45,9 +45,10 @@ int RunCkptInspect(const std::string& dir) {
   }
 }
 
-int RunCkptExport(const std::string& dir, const std::string& safetensors) {
+int RunCkptExport(const std::string& dir, const std::string& safetensors, bool overwrite) {
   try {
-    if (std::string problem = OutputFileProblem("--safetensors", safetensors); !problem.empty())
+    if (std::string problem = OutputFileProblem("--safetensors", safetensors, overwrite);
+        !problem.empty())
       return ReportFailure(problem, kExitOutput);
     int64_t step = 0;
     std::string step_dir;

@@ -319,7 +319,8 @@ int RunDataBatches(const DataBatchesOptions& options) {
     const config::ResolvedConfig resolved =
         LoadModelConfig(options.config, options.overrides, {}, options.world_size, "--world-size");
     const config::Config& cfg = resolved.values();
-    if (std::string problem = OutputFileProblem("--output", options.output); !problem.empty()) {
+    if (std::string problem = OutputFileProblem("--output", options.output, options.overwrite);
+        !problem.empty()) {
       return ReportFailure(problem, kExitOutput);
     }
     const data::TokenDataset dataset(cfg.data().dir(), "train", cfg.data().train_files());
@@ -410,7 +411,9 @@ int RunSchedule(const ScheduleOptions& options) {
                                            std::to_string(options.pp) + "_m" +
                                            std::to_string(options.microbatches) + ".json"
                                      : options.trace;
-  if (std::string problem = OutputFileProblem("--trace", trace_path); !problem.empty()) {
+  if (std::string problem =
+          OutputFileProblem("--trace", trace_path, options.overwrite || options.trace.empty());
+      !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
   }
   const schedule::SimResult result =
@@ -535,7 +538,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     return code;
   // Before any work: a run must not train for hours and then find it cannot write its results,
   // nor resume from a checkpoint it cannot use. --dry-run runs the same checks.
-  const StartupCheck outputs = CheckTrainOutputs(*resolved, options.dump_dir);
+  const StartupCheck outputs = CheckTrainOutputs(*resolved, options.dump_dir, options.overwrite);
   if (int code = AllRanksAgree(world, "output locations", outputs.problems, resolved->hash,
                                outputs.exit_code)) {
     return code;

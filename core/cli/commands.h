@@ -14,6 +14,7 @@ struct TrainOptions {
   std::string dump_dir;  // final weights per layer_id and per-step losses, to compare runs
   std::string resume;    // "auto", a checkpoint step directory or root, or ""
   std::vector<std::string> plugins;  // --plugin: layer plugin libraries, after the config's
+  bool overwrite = false;            // replace an earlier --dump
 };
 
 struct PlanOptions {
@@ -56,6 +57,7 @@ struct DataBatchesOptions {
   int steps = 10;
   int world_size = 1;  // for dp: the batches of every replica, in global micro-batch order
   std::string output;
+  bool overwrite = false;  // replace an existing `output`
 };
 
 // `bigmac data batches`: the exact training batches a run would read, for feeding another
@@ -69,7 +71,8 @@ struct ScheduleOptions {
   int pp = 4;
   int microbatches = 8;
   int virtual_stages = 1;
-  std::string trace;  // empty: runs/schedule/schedule_<kind>_pp<P>_m<M>.json
+  std::string trace;       // empty: runs/schedule/schedule_<kind>_pp<P>_m<M>.json (replaced freely)
+  bool overwrite = false;  // replace an existing --trace file the user named
   // Measured or estimated milliseconds per micro-batch, per stage (one value: every stage);
   // empty: unit costs F=1, B=2.
   std::vector<double> forward_ms;
@@ -89,7 +92,7 @@ int RunSchedule(const ScheduleOptions& options);
 
 // `bigmac ckpt inspect DIR`, `ckpt export DIR --safetensors OUT`, `ckpt import`.
 int RunCkptInspect(const std::string& dir);
-int RunCkptExport(const std::string& dir, const std::string& safetensors);
+int RunCkptExport(const std::string& dir, const std::string& safetensors, bool overwrite);
 // An import refuses an `output` that holds checkpoints unless `overwrite`.
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
                   const std::vector<std::string>& overrides, const std::string& output,
@@ -133,7 +136,8 @@ struct CompareOptions {
   int warmup = 5;
   int np_baseline = 0;  // 0: pp_size * tp_size of its config
   int np_candidate = 0;
-  std::string out = "runs/compare";
+  std::string out = "runs/compare";  // the default is BigMac's scratch: replaced freely
+  bool overwrite = false;            // replace the reports of an --out the user named
   std::string launcher = "mpirun --oversubscribe -np {np}";
 };
 

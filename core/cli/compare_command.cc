@@ -137,6 +137,12 @@ int RunCompare(const CompareOptions& options) {
   if (std::string problem = OutputDirProblem("--out", options.out); !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
   }
+  if (std::string problem =
+          ReplaceProblem("--out", {options.out + "/report.md", options.out + "/report.svg"},
+                         options.overwrite || options.out == CompareOptions().out);
+      !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
+  }
   config::LoadedConfig base_loaded, cand_loaded;
   try {
     base_loaded = config::LoadConfig(options.baseline, options.baseline_overrides);

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <string>
 #include <new>
+#include <string>
 
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
       "--set", train_options.overrides,
       "override a key: --set parallel.pp_size=4 --set model.layers_per_stage=[7,7,7,6]; "
       "applied after the file, in order");
+  train->add_flag("--overwrite", train_options.overwrite,
+                  "replace the files of an earlier --dump in its directory");
   train->add_flag("--dry-run", train_options.dry_run,
                   "check and print the effective configuration and topology, then exit");
   train->add_option(
@@ -214,6 +216,7 @@ int main(int argc, char** argv) {
                    "ranks the run would use (for dp; default 1)")
       ->check(CLI::Range(1, kMaxRanks));
   batches->add_option("--output", batches_options.output, "output file")->required();
+  batches->add_flag("--overwrite", batches_options.overwrite, "replace an existing --output file");
 
   bigmac::cli::ScheduleOptions schedule_options;
   CLI::App* schedule = app.add_subcommand(
@@ -234,6 +237,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, kMaxVirtualStages));
   schedule->add_option("--trace", schedule_options.trace,
                        "trace file (default runs/schedule/schedule_<kind>_pp<P>_m<M>.json)");
+  schedule->add_flag("--overwrite", schedule_options.overwrite,
+                     "replace an existing --trace file (the default path is replaced freely)");
   schedule
       ->add_option("--forward-ms", schedule_options.forward_ms,
                    "forward ms per micro-batch: one value, or one per stage (comma-separated)")
@@ -281,6 +286,8 @@ int main(int argc, char** argv) {
       ->add_option("dir", ckpt_dir, "a step directory, or a checkpoint directory (uses latest)")
       ->required();
   export_cmd->add_option("--safetensors", safetensors, "output .safetensors file")->required();
+  bool export_overwrite = false;
+  export_cmd->add_flag("--overwrite", export_overwrite, "replace an existing --safetensors file");
   CLI::App* import_cmd = ckpt->add_subcommand(
       "import",
       "Turn Hugging Face GPT-2 safetensors into a step-0 checkpoint to start training from.");
@@ -352,6 +359,9 @@ int main(int argc, char** argv) {
       "the verdict (memory below 90%, stable step time, loss following the baseline), the "
       "bottleneck "
       "stage with a fix, and write a Markdown report with an SVG chart.");
+  compare->add_flag("--overwrite", compare_options.overwrite,
+                    "replace report.md and report.svg in an --out you named (runs/compare is "
+                    "replaced freely)");
   compare->add_option("--baseline", compare_options.baseline, "the reference config")->required();
   compare->add_option("--candidate", compare_options.candidate, "the layout to judge")->required();
   compare->add_option("--set-baseline", compare_options.baseline_overrides,
@@ -397,7 +407,7 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return RunCompare(compare_options);
     if (generate->parsed()) return RunGenerate(generate_options);
     if (inspect->parsed()) return RunCkptInspect(ckpt_dir);
-    if (export_cmd->parsed()) return RunCkptExport(ckpt_dir, safetensors);
+    if (export_cmd->parsed()) return RunCkptExport(ckpt_dir, safetensors, export_overwrite);
     if (import_cmd->parsed()) {
       return RunCkptImport(safetensors, import_config, import_overrides, import_output,
                            import_overwrite);

@@ -43,14 +43,29 @@ std::string OutputDirProblem(const std::string& label, const std::string& dir) {
   return checkpoint::CheckNotInCheckpoint(dir, label);
 }
 
-std::string OutputFileProblem(const std::string& label, const std::string& file) {
+std::string OutputFileProblem(const std::string& label, const std::string& file, bool overwrite) {
   if (std::string problem = util::CheckOutputFile(file); !problem.empty()) {
     return label + ": " + problem;
   }
-  return checkpoint::CheckNotInCheckpoint(file, label);
+  if (std::string problem = checkpoint::CheckNotInCheckpoint(file, label); !problem.empty())
+    return problem;
+  return ReplaceProblem(label, {file}, overwrite);
 }
 
-StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump) {
+std::string ReplaceProblem(const std::string& label, const std::vector<std::string>& files,
+                           bool overwrite) {
+  if (overwrite) return "";
+  for (const std::string& file : files) {
+    struct stat info;
+    if (lstat(file.c_str(), &info) == 0) {
+      return label + ": " + file + " exists; pass --overwrite to replace it (nothing was written)";
+    }
+  }
+  return "";
+}
+
+StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump,
+                               bool overwrite) {
   StartupCheck check;
   check.exit_code = kExitOutput;
   const config::Config& cfg = resolved.values();
@@ -63,7 +78,11 @@ StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std
   if (const std::string& dir = cfg.train().output_dir(); !dir.empty()) {
     add(OutputDirProblem(KeyWithSource(resolved, "train.output_dir"), dir));
   }
-  if (!dump.empty()) add(OutputDirProblem("--dump", dump));
+  if (!dump.empty()) {
+    add(OutputDirProblem("--dump", dump));
+    // The files of an earlier dump (engine::DumpWeights): losses.txt is always among them.
+    add(ReplaceProblem("--dump", {dump + "/losses.txt"}, overwrite));
+  }
   return check;
 }
 

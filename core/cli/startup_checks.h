@@ -21,13 +21,22 @@ struct StartupCheck {
 // "" or the problem with an output directory (file) that `label` names ("--out runs/x"): one
 // that cannot be created or written (util::CheckOutputDir), or one that would replace what a
 // checkpoint names (checkpoint::CheckNotInCheckpoint). For every command's outputs.
+// A file that exists is replaced only with `overwrite` (--overwrite): the one rule for every
+// command's outputs (docs/reliability.md, rule 9).
 std::string OutputDirProblem(const std::string& label, const std::string& dir);
-std::string OutputFileProblem(const std::string& label, const std::string& file);
+std::string OutputFileProblem(const std::string& label, const std::string& file, bool overwrite);
+
+// "" unless one of `files` exists and `overwrite` is false: then "<label>: <file> exists; pass
+// --overwrite to replace it".
+std::string ReplaceProblem(const std::string& label, const std::vector<std::string>& files,
+                           bool overwrite);
 
 // Every location a training run writes: checkpoint.dir, train.output_dir (each when set) and
 // --dump. Each must be a directory this process can create files in, or creatable, and must not
-// replace what a checkpoint names. Exit code kExitOutput. Nothing is created.
-StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump);
+// replace what a checkpoint names; an earlier --dump is replaced only with `overwrite`. Exit code
+// kExitOutput. Nothing is created.
+StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std::string& dump,
+                               bool overwrite);
 
 // One run per directory: locks checkpoint.dir and train.output_dir (each when set; one lock when
 // they are the same directory) for the run, creating them if needed, into *held; with `dry_run`

@@ -157,7 +157,8 @@ int RunTuneMbs(const TuneMbsOptions& options) {
     return kExitConfig;
   }
   // --write's file is checked before the search, which may take hours.
-  if (std::string problem = OutputFileProblem("--write", options.config);
+  if (std::string problem = OutputFileProblem("--write", options.config,
+                                              /*overwrite=*/true);  // --write means to edit it
       options.write && !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
   }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -21,41 +22,60 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Replaces `out_dir` by `fresh` in one rename (RENAME_EXCHANGE where the filesystem has it),
-// after moving out_dir's files that `fresh` does not have (and that are not shards) into
-// `fresh`; the old shards end in `fresh`, which is then removed.
-void SwapIntoPlace(const fs::path& fresh, const fs::path& out_dir) {
-  std::error_code error;
-  if (!fs::exists(out_dir, error)) {
-    fs::rename(fresh, out_dir);
-    return;
+// The process's umask, read without changing it (umask(2) can only read by setting).
+mode_t CurrentUmask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), 0, 8));
   }
-  for (const auto& entry : fs::directory_iterator(out_dir)) {
-    const fs::path name = entry.path().filename();
-    if (!IsShardName(name.string()) && !fs::exists(fresh / name, error))
-      fs::rename(entry.path(), fresh / name);
-  }
-  if (renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, out_dir.c_str(), RENAME_EXCHANGE) != 0) {
-    // No exchange on this filesystem: two renames, with no moment where shards mix.
-    const fs::path old = fresh.string() + ".old";
-    fs::rename(out_dir, old);
-    fs::rename(fresh, out_dir);
-    fs::remove_all(old);
-    return;
-  }
-  fs::remove_all(fresh);
+  return 022;
 }
 
-// A new, empty directory beside `out_dir` (the same filesystem, so the swap is a rename).
-fs::path FreshSibling(const fs::path& out_dir) {
-  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
-  fs::create_directories(parent);
-  std::string name = (parent / ("." + out_dir.filename().string() + ".prep_XXXXXX")).string();
+// Where the new shards are written before they go into place: a directory inside `out_dir` when
+// it exists (the same filesystem, and new files get the layout the user gave the directory, such
+// as Lustre striping), else beside it. Made by mkdtemp, so private until it is used.
+fs::path StagingDirectory(const fs::path& out_dir) {
+  std::error_code error;
+  const bool inside = fs::is_directory(out_dir, error);
+  const fs::path parent =
+      inside ? out_dir : (out_dir.has_parent_path() ? out_dir.parent_path() : fs::path("."));
+  if (!inside) fs::create_directories(parent);
+  std::string name =
+      (parent / (inside ? std::string(".prep_XXXXXX") : "." + out_dir.filename().string() +
+                                                            ".prep_XXXXXX"))
+          .string();
   if (mkdtemp(name.data()) == nullptr) {
-    throw fs::filesystem_error("cannot create a directory beside the output", parent,
+    throw fs::filesystem_error("cannot create a staging directory for the new shards", parent,
                                std::error_code(errno, std::generic_category()));
   }
   return name;
+}
+
+// Puts the staged files in place. A new `out_dir` is the staging directory itself, renamed, with
+// the umask's mode instead of mkdtemp's 0700. An existing one is kept (its inode, mode, owner and
+// other files): each staged file is renamed over its namesake, then shards of the old corpus that
+// the new one does not have are removed, so only this step's shards remain.
+void MoveIntoPlace(const fs::path& staging, const fs::path& out_dir) {
+  std::error_code error;
+  if (staging.parent_path() != out_dir) {
+    fs::permissions(staging, static_cast<fs::perms>(0777 & ~CurrentUmask()));
+    fs::rename(staging, out_dir);
+    return;
+  }
+  std::vector<fs::path> staged;
+  for (const auto& entry : fs::directory_iterator(staging)) staged.push_back(entry.path());
+  for (const fs::path& file : staged) fs::rename(file, out_dir / file.filename());
+  for (const auto& entry : fs::directory_iterator(out_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (IsShardName(name) &&
+        std::find_if(staged.begin(), staged.end(), [&name](const fs::path& file) {
+          return file.filename() == name;
+        }) == staged.end()) {
+      fs::remove(entry.path());
+    }
+  }
+  fs::remove(staging, error);
 }
 
 // One split's shards, written as they fill: <dir>/<split>_NNN.bin.
@@ -120,7 +140,7 @@ std::string PrepareShards(const PrepOptions& options) {
     if (std::string problem = util::CheckUserFile(input, "text file"); !problem.empty())
       throw DataError(problem);
   }
-  const fs::path fresh = FreshSibling(options.output);
+  const fs::path fresh = StagingDirectory(options.output);
   try {
     TokenizerManifest manifest;
     const std::unique_ptr<Tokenizer> tokenizer = MakeTokenizer(options, fresh, &manifest);
@@ -152,7 +172,7 @@ std::string PrepareShards(const PrepOptions& options) {
     manifest.train_tokens = train.count();
     manifest.val_tokens = val.count();
     WriteTokenizerManifest(fresh.string(), manifest);
-    SwapIntoPlace(fresh, options.output);
+    MoveIntoPlace(fresh, options.output);
     const std::string kind = options.tokenizer == "byte"
                                  ? std::string("byte-level")
                                  : "sentencepiece" + (options.tokenizer_model.empty()

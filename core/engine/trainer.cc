@@ -412,6 +412,10 @@ void Trainer::OpenMetrics() {
   std::filesystem::create_directories(output_dir, error);
   const std::string metrics_path = output_dir + "/metrics.jsonl";
   std::filesystem::remove(metrics_path + ".incomplete", error);  // an earlier run's
+  if (std::filesystem::exists(metrics_path, error)) {
+    Log("[train] " + output_dir + ": replacing the earlier run's metrics.jsonl, trace.json and " +
+        "TensorBoard events (one run per train.output_dir; set another to keep them)");
+  }
   std::string problem;
   metrics_file_ = util::RecordFile::Create(metrics_path, &problem);
   if (!metrics_file_) {
