@@ -88,7 +88,7 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');
   std::string problem;
   std::unique_ptr<util::OutputFile> out = util::OutputFile::Open(path, &problem);
-  if (!out) throw CheckpointError(problem);
+  if (!out) throw util::OutputError(problem);
   unsigned char length[8];
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<unsigned char>((uint64_t{json.size()} >> (8 * i)) & 0xff);
@@ -98,7 +98,7 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
     out->Write(std::string_view(reinterpret_cast<const char*>(t.data.data()),
                                 t.data.size() * sizeof(float)));
   }
-  if (problem = out->Commit(); !problem.empty()) throw CheckpointError(problem);
+  if (problem = out->Commit(); !problem.empty()) throw util::OutputError(problem);
 }
 
 namespace {

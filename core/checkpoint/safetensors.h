@@ -19,7 +19,8 @@ struct NamedTensor {
 
 // The safetensors format (huggingface/safetensors): an 8-byte little-endian header length N, N
 // bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}
-// padded with spaces to a multiple of 8, then the data buffer. Throws CheckpointError.
+// padded with spaces to a multiple of 8, then the data buffer. Written whole or not at all
+// (util::OutputFile); throws util::OutputError naming the file and the OS's reason.
 void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata);
 

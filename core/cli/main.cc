@@ -12,6 +12,7 @@
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
+#include "core/util/output_file.h"
 #include "plugins/sdk/cpu_kernels.h"
 
 namespace {
@@ -59,6 +60,9 @@ int Guarded(const std::function<int()>& command) {
   using namespace bigmac::cli;
   try {
     return command();
+  } catch (const bigmac::util::OutputError& error) {
+    std::fprintf(stderr, "bigmac: %s\n", error.what());
+    return kExitOutput;
   } catch (const std::filesystem::filesystem_error& error) {
     std::string paths = error.path1().string();
     if (!error.path2().empty()) paths += " -> " + error.path2().string();

@@ -33,7 +33,7 @@ void WriteShard(const std::string& path, uint32_t vocab_size, const std::vector<
     out->Write(std::string_view(body.data(), body.size()));
     problem = out->Commit();
   }
-  if (!problem.empty()) throw DataError("cannot write the shard: " + problem);
+  if (!problem.empty()) throw util::OutputError("cannot write the shard: " + problem);
 }
 
 Shard ReadShard(const std::string& path) {

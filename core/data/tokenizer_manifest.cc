@@ -45,7 +45,7 @@ void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& man
   json["val_bytes"] = manifest.val_bytes;
   const std::string path = dir + "/" + kTokenizerManifest;
   if (std::string problem = util::WriteWholeFile(path, json.dump(2) + "\n"); !problem.empty())
-    throw DataError("cannot write the tokenizer manifest: " + problem);
+    throw util::OutputError("cannot write the tokenizer manifest: " + problem);
 }
 
 std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir) {

@@ -2,6 +2,7 @@
 #define BIGMAC_CORE_UTIL_OUTPUT_FILE_H_
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -18,6 +19,14 @@ namespace bigmac::util {
 //    whole record and renamed <path>.incomplete.
 // New files get 0666 less the umask; a replaced file keeps its mode. A symbolic link is written
 // through, where it leads (WrittenPath). Problems name the path and the OS's reason.
+
+// An output that could not be written (exit 8, docs/exit_codes.md): the message names the path and
+// the OS's reason. Thrown by writers that report by exception (shards, the tokenizer manifest,
+// safetensors); the commands map it to kExitOutput.
+class OutputError : public std::runtime_error {
+ public:
+  explicit OutputError(const std::string& problem) : std::runtime_error(problem) {}
+};
 
 // Owns its temporary file until Commit; destroying it uncommitted removes the temporary.
 class OutputFile {
