@@ -1,6 +1,7 @@
 // The bigmac command line: `bigmac train`, `bigmac plan`.
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -100,6 +101,9 @@ std::string UnknownCommand(CLI::App* app, int argc, char** argv, int at) {
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
   bigmac::cli::EnsureFastBlasKernels(argv);
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported as exit 8 with the path,
+  // instead of killing the process (every command; train's signal handlers keep it so).
+  std::signal(SIGXFSZ, SIG_IGN);
   if (std::string problem; !bigmac::sdk::cpu::FloatGemmLibrary(&problem)) {
     std::fprintf(stderr, "bigmac: %s\n", problem.c_str());
     return kExitConfig;

@@ -59,6 +59,26 @@ struct flock WholeFile(short type) {
   return lock;  // l_start = l_len = 0: the whole file; l_pid must be 0 for OFD locks
 }
 
+// The parts of `dir` that do not exist yet, innermost first: what create_directories will make.
+std::vector<std::string> MissingParts(const std::string& dir) {
+  std::vector<std::string> missing;
+  std::error_code error;
+  for (std::filesystem::path part = dir; !part.empty() && !std::filesystem::exists(part, error);
+       part = part.parent_path()) {
+    missing.push_back(part.string());
+    if (part == part.parent_path()) break;
+  }
+  return missing;
+}
+
+// Whether `fd` is still the file at `path`: a holder that releases removes the file, so a
+// process that opened it just before must not keep a lock on a file nobody else can see.
+bool StillAtPath(int fd, const std::string& path) {
+  struct stat held, named;
+  return fstat(fd, &held) == 0 && stat(path.c_str(), &named) == 0 && held.st_nlink > 0 &&
+         held.st_dev == named.st_dev && held.st_ino == named.st_ino;
+}
+
 }  // namespace
 
 std::unique_ptr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir,
@@ -67,6 +87,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir,
                                                       std::string* problem, std::string* note) {
   problem->clear();
   note->clear();
+  std::vector<std::string> created = MissingParts(dir);
   std::error_code error;
   std::filesystem::create_directories(dir, error);  // 0777 less the umask, as mkdir -p
   if (error) {
@@ -74,41 +95,51 @@ std::unique_ptr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir,
     return nullptr;
   }
   const std::string path = dir + "/" + kLockFileName;
-  // O_NOFOLLOW: a link planted in the directory must not make us truncate another file.
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
-  if (fd < 0) {
-    *problem = label + ": cannot create the lock file " + path + ": " + OsReason(errno);
-    return nullptr;
-  }
-  struct stat info;
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    close(fd);
-    *problem = label + ": " + path + " is not a regular file; remove it";
-    return nullptr;
-  }
-  struct flock lock = WholeFile(F_WRLCK);
-  if (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
-    const int why = errno;
-    if (LocksUnsupported(why)) {
-      close(fd);
-      *note = "[lock] warning: " + label + ": the filesystem of " + dir + " cannot lock files (" +
-              OsReason(why) + "); a second run writing this directory would not be noticed";
-      return std::unique_ptr<DirectoryLock>(new DirectoryLock(path, -1));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    // O_NOFOLLOW: a link planted in the directory must not make us truncate another file.
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
+    if (fd < 0) {
+      *problem = label + ": cannot create the lock file " + path + ": " + OsReason(errno);
+      return nullptr;
     }
-    *problem = InUse(label, dir, path, ReadHolder(fd));
-    close(fd);
-    return nullptr;
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+      close(fd);
+      *problem = label + ": " + path + " is not a regular file; remove it";
+      return nullptr;
+    }
+    struct flock lock = WholeFile(F_WRLCK);
+    if (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+      const int why = errno;
+      if (LocksUnsupported(why)) {
+        close(fd);
+        unlink(path.c_str());
+        *note = "[lock] warning: " + label + ": the filesystem of " + dir + " cannot lock files (" +
+                OsReason(why) + "); a second run writing this directory would not be noticed";
+        return std::unique_ptr<DirectoryLock>(new DirectoryLock(path, -1, std::move(created)));
+      }
+      *problem = InUse(label, dir, path, ReadHolder(fd));
+      close(fd);
+      return nullptr;
+    }
+    if (!StillAtPath(fd, path)) {  // removed by the holder we waited on: try the new file
+      close(fd);
+      continue;
+    }
+    // Ours now. A name still in the file belongs to a process that ended without releasing it.
+    if (const std::string stale = ReadHolder(fd); !stale.empty()) {
+      *note =
+          "[lock] " + label + ": took over the stale lock of " + stale + ", which no longer runs";
+    }
+    const std::string holder = HolderLine(command) + "\n";
+    // The name is for the next run's message only: a full disk here does not stop the run.
+    if (ftruncate(fd, 0) == 0) {
+      [[maybe_unused]] const ssize_t n = pwrite(fd, holder.data(), holder.size(), 0);
+    }
+    return std::unique_ptr<DirectoryLock>(new DirectoryLock(path, fd, std::move(created)));
   }
-  // Ours now. A name still in the file belongs to a process that ended without releasing it.
-  if (const std::string stale = ReadHolder(fd); !stale.empty()) {
-    *note = "[lock] " + label + ": took over the stale lock of " + stale + ", which no longer runs";
-  }
-  const std::string holder = HolderLine(command) + "\n";
-  // The name is for the next run's message only: a full disk here does not stop the run.
-  if (ftruncate(fd, 0) == 0) {
-    [[maybe_unused]] const ssize_t n = pwrite(fd, holder.data(), holder.size(), 0);
-  }
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(path, fd));
+  *problem = label + ": " + path + " keeps being replaced; another process is racing for it";
+  return nullptr;
 }
 
 std::string DirectoryLock::Probe(const std::string& dir, const std::string& label) {
@@ -125,10 +156,15 @@ std::string DirectoryLock::Probe(const std::string& dir, const std::string& labe
 }
 
 DirectoryLock::~DirectoryLock() {
-  if (fd_ < 0) return;
-  // Emptied while still held, so that a name in the file always means a holder that died.
-  [[maybe_unused]] const int rc = ftruncate(fd_, 0);
-  close(fd_);
+  // Removed while still held (a process waiting on it then finds it gone: StillAtPath), so a
+  // name left in a lock file always means a holder that died.
+  if (fd_ >= 0) {
+    unlink(path_.c_str());
+    close(fd_);
+  }
+  for (const std::string& dir : created_) {
+    if (rmdir(dir.c_str()) != 0) break;  // not empty: the run wrote there
+  }
 }
 
 }  // namespace bigmac::util

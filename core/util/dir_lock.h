@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace bigmac::util {
 
@@ -18,10 +19,12 @@ inline constexpr char kLockFileName[] = ".bigmac.lock";
 // construction and is taken over with a note. The file's text names the holder (host, pid, start
 // time, command) for the message the next run prints. NFSv4, Lustre (mounted with `flock`) and
 // GPFS carry the lock across nodes; a filesystem without locks costs a warning, not the run.
-// The file is never removed: removing it would let two runs lock two different files.
 //
 // Owned by the command that writes the directory, for as long as it writes it; destroying it
-// empties the file and releases the lock. Not copyable.
+// removes the file (while still holding it) and the directories Acquire created if they are
+// empty, so a run that stops at start-up leaves nothing behind. Acquire checks that the file it
+// locked is still the one at the path, so a file removed under a waiting process cannot give
+// two holders. Not copyable.
 class DirectoryLock {
  public:
   // Creates `dir` (and its parents, with the umask's modes) if needed, and takes the lock.
@@ -44,10 +47,12 @@ class DirectoryLock {
   const std::string& path() const { return path_; }
 
  private:
-  DirectoryLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  DirectoryLock(std::string path, int fd, std::vector<std::string> created)
+      : path_(std::move(path)), fd_(fd), created_(std::move(created)) {}
 
-  std::string path_;  // <dir>/.bigmac.lock
-  int fd_;            // holds the lock; -1 on a filesystem without locks
+  std::string path_;                  // <dir>/.bigmac.lock
+  int fd_;                            // holds the lock; -1 on a filesystem without locks
+  std::vector<std::string> created_;  // directories Acquire made, innermost first
 };
 
 }  // namespace bigmac::util

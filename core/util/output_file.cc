@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <utility>
 
 #include "core/util/files.h"
@@ -51,6 +52,9 @@ OutputFile::OutputFile(std::string path, std::string target, std::string tempora
 std::unique_ptr<OutputFile> OutputFile::Open(const std::string& path, std::string* problem) {
   std::string target;
   if (*problem = WrittenPath(path, &target); !problem->empty()) return nullptr;
+  // As CheckOutputFile allows: a missing directory is created (mkdir -p, the umask's modes).
+  std::error_code ignored;  // open() below names the problem
+  std::filesystem::create_directories(DirectoryOf(target), ignored);
   static std::atomic<int> counter{0};
   const std::string temporary = DirectoryOf(target) + "/." + BaseName(target) + ".tmp." +
                                 std::to_string(getpid()) + "." + std::to_string(counter++);
