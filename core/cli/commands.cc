@@ -480,10 +480,6 @@ int RunSchedule(const ScheduleOptions& options) {
                 dp_result.serial_makespan, dp_result.overlap_makespan,
                 dp_result.serial_makespan - dp_result.overlap_makespan);
   }
-  if (const std::filesystem::path parent = std::filesystem::path(trace_path).parent_path();
-      !parent.empty()) {
-    std::filesystem::create_directories(parent);
-  }
   if (std::string problem =
           util::WriteWholeFile(trace_path, schedule::ChromeTrace(result, options.kind));
       !problem.empty()) {

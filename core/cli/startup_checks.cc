@@ -56,8 +56,9 @@ std::string ReplaceProblem(const std::string& label, const std::vector<std::stri
                            bool overwrite) {
   if (overwrite) return "";
   for (const std::string& file : files) {
+    std::string target;  // a link is replaced where it leads, so that is what must be free
     struct stat info;
-    if (lstat(file.c_str(), &info) == 0) {
+    if (!util::WrittenPath(file, &target).empty() || lstat(target.c_str(), &info) == 0) {
       return label + ": " + file + " exists; pass --overwrite to replace it (nothing was written)";
     }
   }

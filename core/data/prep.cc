@@ -16,6 +16,7 @@
 #include "core/data/tokenizer_manifest.h"
 #include "core/util/files.h"
 #include "core/util/format.h"
+#include "core/util/output_file.h"
 
 namespace bigmac::data {
 namespace {
@@ -41,10 +42,9 @@ fs::path StagingDirectory(const fs::path& out_dir) {
   const fs::path parent =
       inside ? out_dir : (out_dir.has_parent_path() ? out_dir.parent_path() : fs::path("."));
   if (!inside) fs::create_directories(parent);
-  std::string name =
-      (parent / (inside ? std::string(".prep_XXXXXX") : "." + out_dir.filename().string() +
-                                                            ".prep_XXXXXX"))
-          .string();
+  std::string name = (parent / (inside ? std::string(".prep_XXXXXX")
+                                       : "." + out_dir.filename().string() + ".prep_XXXXXX"))
+                         .string();
   if (mkdtemp(name.data()) == nullptr) {
     throw fs::filesystem_error("cannot create a staging directory for the new shards", parent,
                                std::error_code(errno, std::generic_category()));
@@ -185,6 +185,15 @@ std::string PrepareShards(const PrepOptions& options) {
         kind.c_str(), tokenizer->vocab_size(), double(text_bytes) / double(position),
         options.output.c_str(), static_cast<long long>(train.count()),
         static_cast<long long>(val.count()), options.val_every, options.block_tokens);
+  } catch (const util::OutputError& error) {
+    std::error_code ignored;
+    fs::remove_all(fresh, ignored);
+    // Name the user's output, not the staging directory the file was being written in.
+    std::string message = error.what();
+    const std::string staging = fresh.string() + "/";
+    for (size_t at; (at = message.find(staging)) != std::string::npos;)
+      message.erase(at, staging.size());
+    throw util::OutputError("--output " + options.output + ": " + message);
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(fresh, ignored);

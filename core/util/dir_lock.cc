@@ -59,18 +59,6 @@ struct flock WholeFile(short type) {
   return lock;  // l_start = l_len = 0: the whole file; l_pid must be 0 for OFD locks
 }
 
-// The parts of `dir` that do not exist yet, innermost first: what create_directories will make.
-std::vector<std::string> MissingParts(const std::string& dir) {
-  std::vector<std::string> missing;
-  std::error_code error;
-  for (std::filesystem::path part = dir; !part.empty() && !std::filesystem::exists(part, error);
-       part = part.parent_path()) {
-    missing.push_back(part.string());
-    if (part == part.parent_path()) break;
-  }
-  return missing;
-}
-
 // Whether `fd` is still the file at `path`: a holder that releases removes the file, so a
 // process that opened it just before must not keep a lock on a file nobody else can see.
 bool StillAtPath(int fd, const std::string& path) {
@@ -87,11 +75,10 @@ std::unique_ptr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir,
                                                       std::string* problem, std::string* note) {
   problem->clear();
   note->clear();
-  std::vector<std::string> created = MissingParts(dir);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);  // 0777 less the umask, as mkdir -p
-  if (error) {
-    *problem = label + ": cannot create " + dir + ": " + error.message();
+  std::string created_problem;
+  std::vector<std::string> created = CreateDirectories(dir, &created_problem);
+  if (!created_problem.empty()) {
+    *problem = label + ": " + created_problem;
     return nullptr;
   }
   const std::string path = dir + "/" + kLockFileName;
@@ -100,6 +87,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir,
     const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
     if (fd < 0) {
       *problem = label + ": cannot create the lock file " + path + ": " + OsReason(errno);
+      RemoveCreatedDirectories(created);
       return nullptr;
     }
     struct stat info;
@@ -162,9 +150,7 @@ DirectoryLock::~DirectoryLock() {
     unlink(path_.c_str());
     close(fd_);
   }
-  for (const std::string& dir : created_) {
-    if (rmdir(dir.c_str()) != 0) break;  // not empty: the run wrote there
-  }
+  RemoveCreatedDirectories(created_);  // those the run wrote in stay
 }
 
 }  // namespace bigmac::util

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 
 namespace bigmac::util {
 namespace {
@@ -196,6 +197,29 @@ std::string CheckOutputFile(const std::string& path) {
     return "cannot write " + shown + ": " + problem;
   }
   return "";
+}
+
+std::vector<std::string> CreateDirectories(const std::string& dir, std::string* problem) {
+  std::vector<std::string> created;
+  std::error_code error;
+  for (std::filesystem::path part = dir; !part.empty() && !std::filesystem::exists(part, error);
+       part = part.parent_path()) {
+    created.push_back(part.string());
+    if (part == part.parent_path()) break;
+  }
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    *problem = dir + ": cannot create: " + error.message();
+    RemoveCreatedDirectories(created);
+    return {};
+  }
+  return created;
+}
+
+void RemoveCreatedDirectories(const std::vector<std::string>& created) {
+  for (const std::string& dir : created) {
+    if (rmdir(dir.c_str()) != 0) break;
+  }
 }
 
 std::string WrittenPath(const std::string& path, std::string* target) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bigmac::util {
 
@@ -33,6 +34,13 @@ std::string CheckOutputDir(const std::string& path);
 // An output file: not a directory nor a special file, and its directory passes CheckOutputDir.
 // A symbolic link is checked where it leads (WrittenPath), dangling or not.
 std::string CheckOutputFile(const std::string& path);
+
+// Creates `dir` and its missing parents (mkdir -p, 0777 less the umask). Returns the directories
+// it made, innermost first, for RemoveCreatedDirectories; *problem is set on failure.
+std::vector<std::string> CreateDirectories(const std::string& dir, std::string* problem);
+// Removes the directories CreateDirectories made while they are empty (a failed output leaves
+// nothing behind); stops at the first that is not.
+void RemoveCreatedDirectories(const std::vector<std::string>& created);
 
 // Where a write to the file `path` lands: `path`, or where its chain of symbolic links leads
 // (relative links resolved from their own directory), existing or not. Writers replace that

@@ -43,18 +43,21 @@ std::string BaseName(const std::string& path) {
 
 }  // namespace
 
-OutputFile::OutputFile(std::string path, std::string target, std::string temporary, int fd)
+OutputFile::OutputFile(std::string path, std::string target, std::string temporary, int fd,
+                       std::vector<std::string> created)
     : path_(std::move(path)),
       target_(std::move(target)),
       temporary_(std::move(temporary)),
-      fd_(fd) {}
+      fd_(fd),
+      created_(std::move(created)) {}
 
 std::unique_ptr<OutputFile> OutputFile::Open(const std::string& path, std::string* problem) {
   std::string target;
   if (*problem = WrittenPath(path, &target); !problem->empty()) return nullptr;
-  // As CheckOutputFile allows: a missing directory is created (mkdir -p, the umask's modes).
-  std::error_code ignored;  // open() below names the problem
-  std::filesystem::create_directories(DirectoryOf(target), ignored);
+  // As CheckOutputFile allows: a missing directory is created (mkdir -p, the umask's modes),
+  // and removed again if the file does not end in place.
+  std::string ignored;  // open() below names the problem
+  std::vector<std::string> created = CreateDirectories(DirectoryOf(target), &ignored);
   static std::atomic<int> counter{0};
   const std::string temporary = DirectoryOf(target) + "/." + BaseName(target) + ".tmp." +
                                 std::to_string(getpid()) + "." + std::to_string(counter++);
@@ -62,16 +65,21 @@ std::unique_ptr<OutputFile> OutputFile::Open(const std::string& path, std::strin
   const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
     *problem = path + ": cannot create " + temporary + ": " + OsReason(errno);
+    RemoveCreatedDirectories(created);
     return nullptr;
   }
   struct stat old;
   if (stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) fchmod(fd, old.st_mode & 07777);
-  return std::unique_ptr<OutputFile>(new OutputFile(path, target, temporary, fd));
+  return std::unique_ptr<OutputFile>(
+      new OutputFile(path, target, temporary, fd, std::move(created)));
 }
 
 OutputFile::~OutputFile() {
   if (fd_ >= 0) close(fd_);
-  if (!temporary_.empty()) unlink(temporary_.c_str());
+  if (!temporary_.empty()) {  // not committed
+    unlink(temporary_.c_str());
+    RemoveCreatedDirectories(created_);
+  }
 }
 
 void OutputFile::Fail(const std::string& what, int error) {

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace bigmac::util {
 
@@ -46,13 +47,15 @@ class OutputFile {
   const std::string& path() const { return path_; }
 
  private:
-  OutputFile(std::string path, std::string target, std::string temporary, int fd);
+  OutputFile(std::string path, std::string target, std::string temporary, int fd,
+             std::vector<std::string> created);
   void Fail(const std::string& what, int error);
 
   std::string path_;       // as the user named it
   std::string target_;     // where a write lands (links followed)
   std::string temporary_;  // beside target_
   int fd_;
+  std::vector<std::string> created_;  // directories Open made, removed if not committed
   size_t written_ = 0;
   std::string problem_;
 };
