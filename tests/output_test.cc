@@ -166,5 +166,40 @@ TEST(FullDisk, WholeFileOutputsLeaveNothingOrTheEarlierFile) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
 }
 
+// data prep --overwrite replaces the shards but keeps the user's directory (its inode, its mode,
+// its other files); a new directory gets the umask's mode, not mkdtemp's 0700.
+TEST(OutputRules, DataPrepKeepsTheDirectoryAndHonoursTheUmask) {
+  const std::string corpus = testutil::WriteTempFile(
+      "keep_corpus.txt", std::string(60000, 'b') + "\n" + std::string(60000, 'c'));
+  const std::string dir = TempDir() + "/keep_shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  chmod(dir.c_str(), 0751);
+  std::ofstream(dir + "/README") << "mine";
+  struct stat before, after;
+  ASSERT_EQ(stat(dir.c_str(), &before), 0);
+  RunResult r = RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + dir, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + dir + " --overwrite",
+                 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(stat(dir.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino) << "the same directory, not a new one";
+  EXPECT_EQ(after.st_mode & 07777, 0751u);
+  EXPECT_EQ(ReadAll(dir + "/README"), "mine");
+  EXPECT_TRUE(fs::exists(dir + "/train_000.bin"));
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename().string().find(".prep_"), std::string::npos)
+        << "no staging directory left: " << entry.path();
+  // A new directory: 0777 less the umask.
+  const std::string fresh = TempDir() + "/fresh_shards";
+  fs::remove_all(fresh);
+  r = RunCommand("umask 027 && " + Bigmac() + " data prep --input " + corpus + " --output " + fresh,
+                 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(stat(fresh.c_str(), &after), 0);
+  EXPECT_EQ(after.st_mode & 07777, 0750u);
+}
+
 }  // namespace
 }  // namespace bigmac
