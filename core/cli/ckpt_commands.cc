@@ -16,6 +16,7 @@
 #include "core/engine/stage.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
+#include "core/util/dir_lock.h"
 
 namespace bigmac::cli {
 namespace {
@@ -97,6 +98,12 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
     const config::ResolvedConfig& resolved = model.resolved;
     checkpoint::FromHuggingFaceGpt2(checkpoint::ReadSafetensors(safetensors), model.stage->State(),
                                     safetensors);
+    // A training run writing this directory would have `latest` moved under it: one writer.
+    std::string problem, note;
+    const std::unique_ptr<util::DirectoryLock> lock =
+        util::DirectoryLock::Acquire(output, "--output", "ckpt import", &problem, &note);
+    if (!lock) return ReportFailure(problem, kExitOutput);
+    if (!note.empty()) std::printf("%s\n", note.c_str());
     optim::AdamW adamw({});
     std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
     const checkpoint::SaveStats stats =

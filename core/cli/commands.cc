@@ -39,6 +39,7 @@
 #include "core/memory/allocator.h"
 #include "core/plan/plan.h"
 #include "core/schedule/simulator.h"
+#include "core/util/dir_lock.h"
 #include "core/util/files.h"
 #include "core/util/format.h"
 #include "core/util/output_file.h"
@@ -284,6 +285,15 @@ int RunDataPrep(const DataPrepOptions& options) {
     return ReportFailure(problem, kExitConfig);
   if (std::string problem = OutputDirProblem("--output", options.output); !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
+  }
+  // Two preps replacing one directory's shards would mix their files: one at a time. (A new
+  // directory needs no lock: it appears with one rename, and a second rename fails.)
+  std::unique_ptr<util::DirectoryLock> lock;
+  if (std::error_code error; std::filesystem::is_directory(options.output, error)) {
+    std::string problem, note;
+    lock = util::DirectoryLock::Acquire(options.output, "--output", "data prep", &problem, &note);
+    if (!lock) return ReportFailure(problem, kExitOutput);
+    if (!note.empty()) std::printf("%s\n", note.c_str());
   }
   const std::vector<std::string> old = data::ShardsIn(options.output);
   if (!old.empty() && !options.overwrite) {

@@ -1,9 +1,11 @@
 // The bigmac command line: `bigmac train`, `bigmac plan`.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <new>
@@ -403,7 +405,7 @@ int main(int argc, char** argv) {
     const int code = app.exit(error);
     return code == 0 ? 0 : kExitConfig;
   }
-  return Guarded([&]() -> int {
+  const int code = Guarded([&]() -> int {
     using namespace bigmac::cli;
     if (train->parsed()) return RunTrain(train_options, &argc, &argv);
     if (config_key->parsed()) return RunConfigKey(key_name);
@@ -422,4 +424,11 @@ int main(int argc, char** argv) {
     }
     return RunPlan(plan_options);
   });
+  // Standard output is an output too (generate's text, plan's table) when it is a file: a full
+  // disk must not end in exit 0 with the text cut short.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "bigmac: standard output: write failed: %s\n", std::strerror(errno));
+    return code == 0 ? bigmac::cli::kExitOutput : code;
+  }
+  return code;
 }
