@@ -89,7 +89,7 @@ def predict(a, env, out, pp, off):
     buckets = max(1, round(statistics.median(
         b - t for b, t in zip(per_pp_rank(off["buckets"], off, pp), tied_buckets))))
     sim = run([BIGMAC, "schedule", "--kind", "1f1b", "--pp", pp, "--microbatches", a.m,
-               "--trace", out / f"overlap_pp{pp}_simulated.json",
+               "--trace", out / f"overlap_pp{pp}_simulated.json", "--overwrite",
                "--forward-ms", ",".join(f"{x:.4f}" for x in forward),
                "--backward-ms", ",".join(f"{x:.4f}" for x in backward),
                "--allreduce-ms", ",".join(f"{x:.4f}" for x in allreduce),

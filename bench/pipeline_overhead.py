@@ -75,7 +75,7 @@ def measure_prediction(a, env, out, row, transfer_ms):
     """The simulator's waiting per rank for `row`'s measured stage times and `transfer_ms`."""
     run_dir = out / f"pipeline_{row['schedule']}_pp{row['pp']}_m{row['m']}"
     sim = run([BIGMAC, "schedule", "--kind", row["schedule"], "--pp", str(row["pp"]),
-               "--microbatches", str(row["m"]), "--trace", run_dir / "simulated.json",
+               "--microbatches", str(row["m"]), "--trace", run_dir / "simulated.json", "--overwrite",
                "--forward-ms", ",".join(f"{x:.4f}" for x in row["forward_ms"]),
                "--backward-ms", ",".join(f"{x:.4f}" for x in row["backward_ms"]),
                "--transfer-ms", f"{transfer_ms:.4f}"], env)

@@ -96,7 +96,7 @@ def prepare(work, layers, hidden, seq, steps, set_args, env):
          "--output", ckpt], env)
     batches = work / "batches.bin"
     run([BIGMAC, "data", "batches", "--config", config, *set_args, "--steps", str(steps),
-         "--output", batches], env)
+         "--output", batches, "--overwrite"], env)
     return weights, ckpt, batches
 
 
@@ -159,7 +159,7 @@ def main():
                      "--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads),
                      *torch_optim_args(steps), "--threads", str(a.threads)]
         bigmac_cmd = [BIGMAC, "train", "--config", config, *set_args, "--resume",
-                      ckpt / "step_000000", "--dump", work / "bigmac_dump"]
+                      ckpt / "step_000000", "--dump", work / "bigmac_dump", "--overwrite"]
         tokens_per_step = mbs * seq * accum
         trainers = [*bigmacs, *variants]
         results = {trainer: [] for trainer in trainers}

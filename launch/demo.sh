@@ -65,15 +65,15 @@ done
 step "pipeline schedules, simulated: the grid, the bubble, a Perfetto trace" \
   "bazel-bin/bigmac schedule --kind {1f1b,zb_h1} --pp 4 --microbatches 8"
 for kind in 1f1b zb_h1; do
-  bazel-bin/bigmac schedule --kind "$kind" --pp 4 --microbatches 8 --trace "data/schedule_$kind.json"
+  bazel-bin/bigmac schedule --kind "$kind" --pp 4 --microbatches 8 --trace "data/schedule_$kind.json" --overwrite
 done
 
 step "pipeline training: 4 ranks (1F1B, [7,7,7,6] layers) against 1 rank on the same global batch" \
   mpirun -np 4 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set train.max_steps=20
 "${mpirun[@]}" -np 4 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set train.max_steps=20 \
-  --dump data/demo_pp4 | grep -E '^(step|\[val\]|\[memory\])'
+  --dump data/demo_pp4 --overwrite | grep -E '^(step|\[val\]|\[memory\])'
 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set train.max_steps=20 --set parallel.pp_size=1 \
-  --dump data/demo_pp1 | grep -E '^step 20'
+  --dump data/demo_pp1 --overwrite | grep -E '^step 20'
 echo "per-step loss, 4 ranks vs 1 rank:"
 paste data/demo_pp4/losses.txt data/demo_pp1/losses.txt | awk '{printf "  step %2d  %.10f  %.10f  %s\n", NR, $1, $2, ($1 == $2 ? "identical" : "DIFFERENT")}'
 
@@ -85,7 +85,7 @@ rm -rf data/ckpt data/ckpt_resumed data/demo_resumed
 bazel-bin/bigmac ckpt inspect data/ckpt/step_000010 | sed -n '1,3p;$p'
 "${mpirun[@]}" -np 2 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set train.max_steps=20 \
   --set parallel.pp_size=2 --set checkpoint.dir=data/ckpt_resumed --resume data/ckpt/step_000010 \
-  --dump data/demo_resumed | grep '^\[ckpt\] resumed'
+  --dump data/demo_resumed --overwrite | grep '^\[ckpt\] resumed'
 echo "steps 11-20, uninterrupted on 4 ranks vs resumed on 2 ranks:"
 paste <(tail -n 10 data/demo_pp4/losses.txt) data/demo_resumed/losses.txt |
   awk '{printf "  step %2d  %.10f  %.10f  %s\n", NR + 10, $1, $2, ($1 == $2 ? "identical" : "DIFFERENT")}'
@@ -93,7 +93,7 @@ paste <(tail -n 10 data/demo_pp4/losses.txt) data/demo_resumed/losses.txt |
 step "tensor parallelism: tp=2 x pp=2 on 4 ranks against the 4-stage tp=1 run above" \
   mpirun -np 4 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set parallel.tp_size=2 --set parallel.pp_size=2
 "${mpirun[@]}" -np 4 bazel-bin/bigmac train --config configs/tiny_pp4.yaml --set train.max_steps=20 \
-  --set parallel.tp_size=2 --set parallel.pp_size=2 --dump data/demo_tp2 |
+  --set parallel.tp_size=2 --set parallel.pp_size=2 --dump data/demo_tp2 --overwrite |
   grep -E '^(\[cfg\] (tp groups|vocab)|\[rank\]|step 20)'
 echo "per-step loss, tp=2 pp=2 vs tp=1 pp=4 (docs/tensor_parallel.md: within 1e-5 relative):"
 paste data/demo_tp2/losses.txt data/demo_pp4/losses.txt | awk '{d = ($1 - $2) / $2; if (d < 0) d = -d;
@@ -105,7 +105,7 @@ bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[p
 bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 4 | grep '^\[plan\] recommend'
 bazel-bin/bigmac tune-mbs --config configs/tiny.yaml --set device.memory_limit=64MiB --hi 64 --steps 2
 bazel-bin/bigmac compare --baseline configs/tiny_pp4.yaml --candidate configs/tiny_pp4.yaml \
-  --set-candidate model.partition=last --steps 12 --warmup 2 --out data/compare \
+  --set-candidate model.partition=last --steps 12 --warmup 2 --out data/compare --overwrite \
   --launcher "${mpirun[*]} -np {np}" | sed -n '/^metric/,$p'
 
 step "plan: the stage table for 8 ranks, no MPI needed" bazel-bin/bigmac plan --config configs/tiny_pp4.yaml --world-size 8
