@@ -503,6 +503,11 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
       manifest.set_seed(config.values().train().seed());
       manifest.set_master_dtype(kMasterDType);
       if (!tokenizer.empty()) manifest.set_tokenizer(tokenizer);
+      for (const std::string& plugin : config.values().plugins()) {
+        std::error_code ignored;  // a path the OS refuses stays as written
+        const fs::path absolute = fs::weakly_canonical(plugin, ignored);
+        manifest.add_plugin_paths(absolute.empty() ? plugin : absolute.string());
+      }
       WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
       std::string text;
       google::protobuf::TextFormat::PrintToString(manifest, &text);
@@ -574,8 +579,6 @@ std::string ResolveStepDir(const std::string& resume, const std::string& root) {
                         ") nor a checkpoint directory (no " + kLatest + ")");
 }
 
-// Reads `step_dir`/manifest.pb and checks everything it claims that can be checked without the
-// model: not empty, parses, this format version, and CheckManifestClaims. Throws CheckpointError.
 Manifest ReadCheckedManifest(const std::string& step_dir) {
   const std::string path = step_dir + "/" + kManifest;
   const std::string bytes = ReadWholeFile(path);

@@ -186,6 +186,39 @@ std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir) {
   return tokenizer;
 }
 
+void CheckSameTokenizer(const std::string& recorded, const std::string& data_dir,
+                        const std::string& whose) {
+  const std::optional<TokenizerManifest> manifest = ReadTokenizerManifest(data_dir);
+  if (recorded.empty() || !manifest || manifest->Id() == recorded) return;
+  throw DataError(data_dir + "/" + kTokenizerManifest + ": tokenizer " + manifest->Id() + ", but " +
+                  whose + " was trained on tokenizer " + recorded +
+                  " (its token ids mean other text)");
+}
+
+std::unique_ptr<Tokenizer> RecordedTokenizer(const std::string& recorded,
+                                             const std::string& data_dir, int64_t vocab_size,
+                                             const std::string& whose) {
+  const TokenizerManifest byte_level{"byte", 256};
+  if (recorded.empty()) {
+    // Data without tokenizer.json: BigMac's byte-level shards before it existed, or another
+    // trainer's ids, which no tokenizer here can spell.
+    if (vocab_size == byte_level.vocab_size) return MakeByteTokenizer();
+    throw DataError(whose + " records no tokenizer (its data had no " + kTokenizerManifest +
+                    ") and its model.vocab_size=" + std::to_string(vocab_size) +
+                    " is not byte-level's 256: its token ids cannot be turned into text");
+  }
+  if (recorded == byte_level.Id()) return MakeByteTokenizer();
+  if (!ReadTokenizerManifest(data_dir)) {
+    throw DataError(whose + " was trained on tokenizer " + recorded + ", which " + data_dir + "/" +
+                    kTokenizerManifest +
+                    " should describe, but there is none: pass --data-dir "
+                    "with the directory that holds the training data's " +
+                    kTokenizerManifest + " and " + kTokenizerModel);
+  }
+  CheckSameTokenizer(recorded, data_dir, whose);
+  return TokenizerFor(data_dir);
+}
+
 void TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& dir,
                         int vocab_size, const std::string& model_type) {
   std::string input;

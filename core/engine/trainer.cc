@@ -374,13 +374,10 @@ void Trainer::Resume() {
     Log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
     return;
   }
-  // Every rank reads both, so every rank refuses alike.
-  if (const std::string saved = checkpoint::ReadManifest(step_dir, cfg_).tokenizer();
-      !saved.empty() && !tokenizer_id_.empty() && saved != tokenizer_id_) {
-    throw data::DataError(cfg_.data().dir() + "/" + data::kTokenizerManifest + ": tokenizer " +
-                          tokenizer_id_ + ", but " + step_dir + " was trained on tokenizer " +
-                          saved + " (its token ids mean other text)");
-  }
+  // Every rank reads both, so every rank refuses alike; before the model's shapes, which another
+  // vocabulary also changes.
+  data::CheckSameTokenizer(checkpoint::ReadCheckedManifest(step_dir).tokenizer(), cfg_.data().dir(),
+                           step_dir);
   const auto load_start = std::chrono::steady_clock::now();
   start_step_ =
       static_cast<int>(checkpoint::Load(step_dir, resolved_, stage_->State(), adamw_, comm_));
