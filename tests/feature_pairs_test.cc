@@ -30,9 +30,8 @@ using testutil::TempDir;
 
 // The training features, as the table's rows name them.
 enum Feature { kTp, kZero, kVirtual, kBf16, kPlugin, kCheckpointing, kSamples, kFeatures };
-const char* const kNames[kFeatures] = {"tp",     "zero1",          "virtual",
-                                       "bf16",   "plugin",         "checkpointing",
-                                       "samples"};
+const char* const kNames[kFeatures] = {"tp",     "zero1",         "virtual", "bf16",
+                                       "plugin", "checkpointing", "samples"};
 
 constexpr int kSteps = 4;
 
@@ -69,7 +68,7 @@ struct Features {
     reference.on[kSamples] = true;
     return reference;
   }
-  double Tolerance() const { return on[kBf16] ? 2e-3 : 1e-5; }
+  double Tolerance() const { return on[kBf16] ? 1e-4 : 1e-5; }
 };
 
 Features With(std::initializer_list<Feature> features) {
@@ -86,8 +85,9 @@ std::string Flags(const Features& f, int dp_of_batch) {
   if (f.on[kTp]) flags += " --set parallel.tp_size=2";
   if (f.on[kZero]) flags += " --set parallel.zero_stage=1";
   if (f.on[kVirtual]) {
-    flags += " --set parallel.pp_size=2 --set parallel.virtual_stages=2"
-             " --set parallel.schedule=interleaved_1f1b";
+    flags +=
+        " --set parallel.pp_size=2 --set parallel.virtual_stages=2"
+        " --set parallel.schedule=interleaved_1f1b";
   }
   if (f.on[kBf16]) flags += " --set precision.dtype=bf16";
   if (f.on[kPlugin]) {
@@ -218,18 +218,18 @@ INSTANTIATE_TEST_SUITE_P(Pairs, TrainingPairTest, ::testing::ValuesIn(TrainingPa
                          [](const auto& info) { return info.param.Name(); });
 
 TEST(FeaturePairs, TpWithZeroIsRefusedOnEveryRank) {
-  const testutil::RunResult r = RunCommand(
-      testutil::Mpirun(4) + " " + Bigmac() + " train --dry-run --config " +
-          Runfile("configs/tiny.yaml") + " --set data.dir=" + DataDir() +
-          " --set parallel.tp_size=2 --set parallel.zero_stage=1",
-      120);
+  const testutil::RunResult r =
+      RunCommand(testutil::Mpirun(4) + " " + Bigmac() + " train --dry-run --config " +
+                     Runfile("configs/tiny.yaml") + " --set data.dir=" + DataDir() +
+                     " --set parallel.tp_size=2 --set parallel.zero_stage=1",
+                 120);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_EQ(testutil::CountOccurrences(r.output, "parallel.zero_stage=1 (--set) with "
-                                                 "parallel.tp_size=2 (--set)"),
+  EXPECT_EQ(testutil::CountOccurrences(r.output,
+                                       "parallel.zero_stage=1 (--set) with "
+                                       "parallel.tp_size=2 (--set)"),
             1)
       << r.output;  // rank 0 prints the problems; every rank stops
-  EXPECT_NE(r.output.find("ZeRO-1 shards whole parameters over dp"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("ZeRO-1 shards whole parameters over dp"), std::string::npos) << r.output;
 }
 
 // `generate` on a checkpoint, greedy (the same on any machine); `output` without the summary
@@ -260,8 +260,8 @@ std::string Unescape(const std::string& text) {
 std::vector<checkpoint::NamedTensor> Export(const std::string& checkpoint,
                                             const std::string& file) {
   std::filesystem::remove(file);
-  const testutil::RunResult r = RunCommand(
-      Bigmac() + " ckpt export " + checkpoint + " --safetensors " + file, 60);
+  const testutil::RunResult r =
+      RunCommand(Bigmac() + " ckpt export " + checkpoint + " --safetensors " + file, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return {};
   return checkpoint::ReadSafetensors(file);
@@ -325,11 +325,11 @@ TEST(FeaturePairs, ASampleIsWhatGenerateWritesFromThatStep) {
   const std::string text = Unescape(last.substr(arrow + 4, bar - arrow - 4));
   // Through a file, so that any byte of the prompt reaches generate as it is.
   const std::string file = testutil::WriteTempFile("pairs_prompt.txt", prompt);
-  const testutil::RunResult generated = RunCommand(
-      "p=\"$(cat " + file + "; printf x)\"; " + Bigmac() + " generate --checkpoint " +
-          run.checkpoint + " --prompt \"${p%x}\" --tokens 8 --temperature 1 --seed " +
-          std::to_string(1337 + kSteps) + " 2>/dev/null",
-      60);
+  const testutil::RunResult generated =
+      RunCommand("p=\"$(cat " + file + "; printf x)\"; " + Bigmac() + " generate --checkpoint " +
+                     run.checkpoint + " --prompt \"${p%x}\" --tokens 8 --temperature 1 --seed " +
+                     std::to_string(1337 + kSteps) + " 2>/dev/null",
+                 60);
   ASSERT_EQ(generated.exit_code, 0) << generated.output;
   EXPECT_EQ(generated.output, prompt + text + "\n");
 }
@@ -346,7 +346,8 @@ TEST(FeaturePairs, ExportedPluginBlocksImportBackAndGenerateTheSameText) {
       "model: {num_layers: 4, hidden_size: 32, num_heads: 4, vocab_size: 256,"
       " layer_types: [\"rms_swiglu_block:1-2\"]}\n"
       "train: {seq_length: 16, micro_batch_size: 2}\n"
-      "data: {dir: " + DataDir() + "}\n");
+      "data: {dir: " +
+          DataDir() + "}\n");
   const std::string imported = TempDir() + "/pairs_imported";
   std::filesystem::remove_all(imported);
   const testutil::RunResult import =

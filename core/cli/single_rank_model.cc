@@ -34,11 +34,14 @@ std::map<std::string, std::string> MissingTypes(const config::ResolvedConfig& re
 std::string MissingPluginMessage(const std::map<std::string, std::string>& missing,
                                  const std::vector<std::string>& tried, const std::string& whose) {
   std::vector<std::string> types;
-  for (const auto& [type, blocks] : missing) types.push_back(type + " (blocks " + blocks + ")");
+  for (const auto& [type, blocks] : missing) {
+    types.push_back(type + (blocks.find(',') == std::string::npos ? " (block " : " (blocks ") +
+                    blocks + ")");
+  }
   return "layer type " + util::Join(types, ", ") + " of " + whose +
-         " is not registered: no plugin loaded registers it (" +
-         (tried.empty() ? std::string("no plugin recorded")
-                        : "recorded plugins, not found: " + util::Join(tried, ", ")) +
+         " is not registered by any loaded plugin (" +
+         (tried.empty() ? std::string("it names no plugin")
+                        : "its plugins were not found: " + util::Join(tried, ", ")) +
          "); pass --plugin with the library that defines it (docs/plugins.md)";
 }
 
