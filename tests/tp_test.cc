@@ -201,11 +201,16 @@ std::vector<std::string> SampleLines(const std::string& output) {
 // forward, which read the absent targets: issue 33).
 TEST(TpSamples, SampleLinesEqualTpOne) {
   const std::string samples = "--set train.sample_interval=5 --set train.sample_tokens=16";
-  const TrainRun reference = Train({1, 1, 1}, samples, "samples_tp1");
-  ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  const std::vector<std::string> expected = SampleLines(reference.output);
-  ASSERT_EQ(expected.size(), 2u) << reference.output;
   for (const Layout& l : {Layout{2, 1, 1}, Layout{2, 2, 1}, Layout{4, 1, 2}}) {
+    // tp = 1 over the same global batch as the layout's dp replicas.
+    const std::string accum = std::to_string(2 * l.dp);
+    const TrainRun reference = Train({1, 1, 1},
+                                     samples + " --set parallel.num_microbatches=" + accum +
+                                         " --set train.gradient_accumulation_steps=" + accum,
+                                     "samples_tp1_dp" + std::to_string(l.dp));
+    ASSERT_EQ(reference.exit_code, 0) << reference.output;
+    const std::vector<std::string> expected = SampleLines(reference.output);
+    ASSERT_EQ(expected.size(), 2u) << reference.output;
     const TrainRun run = Train(l, samples, "samples_" + l.Name());
     ASSERT_EQ(run.exit_code, 0) << l.Name() << "\n" << run.output;
     EXPECT_EQ(SampleLines(run.output), expected) << l.Name();
