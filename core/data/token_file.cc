@@ -213,6 +213,7 @@ void TokenFile::OpenMegatron(const std::string& index_path) {
                     " is not a token type this reader takes (8 = uint16, 4 = int32)");
   }
   width_ = code == 8 ? 2 : 4;
+  signed_tokens_ = code == 4;
   const uint64_t sequences = LittleEndian(idx + 18, 8);
   const uint64_t documents = LittleEndian(idx + 26, 8);
   const uint64_t room = idx_size - kMegatronHeaderBytes;
@@ -286,6 +287,13 @@ TokenFile::Largest TokenFile::LargestToken() const {
   for (int64_t i = 0; i < count_; ++i) {
     const uint32_t token = at(i);
     if (largest.position < 0 || token > largest.token) largest = {token, i};
+  }
+  // Megatron's int32 tokens are signed: the largest unsigned pattern is then the most negative
+  // token, named as the negative number it is (not its wrap-around) and refused.
+  if (signed_tokens_ && largest.position >= 0 && static_cast<int32_t>(largest.token) < 0) {
+    throw DataError(path_ + ": token " + std::to_string(static_cast<int32_t>(largest.token)) +
+                    " at position " + std::to_string(largest.position) +
+                    " is negative (the file's tokens are int32; a token id is >= 0)");
   }
   return largest;
 }
