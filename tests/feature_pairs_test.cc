@@ -115,12 +115,9 @@ std::vector<std::string> SampleLines(const std::string& output) {
   return lines;
 }
 
-// 4 blocks of hidden 32 with 4 heads, sequences of 16, micro-batches of 2, 4 steps; a checkpoint
-// at the end. Runs once per feature set and test binary.
-const TrainRun& Train(const Features& f) {
-  static std::map<Features, TrainRun> cache;
-  if (cache.count(f)) return cache.at(f);
-  const std::string name = f.Name() + (f.Ranks() == 1 ? "_one" : "");
+// 4 blocks of hidden 32 with 4 heads, sequences of 16, micro-batches of 2, 4 steps, with the
+// features of `f` over `dp_of_batch` replicas' worth of micro-batches; a checkpoint at the end.
+TrainRun RunTraining(const Features& f, int dp_of_batch, const std::string& name) {
   const std::string dump = TempDir() + "/pairs_dump_" + name;
   TrainRun run;
   run.checkpoint = TempDir() + "/pairs_ckpt_" + name;
@@ -134,43 +131,31 @@ const TrainRun& Train(const Features& f) {
           " --set train.max_steps=" + std::to_string(kSteps) +
           " --set train.eval_batches=1 --set train.eval_interval=0 --set train.log_interval=1" +
           " --set optim.warmup_steps=2 --set optim.lr=3e-3 --set optim.eps=1e-6" +
-          " --set train.output_dir= --set checkpoint.dir=" + run.checkpoint + Flags(f, f.dp()),
+          " --set train.output_dir= --set checkpoint.dir=" + run.checkpoint + Flags(f, dp_of_batch),
       300);
   static_cast<testutil::Dump&>(run) = testutil::ReadDump(dump);
   run.exit_code = r.exit_code;
   run.output = r.output;
   run.samples = SampleLines(r.output);
-  return cache[f] = std::move(run);
+  return run;
 }
 
-// The reference of `f` over the same global batch (dp replicas' worth of micro-batches).
+// The run of `f`, once per feature set and test binary.
+const TrainRun& Train(const Features& f) {
+  static std::map<Features, TrainRun> cache;
+  if (!cache.count(f)) cache[f] = RunTraining(f, f.dp(), f.Name() + "_run");
+  return cache.at(f);
+}
+
+// The reference of `f` (one rank) over the same global batch.
 const TrainRun& ReferenceOf(const Features& f) {
   static std::map<std::pair<Features, int>, TrainRun> cache;
-  const Features reference = f.Reference();
-  const auto key = std::make_pair(reference, f.dp());
-  if (cache.count(key)) return cache.at(key);
-  const std::string name = reference.Name() + "_ref_dp" + std::to_string(f.dp());
-  const std::string dump = TempDir() + "/pairs_dump_" + name;
-  TrainRun run;
-  run.checkpoint = TempDir() + "/pairs_ckpt_" + name;
-  std::filesystem::remove_all(dump);
-  std::filesystem::remove_all(run.checkpoint);
-  const testutil::RunResult r = RunCommand(
-      testutil::Mpirun(1) + " " + Bigmac() + " train --config " + Runfile("configs/tiny.yaml") +
-          " --dump " + dump + " --set data.dir=" + DataDir() +
-          " --set model.num_layers=4 --set model.hidden_size=32 --set model.num_heads=4" +
-          " --set train.seq_length=16 --set train.micro_batch_size=2" +
-          " --set train.max_steps=" + std::to_string(kSteps) +
-          " --set train.eval_batches=1 --set train.eval_interval=0 --set train.log_interval=1" +
-          " --set optim.warmup_steps=2 --set optim.lr=3e-3 --set optim.eps=1e-6" +
-          " --set train.output_dir= --set checkpoint.dir=" + run.checkpoint +
-          Flags(reference, f.dp()),
-      300);
-  static_cast<testutil::Dump&>(run) = testutil::ReadDump(dump);
-  run.exit_code = r.exit_code;
-  run.output = r.output;
-  run.samples = SampleLines(r.output);
-  return cache[key] = std::move(run);
+  const auto key = std::make_pair(f.Reference(), f.dp());
+  if (!cache.count(key)) {
+    cache[key] =
+        RunTraining(key.first, key.second, key.first.Name() + "_ref_dp" + std::to_string(f.dp()));
+  }
+  return cache.at(key);
 }
 
 // The run's losses and weights against its reference; its samples too, when it wrote some.

@@ -1,4 +1,5 @@
 // `bigmac ckpt inspect | export | import`.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -67,7 +68,9 @@ int RunCkptExport(const std::string& dir, const std::string& safetensors,
         {"n_head", std::to_string(m.num_heads())},
         {"vocab_size", std::to_string(m.vocab_size())},
         {"n_positions", std::to_string(resolved.values().train().seq_length())}};
-    const bool plugin_blocks = m.layer_types_size() > 0;
+    const bool plugin_blocks =
+        std::any_of(resolved.block_types.begin(), resolved.block_types.end(),
+                    [](const std::string& type) { return type != config::kDefaultBlockType; });
     if (plugin_blocks) metadata["bigmac_block_types"] = util::Join(resolved.block_types, ",");
     checkpoint::WriteSafetensors(
         safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State(), resolved.block_types),

@@ -14,6 +14,9 @@ class SentencePieceProcessor {};  // opaque here: only libbigmac_sentencepiece.s
 namespace bigmac::data {
 namespace {
 
+// How an id a tokenizer lacks is spelled in text: "<|300|>".
+std::string IdText(int32_t token) { return "<|" + std::to_string(token) + "|>"; }
+
 using Processor = sentencepiece::SentencePieceProcessor;
 using Args = std::unordered_map<std::string, std::string>;
 
@@ -103,7 +106,7 @@ class ByteTokenizer : public Tokenizer {
       if (token >= 0 && token < 256) {
         text.push_back(static_cast<char>(token));
       } else {
-        text += "<|" + std::to_string(token) + "|>";
+        text += IdText(token);
       }
     }
     return text;
@@ -153,7 +156,7 @@ class SentencePieceTokenizer : public Tokenizer {
         run.push_back(token);
       } else {
         flush();
-        text += "<|" + std::to_string(token) + "|>";
+        text += IdText(token);
       }
     }
     flush();
@@ -217,6 +220,12 @@ std::unique_ptr<Tokenizer> RecordedTokenizer(const std::string& recorded,
   }
   CheckSameTokenizer(recorded, data_dir, whose);
   return TokenizerFor(data_dir);
+}
+
+std::string IdsText(const std::vector<int32_t>& tokens) {
+  std::string text;
+  for (const int32_t token : tokens) text += IdText(token);
+  return text;
 }
 
 void TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& dir,

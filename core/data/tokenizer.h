@@ -56,6 +56,10 @@ std::unique_ptr<Tokenizer> RecordedTokenizer(const std::string& recorded,
                                              const std::string& data_dir, int64_t vocab_size,
                                              const std::string& whose);
 
+// `tokens` as "<|464|><|2068|>": how Decode spells an id its tokenizer lacks, for ids no
+// tokenizer here can spell (RecordedTokenizer refused).
+std::string IdsText(const std::vector<int32_t>& tokens);
+
 // Trains a SentencePiece model (`model_type` "bpe" or "unigram", `vocab_size` pieces) on the
 // lines of `inputs` and writes it to <dir>/tokenizer.model. The settings make decoding give back
 // the exact text: identity normalization, whitespace kept, byte fallback for anything unseen.
