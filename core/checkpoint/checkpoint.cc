@@ -15,6 +15,7 @@
 
 #include "core/checkpoint/crc32.h"
 #include "core/checkpoint/tp_slices.h"
+#include "core/util/format.h"
 #include "google/protobuf/text_format.h"
 
 namespace bigmac::checkpoint {
@@ -827,6 +828,14 @@ bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
                 manifest.pp(), manifest.dp(), manifest.partition_policy().c_str(), counts.c_str(),
                 static_cast<long long>(manifest.seed()));
   lines->push_back(header);
+  // What generate and ckpt export need besides the files (docs/plugins.md, docs/generate.md).
+  if (!manifest.tokenizer().empty() || manifest.plugin_paths_size() > 0) {
+    std::vector<std::string> plugins;
+    for (const std::string& path : manifest.plugin_paths()) plugins.push_back(path);
+    lines->push_back(util::Printable(
+        "  tokenizer " + (manifest.tokenizer().empty() ? "(none recorded)" : manifest.tokenizer()) +
+        (plugins.empty() ? "" : " | plugins: " + util::Join(plugins, ", "))));
+  }
   bool ok = true;
   std::set<int> present;
   int64_t total = 0;
