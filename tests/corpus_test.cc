@@ -158,6 +158,13 @@ void WriteCaseFile(const fs::path& path, const YAML::Node& node) {
   WriteFile(path, bytes);
 }
 
+// What a command case's shell may name: $BIGMAC (the binary) and $RMS_SWIGLU (the example layer
+// plugin, plugins/examples/rms_swiglu).
+std::string ShellVariables() {
+  return "export BIGMAC=" + Bigmac() +
+         " RMS_SWIGLU=" + Runfile("plugins/examples/rms_swiglu/librms_swiglu.so") + "; ";
+}
+
 class CorpusTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
@@ -205,8 +212,8 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
   } else if (kind == "command") {
     if (node["text"] || node["hex"]) WriteCaseFile(dir / node["file"].as<std::string>(), node);
     for (const YAML::Node& line : node["setup"]) {
-      const testutil::RunResult setup = RunCommand(
-          "cd " + dir.string() + " && BIGMAC=" + Bigmac() + " && " + line.as<std::string>(), 30);
+      const testutil::RunResult setup =
+          RunCommand("cd " + dir.string() + " && " + ShellVariables() + line.as<std::string>(), 60);
       ASSERT_EQ(setup.exit_code, 0) << line.as<std::string>() << "\n" << setup.output;
     }
     command = node["command"].as<std::string>();
@@ -228,7 +235,8 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
   } else if (node["env"]) {
     shell = node["env"].as<std::string>() + " " + shell;
   }
-  const testutil::RunResult run = RunCommand("cd " + dir.string() + " && " + shell, 60);
+  const testutil::RunResult run =
+      RunCommand("cd " + dir.string() + " && " + ShellVariables() + shell, 60);
   EXPECT_EQ(run.exit_code, node["exit"].as<int>()) << command << "\n" << run.output;
   if (node["max_seconds"]) {
     EXPECT_LE(run.seconds, node["max_seconds"].as<double>()) << command << "\n" << run.output;

@@ -168,9 +168,9 @@ TEST(GenerateCommand, ATrainedCheckpointWritesTextItsModelFindsLikely) {
   const Checkpoints& dirs = TrainedCheckpoints();
   int64_t step = 0;
   std::string step_dir;
-  cli::SingleRankModel trained = cli::LoadSingleRankModel(dirs.trained, &step, &step_dir);
+  cli::SingleRankModel trained = cli::LoadSingleRankModel(dirs.trained, {}, &step, &step_dir);
   EXPECT_EQ(step, 60);
-  cli::SingleRankModel untrained = cli::LoadSingleRankModel(dirs.untrained, &step, &step_dir);
+  cli::SingleRankModel untrained = cli::LoadSingleRankModel(dirs.untrained, {}, &step, &step_dir);
   const int vocab = 256, context = 64;
   const std::vector<int32_t> prompt = data::MakeByteTokenizer()->Encode("The ");
   SampleOptions options;

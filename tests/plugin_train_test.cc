@@ -152,6 +152,48 @@ TEST(PluginCheckpoint, SavedOnTwoStagesResumesOnOne) {
       << plain.output;
 }
 
+// A checkpoint records its plugins: `generate` and `ckpt export`, run from another directory
+// with no --plugin, load the library it was trained with; once that is gone, they stop with
+// exit 2 naming the type, its blocks and the paths tried, and --plugin brings it back (issue 33:
+// they failed with "internal error: unknown type 'rms_swiglu_block'").
+TEST(PluginCheckpoint, GenerateAndExportLoadTheRecordedPlugin) {
+  const std::string dir = TempDir() + "/plugin_generate_ckpt";
+  const std::string copy = TempDir() + "/plugin_copy.so";
+  fs::remove_all(dir);
+  fs::copy_file(Plugin(), copy, fs::copy_options::overwrite_existing);
+  // The copy replaces the config's plugin: the checkpoint records only it.
+  const Result trained = Train(
+      2, "generate_ckpt",
+      "--set parallel.schedule=1f1b --set 'plugins=[" + copy + "]' --set checkpoint.dir=" + dir);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string generate =
+      "cd / && " + Bigmac() + " generate --checkpoint " + dir + " --prompt 'A plugin' --tokens 4";
+  const testutil::RunResult found = RunCommand(generate + " 2>&1", 60);
+  EXPECT_EQ(found.exit_code, 0) << found.output;
+  EXPECT_NE(found.output.find("(step 6, byte-level): 4 tokens"), std::string::npos) << found.output;
+  const std::string file = TempDir() + "/plugin_export.safetensors";
+  fs::remove(file);
+  const testutil::RunResult exported = RunCommand(
+      "cd / && " + Bigmac() + " ckpt export " + dir + " --safetensors " + file + " 2>&1", 60);
+  EXPECT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_TRUE(fs::exists(file));
+
+  fs::remove(copy);
+  const testutil::RunResult missing = RunCommand(generate + " 2>&1", 60);
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(
+      missing.output.find("layer type rms_swiglu_block (blocks 1,2) of the checkpoint " + dir +
+                          "/step_000006 is not registered by any loaded plugin (its "
+                          "plugins were not found: " +
+                          copy + ", " + copy + ")"),
+      std::string::npos)
+      << missing.output;
+  const testutil::RunResult flagged = RunCommand(generate + " --plugin " + Plugin() + " 2>&1", 60);
+  EXPECT_EQ(flagged.exit_code, 0) << flagged.output;
+  EXPECT_EQ(flagged.output.substr(0, flagged.output.find("[generate]")),
+            found.output.substr(0, found.output.find("[generate]")));
+}
+
 TEST(PluginErrors, UnknownLayerTypeStopsEveryRankWithExitTwo) {
   const testutil::RunResult run = RunCommand(
       testutil::Mpirun(2) + " " + Bigmac() + " train --config " + Runfile("configs/tiny.yaml") +

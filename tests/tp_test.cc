@@ -186,6 +186,37 @@ TEST(TpCheckpoint, ResumesUnderOtherTpPpDp) {
   }
 }
 
+// The "[sample] ..." lines of a run's output.
+std::vector<std::string> SampleLines(const std::string& output) {
+  std::vector<std::string> lines;
+  for (size_t at = output.find("[sample] step"); at != std::string::npos;
+       at = output.find("[sample] step", at + 1)) {
+    lines.push_back(output.substr(at, output.find('\n', at) - at));
+  }
+  return lines;
+}
+
+// Text samples during training under tp: the vocab-parallel head gathers its slices of the
+// logits, so every tp rank draws the token tp = 1 draws (this segfaulted in the tp head's
+// forward, which read the absent targets: issue 33).
+TEST(TpSamples, SampleLinesEqualTpOne) {
+  const std::string samples = "--set train.sample_interval=5 --set train.sample_tokens=16";
+  for (const Layout& l : {Layout{2, 1, 1}, Layout{2, 2, 1}, Layout{4, 1, 2}}) {
+    // tp = 1 over the same global batch as the layout's dp replicas.
+    const std::string accum = std::to_string(2 * l.dp);
+    const TrainRun reference = Train({1, 1, 1},
+                                     samples + " --set parallel.num_microbatches=" + accum +
+                                         " --set train.gradient_accumulation_steps=" + accum,
+                                     "samples_tp1_dp" + std::to_string(l.dp));
+    ASSERT_EQ(reference.exit_code, 0) << reference.output;
+    const std::vector<std::string> expected = SampleLines(reference.output);
+    ASSERT_EQ(expected.size(), 2u) << reference.output;
+    const TrainRun run = Train(l, samples, "samples_" + l.Name());
+    ASSERT_EQ(run.exit_code, 0) << l.Name() << "\n" << run.output;
+    EXPECT_EQ(SampleLines(run.output), expected) << l.Name();
+  }
+}
+
 // [cfg] and [rank] show the tp group of each rank.
 TEST(TpLog, RankLinesShowTheTpGroup) {
   const testutil::RunResult r = RunCommand(

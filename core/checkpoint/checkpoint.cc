@@ -15,6 +15,7 @@
 
 #include "core/checkpoint/crc32.h"
 #include "core/checkpoint/tp_slices.h"
+#include "core/util/format.h"
 #include "google/protobuf/text_format.h"
 
 namespace bigmac::checkpoint {
@@ -503,6 +504,11 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
       manifest.set_seed(config.values().train().seed());
       manifest.set_master_dtype(kMasterDType);
       if (!tokenizer.empty()) manifest.set_tokenizer(tokenizer);
+      for (const std::string& plugin : config.values().plugins()) {
+        std::error_code ignored;  // a path the OS refuses stays as written
+        const fs::path absolute = fs::weakly_canonical(plugin, ignored);
+        manifest.add_plugin_paths(absolute.empty() ? plugin : absolute.string());
+      }
       WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
       std::string text;
       google::protobuf::TextFormat::PrintToString(manifest, &text);
@@ -574,8 +580,6 @@ std::string ResolveStepDir(const std::string& resume, const std::string& root) {
                         ") nor a checkpoint directory (no " + kLatest + ")");
 }
 
-// Reads `step_dir`/manifest.pb and checks everything it claims that can be checked without the
-// model: not empty, parses, this format version, and CheckManifestClaims. Throws CheckpointError.
 Manifest ReadCheckedManifest(const std::string& step_dir) {
   const std::string path = step_dir + "/" + kManifest;
   const std::string bytes = ReadWholeFile(path);
@@ -824,6 +828,14 @@ bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
                 manifest.pp(), manifest.dp(), manifest.partition_policy().c_str(), counts.c_str(),
                 static_cast<long long>(manifest.seed()));
   lines->push_back(header);
+  // What generate and ckpt export need besides the files (docs/plugins.md, docs/generate.md).
+  if (!manifest.tokenizer().empty() || manifest.plugin_paths_size() > 0) {
+    std::vector<std::string> plugins;
+    for (const std::string& path : manifest.plugin_paths()) plugins.push_back(path);
+    lines->push_back(util::Printable(
+        "  tokenizer " + (manifest.tokenizer().empty() ? "(none recorded)" : manifest.tokenizer()) +
+        (plugins.empty() ? "" : " | plugins: " + util::Join(plugins, ", "))));
+  }
   bool ok = true;
   std::set<int> present;
   int64_t total = 0;

@@ -65,6 +65,11 @@ SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConf
 // step directory, or a checkpoint root with a `latest` pointer. Throws CheckpointError.
 std::string ResolveStepDir(const std::string& resume, const std::string& root);
 
+// Reads `step_dir`/manifest.pb and checks everything it claims that can be checked without the
+// model: not empty, parses, this format version, and its claims about files and tensors. Throws
+// CheckpointError.
+Manifest ReadCheckedManifest(const std::string& step_dir);
+
 // The config snapshot a checkpoint was saved with. Throws CheckpointError.
 config::Config ReadManifestConfig(const std::string& step_dir);
 

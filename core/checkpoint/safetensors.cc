@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/config/resolve.h"
 #include "core/util/output_file.h"
 #include "nlohmann/json.hpp"
 
@@ -22,33 +24,50 @@ struct Mapping {
   bool transpose;
 };
 
-std::vector<Mapping> Gpt2Mappings(int num_layers) {
+// A GPT-2 block's parameters and their Hugging Face names under `h` ("transformer.h.3.").
+std::vector<Mapping> Gpt2BlockMappings(int i, const std::string& h) {
+  return {
+      {i, "ln1.weight", h + "ln_1.weight", false},
+      {i, "ln1.bias", h + "ln_1.bias", false},
+      {i, "attn.qkv.weight", h + "attn.c_attn.weight", true},
+      {i, "attn.qkv.bias", h + "attn.c_attn.bias", false},
+      {i, "attn.proj.weight", h + "attn.c_proj.weight", true},
+      {i, "attn.proj.bias", h + "attn.c_proj.bias", false},
+      {i, "ln2.weight", h + "ln_2.weight", false},
+      {i, "ln2.bias", h + "ln_2.bias", false},
+      {i, "mlp.fc.weight", h + "mlp.c_fc.weight", true},
+      {i, "mlp.fc.bias", h + "mlp.c_fc.bias", false},
+      {i, "mlp.proj.weight", h + "mlp.c_proj.weight", true},
+      {i, "mlp.proj.bias", h + "mlp.c_proj.bias", false},
+  };
+}
+
+// Every parameter of `state` and its name in the file: GPT-2 blocks under Hugging Face's names;
+// a block of another type (a plugin's, `block_types`) under its own parameter names
+// ("transformer.h.1.norm1.weight"), as stored, which no Hugging Face class reads but import
+// reads back.
+std::vector<Mapping> Gpt2Mappings(const ModelState& state,
+                                  const std::vector<std::string>& block_types) {
   std::vector<Mapping> mappings = {
       {layer::kEmbeddingLayerId, "wte", "transformer.wte.weight", false},
       {layer::kEmbeddingLayerId, "wpe", "transformer.wpe.weight", false},
   };
-  for (int i = 0; i < num_layers; ++i) {
+  for (int i = 0; i < state.num_layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    for (const Mapping& m : std::vector<Mapping>{
-             {i, "ln1.weight", h + "ln_1.weight", false},
-             {i, "ln1.bias", h + "ln_1.bias", false},
-             {i, "attn.qkv.weight", h + "attn.c_attn.weight", true},
-             {i, "attn.qkv.bias", h + "attn.c_attn.bias", false},
-             {i, "attn.proj.weight", h + "attn.c_proj.weight", true},
-             {i, "attn.proj.bias", h + "attn.c_proj.bias", false},
-             {i, "ln2.weight", h + "ln_2.weight", false},
-             {i, "ln2.bias", h + "ln_2.bias", false},
-             {i, "mlp.fc.weight", h + "mlp.c_fc.weight", true},
-             {i, "mlp.fc.bias", h + "mlp.c_fc.bias", false},
-             {i, "mlp.proj.weight", h + "mlp.c_proj.weight", true},
-             {i, "mlp.proj.bias", h + "mlp.c_proj.bias", false},
-         }) {
-      mappings.push_back(m);
+    if (block_types.empty() || block_types.at(i) == config::kDefaultBlockType) {
+      for (const Mapping& m : Gpt2BlockMappings(i, h)) mappings.push_back(m);
+      continue;
+    }
+    for (const LayerParams& layer : state.layers) {
+      if (layer.layer_id != i) continue;
+      for (const layer::Param* param : layer.params)
+        mappings.push_back({i, param->name, h + param->name, false});
     }
   }
   mappings.push_back(
-      {layer::HeadLayerId(num_layers), "lnf.weight", "transformer.ln_f.weight", false});
-  mappings.push_back({layer::HeadLayerId(num_layers), "lnf.bias", "transformer.ln_f.bias", false});
+      {layer::HeadLayerId(state.num_layers), "lnf.weight", "transformer.ln_f.weight", false});
+  mappings.push_back(
+      {layer::HeadLayerId(state.num_layers), "lnf.bias", "transformer.ln_f.bias", false});
   return mappings;
 }
 
@@ -102,12 +121,14 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
 }
 
 namespace {
-std::vector<NamedTensor> ParseSafetensors(const std::string& path);
+std::vector<NamedTensor> ParseSafetensors(const std::string& path,
+                                          const std::vector<std::string>& required);
 }  // namespace
 
-std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
+std::vector<NamedTensor> ReadSafetensors(const std::string& path,
+                                         const std::vector<std::string>& required) {
   try {
-    return ParseSafetensors(path);
+    return ParseSafetensors(path, required);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(path + ": malformed header entry: " + e.what());
   }
@@ -115,7 +136,65 @@ std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
 
 namespace {
 
-std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
+// A tensor's place in the data buffer.
+struct Extent {
+  uint64_t begin;
+  uint64_t end;
+  std::string name;
+  bool operator<(const Extent& other) const {
+    return std::tie(begin, end, name) < std::tie(other.begin, other.end, other.name);
+  }
+};
+
+// "tensor transformer.h.0.ln_1.bias [1024, 1152)".
+std::string Describe(const Extent& e) {
+  return "tensor " + e.name + " [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
+}
+
+// "; missing here: transformer.h.0.ln_1.bias, ... and 3 more", or "".
+std::string MissingNames(const std::vector<std::string>& missing) {
+  if (missing.empty()) return "";
+  const size_t shown = std::min<size_t>(missing.size(), 3);
+  std::string text = "; missing here: ";
+  for (size_t i = 0; i < shown; ++i) text += (i ? ", " : "") + missing[i];
+  if (missing.size() > shown) text += " and " + std::to_string(missing.size() - shown) + " more";
+  return text;
+}
+
+// The entries must cover the buffer exactly. A gap is most often a tensor whose header entry was
+// lost, so the message names the tensors around it and the `missing` names the reader needs, not
+// only a byte offset.
+void CheckCoverage(const std::string& path, std::vector<Extent> extents, uint64_t buffer_size,
+                   const std::vector<std::string>& missing) {
+  std::sort(extents.begin(), extents.end());
+  uint64_t covered = 0;
+  const Extent* previous = nullptr;
+  for (const Extent& e : extents) {
+    if (e.begin < covered) {
+      throw CheckpointError(path + ": " + Describe(*previous) + " and " + Describe(e) +
+                            " overlap in the data buffer");
+    }
+    if (e.begin > covered) {
+      throw CheckpointError(path + ": bytes [" + std::to_string(covered) + ", " +
+                            std::to_string(e.begin) + ") of the data buffer belong to no tensor (" +
+                            (previous ? "after " + Describe(*previous) + ", " : std::string("")) +
+                            "before " + Describe(e) + "): a tensor's header entry is missing" +
+                            MissingNames(missing));
+    }
+    covered = e.end;
+    previous = &e;
+  }
+  if (covered != buffer_size) {
+    throw CheckpointError(path + ": " + std::to_string(buffer_size - covered) +
+                          " bytes of the data buffer after the last tensor" +
+                          (previous ? " (" + Describe(*previous) + ")" : std::string("")) +
+                          " belong to no tensor: a tensor's header entry is missing" +
+                          MissingNames(missing));
+  }
+}
+
+std::vector<NamedTensor> ParseSafetensors(const std::string& path,
+                                          const std::vector<std::string>& required) {
   std::error_code error;
   if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
     throw CheckpointError(path + ": not a regular file");
@@ -144,7 +223,7 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
   if (!header.is_object()) throw CheckpointError(path + ": the header is not a JSON object");
   const uint64_t buffer_size = bytes.size() - 8 - length;
   const char* buffer = bytes.data() + 8 + length;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<Extent> extents;
   std::vector<NamedTensor> tensors;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
@@ -187,30 +266,25 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
                             std::to_string(end) + "] do not match its shape or lie outside the " +
                             std::to_string(buffer_size) + "-byte buffer");
     }
-    ranges.emplace_back(begin, end);
+    extents.push_back({begin, end, name});
     t.data.resize(numel);
     std::memcpy(t.data.data(), buffer + begin, end - begin);
     tensors.push_back(std::move(t));
   }
-  std::sort(ranges.begin(), ranges.end());
-  uint64_t covered = 0;
-  for (const auto& [begin, end] : ranges) {
-    if (begin != covered)
-      throw CheckpointError(path + ": the data buffer has a hole or an overlap at byte " +
-                            std::to_string(begin));
-    covered = end;
+  std::vector<std::string> missing;
+  for (const std::string& name : required) {
+    if (!header.contains(name)) missing.push_back(name);
   }
-  if (covered != buffer_size)
-    throw CheckpointError(path + ": " + std::to_string(buffer_size - covered) +
-                          " bytes after the last tensor");
+  CheckCoverage(path, std::move(extents), buffer_size, missing);
   return tensors;
 }
 
 }  // namespace
 
-std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state) {
+std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state,
+                                           const std::vector<std::string>& block_types) {
   std::vector<NamedTensor> tensors;
-  for (const Mapping& m : Gpt2Mappings(state.num_layers)) {
+  for (const Mapping& m : Gpt2Mappings(state, block_types)) {
     layer::Param* param = FindParam(state, m.layer_id, m.ours);
     if (!param) throw CheckpointError("export needs the whole model; " + m.ours + " is not here");
     std::vector<float> host(param->value.numel());
@@ -230,12 +304,19 @@ std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state) {
   return tensors;
 }
 
+std::vector<std::string> HuggingFaceGpt2Names(const ModelState& state,
+                                              const std::vector<std::string>& block_types) {
+  std::vector<std::string> names;
+  for (const Mapping& m : Gpt2Mappings(state, block_types)) names.push_back(m.theirs);
+  return names;
+}
+
 void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
-                         const std::string& source) {
+                         const std::vector<std::string>& block_types, const std::string& source) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
   std::map<std::string, const layer::Param*> set;  // by checkpoint name, for the tied copies
-  for (const Mapping& m : Gpt2Mappings(state.num_layers)) {
+  for (const Mapping& m : Gpt2Mappings(state, block_types)) {
     layer::Param* param = FindParam(state, m.layer_id, m.ours);
     if (!param) throw CheckpointError("import needs the whole model; " + m.ours + " is not here");
     auto it = by_name.find(m.theirs);

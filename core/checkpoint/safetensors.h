@@ -26,20 +26,29 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
 
 // Reads and validates a file against the specification: the header length fits, the header is a
 // JSON object, every entry has a known dtype (only F32 is accepted), a shape and offsets that
-// match it, and the entries cover the data buffer exactly, without holes or overlaps. Throws
-// CheckpointError naming the file and the problem.
-std::vector<NamedTensor> ReadSafetensors(const std::string& path);
+// match it, and the entries cover the data buffer exactly, without holes or overlaps (a gap is
+// reported with the tensors around it, and those of `required`, the names the caller needs, that
+// have no entry). Throws CheckpointError naming the file and the problem.
+std::vector<NamedTensor> ReadSafetensors(const std::string& path,
+                                         const std::vector<std::string>& required = {});
+
+// The names ToHuggingFaceGpt2 writes for `state`: what an import requires.
+std::vector<std::string> HuggingFaceGpt2Names(const ModelState& state,
+                                              const std::vector<std::string>& block_types);
 
 // The model's parameters under Hugging Face GPT-2 names and layouts (Conv1D weights are
 // [in, out], the transpose of ours): transformer.wte.weight, transformer.h.0.attn.c_attn.weight,
-// ... `state` must hold the whole model (pp = 1).
-std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state);
+// ... `state` must hold the whole model (pp = 1). `block_types` (config::ResolvedConfig's; empty:
+// every block gpt_block): a block of another type (a plugin's) has no GPT-2 names, and its
+// parameters go under their own: transformer.h.1.norm1.weight.
+std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state,
+                                           const std::vector<std::string>& block_types = {});
 
 // The reverse: sets the master values of `state` (tied copies too) from Hugging Face GPT-2
 // tensors, checking that every one is present with the shape the config implies. Throws
 // CheckpointError.
 void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
-                         const std::string& source);
+                         const std::vector<std::string>& block_types, const std::string& source);
 
 }  // namespace bigmac::checkpoint
 

@@ -1,6 +1,8 @@
 // `bigmac ckpt inspect | export | import`.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "core/checkpoint/checkpoint.h"
@@ -14,9 +16,11 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/engine/stage.h"
+#include "core/layer/plugin_loader.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
 #include "core/util/dir_lock.h"
+#include "core/util/format.h"
 
 namespace bigmac::cli {
 namespace {
@@ -46,39 +50,52 @@ int RunCkptInspect(const std::string& dir) {
   }
 }
 
-int RunCkptExport(const std::string& dir, const std::string& safetensors, bool overwrite) {
+int RunCkptExport(const std::string& dir, const std::string& safetensors,
+                  const std::vector<std::string>& plugins, bool overwrite) {
   try {
     if (std::string problem = OutputFileProblem("--safetensors", safetensors, overwrite);
         !problem.empty())
       return ReportFailure(problem, kExitOutput);
     int64_t step = 0;
     std::string step_dir;
-    const SingleRankModel model = LoadSingleRankModel(dir, &step, &step_dir);
+    const SingleRankModel model = LoadSingleRankModel(dir, plugins, &step, &step_dir);
     const config::ResolvedConfig& resolved = model.resolved;
     const config::Model& m = resolved.values().model();
+    std::map<std::string, std::string> metadata = {
+        {"format", "pt"},
+        {"source", "bigmac " + step_dir},
+        {"step", std::to_string(step)},
+        {"n_layer", std::to_string(m.num_layers())},
+        {"n_embd", std::to_string(m.hidden_size())},
+        {"n_head", std::to_string(m.num_heads())},
+        {"vocab_size", std::to_string(m.vocab_size())},
+        {"n_positions", std::to_string(resolved.values().train().seq_length())}};
+    const bool plugin_blocks =
+        std::any_of(resolved.block_types.begin(), resolved.block_types.end(),
+                    [](const std::string& type) { return type != config::kDefaultBlockType; });
+    if (plugin_blocks) metadata["bigmac_block_types"] = util::Join(resolved.block_types, ",");
     checkpoint::WriteSafetensors(
-        safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State()),
-        {{"format", "pt"},
-         {"source", "bigmac " + step_dir},
-         {"step", std::to_string(step)},
-         {"n_layer", std::to_string(m.num_layers())},
-         {"n_embd", std::to_string(m.hidden_size())},
-         {"n_head", std::to_string(m.num_heads())},
-         {"vocab_size", std::to_string(m.vocab_size())},
-         {"n_positions", std::to_string(resolved.values().train().seq_length())}});
-    std::printf("exported %s (step %lld) to %s with Hugging Face GPT-2 names\n", step_dir.c_str(),
-                static_cast<long long>(step), safetensors.c_str());
+        safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State(), resolved.block_types),
+        metadata);
+    std::printf("exported %s (step %lld) to %s with Hugging Face GPT-2 names%s\n", step_dir.c_str(),
+                static_cast<long long>(step), safetensors.c_str(),
+                plugin_blocks ? " (blocks of other types under their own parameter names: "
+                                "bigmac ckpt import reads them back, Hugging Face's GPT-2 does not)"
+                              : "");
     return kExitOk;
   } catch (const checkpoint::CheckpointError& error) {
     return ReportFailure(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {
     return ReportFailure(std::string("the checkpoint's config is not valid: ") + error.what(),
                          kExitCheckpoint);
+  } catch (const layer::PluginError& error) {
+    return ReportFailure(error.what(), kExitConfig);
   }
 }
 
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
-                  const std::vector<std::string>& overrides, const std::string& output,
+                  const std::vector<std::string>& overrides,
+                  const std::vector<std::string>& plugins, const std::string& output,
                   bool overwrite) {
   if (std::string problem = OutputDirProblem("--output", output); !problem.empty())
     return ReportFailure(problem, kExitOutput);
@@ -93,11 +110,20 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
                          kExitOutput);
   }
   try {
-    const SingleRankModel model =
-        BuildSingleRankModel(SingleRankConfig(config::LoadConfig(config_file, overrides)));
+    config::LoadedConfig loaded = config::LoadConfig(config_file, overrides);
+    const std::vector<std::string> listed(loaded.values.plugins().begin(),
+                                          loaded.values.plugins().end());
+    // Recorded like training's --plugin, so that the checkpoint names every plugin it needs.
+    for (const std::string& path : plugins) loaded.values.add_plugins(path);
+    config::ResolvedConfig single = SingleRankConfig(std::move(loaded));
+    LoadModelPlugins(single, plugins, listed, config_file);
+    const SingleRankModel model = BuildSingleRankModel(std::move(single));
     const config::ResolvedConfig& resolved = model.resolved;
-    checkpoint::FromHuggingFaceGpt2(checkpoint::ReadSafetensors(safetensors), model.stage->State(),
-                                    safetensors);
+    const checkpoint::ModelState state = model.stage->State();
+    checkpoint::FromHuggingFaceGpt2(
+        checkpoint::ReadSafetensors(safetensors,
+                                    checkpoint::HuggingFaceGpt2Names(state, resolved.block_types)),
+        state, resolved.block_types, safetensors);
     // A training run writing this directory would have `latest` moved under it: one writer.
     std::string problem, note;
     const std::unique_ptr<util::DirectoryLock> lock =
@@ -120,6 +146,8 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
   } catch (const checkpoint::CheckpointError& error) {
     return ReportFailure(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {
+    return ReportFailure(error.what(), kExitConfig);
+  } catch (const layer::PluginError& error) {
     return ReportFailure(error.what(), kExitConfig);
   } catch (const std::exception& error) {
     return ReportFailure(error.what(), kExitCheckpoint);

@@ -92,10 +92,14 @@ int RunSchedule(const ScheduleOptions& options);
 
 // `bigmac ckpt inspect DIR`, `ckpt export DIR --safetensors OUT`, `ckpt import`.
 int RunCkptInspect(const std::string& dir);
-int RunCkptExport(const std::string& dir, const std::string& safetensors, bool overwrite);
+// Export and import load `plugins` (--plugin) first, then those the checkpoint (the config)
+// names, for blocks of plugin types. Export replaces an existing file only with `overwrite`.
+int RunCkptExport(const std::string& dir, const std::string& safetensors,
+                  const std::vector<std::string>& plugins, bool overwrite);
 // An import refuses an `output` that holds checkpoints unless `overwrite`.
 int RunCkptImport(const std::string& safetensors, const std::string& config_file,
-                  const std::vector<std::string>& overrides, const std::string& output,
+                  const std::vector<std::string>& overrides,
+                  const std::vector<std::string>& plugins, const std::string& output,
                   bool overwrite);
 
 struct GenerateOptions {
@@ -105,6 +109,8 @@ struct GenerateOptions {
   double temperature = 1.0;  // 0: greedy
   int top_k = 0;             // 0: the whole vocabulary
   uint64_t seed = 1;
+  std::vector<std::string> plugins;  // --plugin: before those the checkpoint recorded
+  std::string data_dir;              // --data-dir: where the recorded tokenizer is, if not data.dir
 };
 
 // `bigmac generate`: the prompt and its continuation on stdout (detokenized), sampled from a

@@ -12,8 +12,10 @@
 #include "core/cli/exit_codes.h"
 #include "core/cli/single_rank_model.h"
 #include "core/config/errors.h"
+#include "core/data/error.h"
 #include "core/data/tokenizer.h"
 #include "core/engine/generate.h"
+#include "core/layer/plugin_loader.h"
 #include "core/util/format.h"
 
 namespace bigmac::cli {
@@ -22,18 +24,26 @@ int RunGenerate(const GenerateOptions& options) {
   int64_t step = 0;
   std::string step_dir;
   std::optional<SingleRankModel> model;
+  std::unique_ptr<data::Tokenizer> tokenizer;
   try {
-    model.emplace(LoadSingleRankModel(options.checkpoint, &step, &step_dir));
+    model.emplace(LoadSingleRankModel(options.checkpoint, options.plugins, &step, &step_dir));
+    const config::Config& cfg = model->resolved.values();
+    tokenizer = data::RecordedTokenizer(
+        model->tokenizer, options.data_dir.empty() ? cfg.data().dir() : options.data_dir,
+        cfg.model().vocab_size(), "the checkpoint " + step_dir);
   } catch (const checkpoint::CheckpointError& error) {
     return ReportFailure(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {
     return ReportFailure(std::string("the checkpoint's config is not valid: ") + error.what(),
                          kExitCheckpoint);
+  } catch (const layer::PluginError& error) {
+    return ReportFailure(error.what(), kExitConfig);
+  } catch (const data::DataError& error) {
+    return ReportFailure(error.what(), kExitBadData);
   }
   const config::Config& cfg = model->resolved.values();
   const int vocab = cfg.model().vocab_size();
   const int context = cfg.train().seq_length();
-  const std::unique_ptr<data::Tokenizer> tokenizer = data::TokenizerFor(cfg.data().dir());
   std::vector<int32_t> prompt = tokenizer->Encode(options.prompt);
   if (prompt.empty()) {
     return ReportFailure("--prompt is empty: the model needs at least one token to continue",

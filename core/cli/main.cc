@@ -1,6 +1,7 @@
 // The bigmac command line: `bigmac train`, `bigmac plan`.
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -52,6 +53,23 @@ CLI::Validator FiniteIn(double lo, double hi, const std::string& what) {
       },
       what);
 }
+
+// An unsigned 64-bit integer written as digits only: CLI11 converts "-1" to 2^64 - 1 and clamps
+// a number past 2^64 to it, so a typo would run as a huge value and be printed as one.
+const CLI::Validator kUnsigned64(
+    [](std::string& text) -> std::string {
+      uint64_t value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (text.empty() || text[0] == '-' || text[0] == '+' ||
+          error == std::errc::invalid_argument || end != text.data() + text.size()) {
+        return "'" + text + "' is not a whole number >= 0";
+      }
+      if (error == std::errc::result_out_of_range) {
+        return "'" + text + "' is too large: the most is 18446744073709551615 (2^64 - 1)";
+      }
+      return "";
+    },
+    "INT in [0, 2^64 - 1]");
 
 // A cost in milliseconds: finite and >= 0.
 const CLI::Validator kMilliseconds =
@@ -298,12 +316,19 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--safetensors", safetensors, "output .safetensors file")->required();
   bool export_overwrite = false;
   export_cmd->add_flag("--overwrite", export_overwrite, "replace an existing --safetensors file");
+  std::vector<std::string> ckpt_plugins;
+  export_cmd->add_option("--plugin", ckpt_plugins,
+                         "load a layer plugin library first (repeatable); else the plugins the "
+                         "checkpoint recorded (docs/plugins.md)");
   CLI::App* import_cmd = ckpt->add_subcommand(
       "import",
       "Turn Hugging Face GPT-2 safetensors into a step-0 checkpoint to start training from.");
   import_cmd->add_option("--safetensors", safetensors, "input .safetensors file")->required();
   import_cmd->add_option("--config", import_config, "the config describing the model")->required();
   import_cmd->add_option("--set", import_overrides, "override a key (as for train)");
+  import_cmd->add_option("--plugin", ckpt_plugins,
+                         "load a layer plugin library first (repeatable), before the config's "
+                         "plugins:");
   import_cmd
       ->add_option("--output", import_output, "checkpoint directory to write step_000000 into")
       ->required();
@@ -332,8 +357,16 @@ int main(int argc, char** argv) {
       ->add_option("--top-k", generate_options.top_k,
                    "draw among the k most likely tokens (default 0: all)")
       ->check(CLI::Range(0, 1 << 24));
-  generate->add_option("--seed", generate_options.seed,
-                       "seed of the draws: the same seed gives the same text (default 1)");
+  generate
+      ->add_option("--seed", generate_options.seed,
+                   "seed of the draws: the same seed gives the same text (default 1)")
+      ->check(kUnsigned64);
+  generate->add_option("--plugin", generate_options.plugins,
+                       "load a layer plugin library first (repeatable); else the plugins the "
+                       "checkpoint recorded (docs/plugins.md)");
+  generate->add_option("--data-dir", generate_options.data_dir,
+                       "where the checkpoint's recorded tokenizer is (tokenizer.json), if not "
+                       "its data.dir");
 
   bigmac::cli::TuneMbsOptions tune_options;
   CLI::App* tune = app.add_subcommand("tune-mbs",
@@ -417,10 +450,11 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return RunCompare(compare_options);
     if (generate->parsed()) return RunGenerate(generate_options);
     if (inspect->parsed()) return RunCkptInspect(ckpt_dir);
-    if (export_cmd->parsed()) return RunCkptExport(ckpt_dir, safetensors, export_overwrite);
+    if (export_cmd->parsed())
+      return RunCkptExport(ckpt_dir, safetensors, ckpt_plugins, export_overwrite);
     if (import_cmd->parsed()) {
-      return RunCkptImport(safetensors, import_config, import_overrides, import_output,
-                           import_overwrite);
+      return RunCkptImport(safetensors, import_config, import_overrides, ckpt_plugins,
+                           import_output, import_overwrite);
     }
     return RunPlan(plan_options);
   });

@@ -9,6 +9,8 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/output_guard.h"
 #include "core/cli/exit_codes.h"
+#include "core/data/error.h"
+#include "core/data/tokenizer.h"
 #include "core/util/files.h"
 
 namespace bigmac::cli {
@@ -143,6 +145,10 @@ StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std
       check.summary = "--resume auto: no checkpoint in " + root + " yet; the run starts fresh";
       return check;
     }
+    // The tokenizer first: data of another vocabulary also changes the model's shapes, and the
+    // data is what to fix (exit 5).
+    data::CheckSameTokenizer(checkpoint::ReadCheckedManifest(step_dir).tokenizer(),
+                             cfg.data().dir(), step_dir);
     const checkpoint::Manifest manifest = checkpoint::ReadManifest(step_dir, cfg);
     for (const checkpoint::LayerFile& file : manifest.files()) {
       if (std::string problem = CheckLayerFile(step_dir + "/" + file.file(), file.bytes());
@@ -164,6 +170,9 @@ StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std
                     " of " + std::to_string(max_steps) + ": the manifest matches the model, " +
                     std::to_string(manifest.files_size()) + " layer files present (not read)";
   } catch (const checkpoint::CheckpointError& error) {
+    check.problems.push_back(error.what());
+  } catch (const data::DataError& error) {
+    check.exit_code = kExitBadData;
     check.problems.push_back(error.what());
   } catch (const std::exception& error) {  // std::filesystem_error: a path the OS refuses
     check.problems.push_back("--resume " + resume + ": " + error.what());

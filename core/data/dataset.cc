@@ -101,7 +101,7 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split,
     throw DataError(at_largest + " is outside the vocabulary of " + std::to_string(declared) +
                     " (" + declared_by + ")");
   }
-  vocab_size_ = declared != 0 ? declared : largest.token + 1;
+  vocab_size_ = declared != 0 ? declared : int64_t{largest.token} + 1;
   vocab_source_ = declared != 0 ? declared_by + ": vocabulary " + std::to_string(declared)
                                 : at_largest + " (the largest) means a vocabulary of at least " +
                                       std::to_string(vocab_size_);

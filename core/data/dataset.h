@@ -25,7 +25,7 @@ class TokenDataset {
 
   int64_t size() const { return size_; }
   // The vocabulary the files (or tokenizer.json) declare, else the largest token + 1.
-  uint32_t vocab_size() const { return vocab_size_; }
+  int64_t vocab_size() const { return vocab_size_; }
   const std::string& description() const { return description_; }
   // tokenizer.json beside the shards, when `bigmac data prep` wrote one.
   const std::optional<TokenizerManifest>& tokenizer() const { return tokenizer_; }
@@ -52,7 +52,7 @@ class TokenDataset {
   std::vector<TokenFile> files_;
   std::vector<int64_t> starts_;  // starts_[i]: the stream position of files_[i]'s first token
   int64_t size_ = 0;
-  uint32_t vocab_size_ = 0;
+  int64_t vocab_size_ = 0;  // int64: a largest token of 2^32 - 1 means 2^32, not 0
   std::string vocab_source_;  // the file (and position) the vocabulary comes from
   std::optional<TokenizerManifest> tokenizer_;
   std::string description_;

@@ -34,6 +34,14 @@ constexpr int kLlmcHeaderBytes = 256 * 4;
 constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr int kMegatronHeaderBytes = 9 + 8 + 1 + 8 + 8;
 
+// A two's-complement field (Megatron's int64 pointers and document indices), so that a negative
+// value is printed as one and not as its unsigned wrap-around.
+int64_t SignedLittleEndian(const unsigned char* at, int bytes) {
+  const uint64_t value = LittleEndian(at, bytes);
+  const int shift = 64 - 8 * bytes;
+  return static_cast<int64_t>(value << shift) >> shift;
+}
+
 std::string Describe(uint64_t bytes) { return std::to_string(bytes) + " bytes"; }
 
 }  // namespace
@@ -205,6 +213,7 @@ void TokenFile::OpenMegatron(const std::string& index_path) {
                     " is not a token type this reader takes (8 = uint16, 4 = int32)");
   }
   width_ = code == 8 ? 2 : 4;
+  signed_tokens_ = code == 4;
   const uint64_t sequences = LittleEndian(idx + 18, 8);
   const uint64_t documents = LittleEndian(idx + 26, 8);
   const uint64_t room = idx_size - kMegatronHeaderBytes;
@@ -225,9 +234,9 @@ void TokenFile::OpenMegatron(const std::string& index_path) {
   // tile it, as Megatron's builder writes them.
   uint64_t offset = 0;
   for (uint64_t s = 0; s < sequences; ++s) {
-    const int64_t length = static_cast<int32_t>(LittleEndian(lengths + 4 * s, 4));
-    const uint64_t pointer = LittleEndian(pointers + 8 * s, 8);
-    if (length < 0 || pointer != offset) {
+    const int64_t length = SignedLittleEndian(lengths + 4 * s, 4);
+    const int64_t pointer = SignedLittleEndian(pointers + 8 * s, 8);
+    if (length < 0 || pointer < 0 || uint64_t(pointer) != offset) {
       throw DataError(index_path + ": sequence " + std::to_string(s) + " has length " +
                       std::to_string(length) + " at byte " + std::to_string(pointer) +
                       "; expected a length >= 0 at byte " + std::to_string(offset) +
@@ -235,17 +244,17 @@ void TokenFile::OpenMegatron(const std::string& index_path) {
     }
     offset += uint64_t(length) * width_;
   }
-  uint64_t previous = 0;
+  int64_t previous = 0;
   for (uint64_t d = 0; d < documents; ++d) {
-    const uint64_t at = LittleEndian(doc_index + 8 * d, 8);
-    if ((d == 0 && at != 0) || at < previous || at > sequences) {
+    const int64_t at = SignedLittleEndian(doc_index + 8 * d, 8);
+    if ((d == 0 && at != 0) || at < previous || uint64_t(at) > sequences) {
       throw DataError(index_path + ": document index " + std::to_string(d) + " is " +
                       std::to_string(at) + "; document indices rise from 0 to the " +
                       std::to_string(sequences) + " sequences");
     }
     previous = at;
   }
-  if (documents > 0 && previous != sequences) {
+  if (documents > 0 && uint64_t(previous) != sequences) {
     throw DataError(index_path + ": the last document index is " + std::to_string(previous) +
                     ", not the sequence count " + std::to_string(sequences));
   }
@@ -278,6 +287,13 @@ TokenFile::Largest TokenFile::LargestToken() const {
   for (int64_t i = 0; i < count_; ++i) {
     const uint32_t token = at(i);
     if (largest.position < 0 || token > largest.token) largest = {token, i};
+  }
+  // Megatron's int32 tokens are signed: the largest unsigned pattern is then the most negative
+  // token, named as the negative number it is (not its wrap-around) and refused.
+  if (signed_tokens_ && largest.position >= 0 && static_cast<int32_t>(largest.token) < 0) {
+    throw DataError(path_ + ": token " + std::to_string(static_cast<int32_t>(largest.token)) +
+                    " at position " + std::to_string(largest.position) +
+                    " is negative (the file's tokens are int32; a token id is >= 0)");
   }
   return largest;
 }

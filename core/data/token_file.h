@@ -60,6 +60,7 @@ class TokenFile {
   void Copy(int64_t begin, int64_t n, int32_t* out) const;
 
   // The largest token and its position (one pass over the map). For an empty file, 0 and -1.
+  // Throws DataError naming a negative token of a signed format (Megatron's int32).
   struct Largest {
     uint32_t token = 0;
     int64_t position = -1;
@@ -78,6 +79,7 @@ class TokenFile {
   int64_t count_ = 0;
   int width_ = 2;
   uint32_t declared_vocab_ = 0;
+  bool signed_tokens_ = false;  // Megatron's int32 (dtype code 4); the others are unsigned
 };
 
 }  // namespace bigmac::data

@@ -14,6 +14,9 @@ class SentencePieceProcessor {};  // opaque here: only libbigmac_sentencepiece.s
 namespace bigmac::data {
 namespace {
 
+// How an id a tokenizer lacks is spelled in text: "<|300|>".
+std::string IdText(int32_t token) { return "<|" + std::to_string(token) + "|>"; }
+
 using Processor = sentencepiece::SentencePieceProcessor;
 using Args = std::unordered_map<std::string, std::string>;
 
@@ -103,7 +106,7 @@ class ByteTokenizer : public Tokenizer {
       if (token >= 0 && token < 256) {
         text.push_back(static_cast<char>(token));
       } else {
-        text += "<|" + std::to_string(token) + "|>";
+        text += IdText(token);
       }
     }
     return text;
@@ -153,7 +156,7 @@ class SentencePieceTokenizer : public Tokenizer {
         run.push_back(token);
       } else {
         flush();
-        text += "<|" + std::to_string(token) + "|>";
+        text += IdText(token);
       }
     }
     flush();
@@ -184,6 +187,45 @@ std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir) {
                     kTokenizerManifest + " says " + std::to_string(manifest->vocab_size));
   }
   return tokenizer;
+}
+
+void CheckSameTokenizer(const std::string& recorded, const std::string& data_dir,
+                        const std::string& whose) {
+  const std::optional<TokenizerManifest> manifest = ReadTokenizerManifest(data_dir);
+  if (recorded.empty() || !manifest || manifest->Id() == recorded) return;
+  throw DataError(data_dir + "/" + kTokenizerManifest + ": tokenizer " + manifest->Id() + ", but " +
+                  whose + " was trained on tokenizer " + recorded +
+                  " (its token ids mean other text)");
+}
+
+std::unique_ptr<Tokenizer> RecordedTokenizer(const std::string& recorded,
+                                             const std::string& data_dir, int64_t vocab_size,
+                                             const std::string& whose) {
+  const TokenizerManifest byte_level{"byte", 256};
+  if (recorded.empty()) {
+    // Data without tokenizer.json: BigMac's byte-level shards before it existed, or another
+    // trainer's ids, which no tokenizer here can spell.
+    if (vocab_size == byte_level.vocab_size) return MakeByteTokenizer();
+    throw DataError(whose + " records no tokenizer (its data had no " + kTokenizerManifest +
+                    ") and its model.vocab_size=" + std::to_string(vocab_size) +
+                    " is not byte-level's 256: its token ids cannot be turned into text");
+  }
+  if (recorded == byte_level.Id()) return MakeByteTokenizer();
+  if (!ReadTokenizerManifest(data_dir)) {
+    throw DataError(whose + " was trained on tokenizer " + recorded + ", which " + data_dir + "/" +
+                    kTokenizerManifest +
+                    " should describe, but there is none: pass --data-dir "
+                    "with the directory that holds the training data's " +
+                    kTokenizerManifest + " and " + kTokenizerModel);
+  }
+  CheckSameTokenizer(recorded, data_dir, whose);
+  return TokenizerFor(data_dir);
+}
+
+std::string IdsText(const std::vector<int32_t>& tokens) {
+  std::string text;
+  for (const int32_t token : tokens) text += IdText(token);
+  return text;
 }
 
 void TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& dir,

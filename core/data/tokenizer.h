@@ -38,6 +38,28 @@ std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_p
 // tokenizer.json names (docs/data.md), else byte-level. Throws DataError naming the file.
 std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir);
 
+// Refuses `data_dir` as the data of a checkpoint trained on tokenizer `recorded` (its
+// Manifest.tokenizer; `whose` names it) when data_dir's tokenizer.json names another tokenizer:
+// its token ids mean other text. Nothing to compare when either is absent. Throws DataError
+// (exit 5) naming both. Resume checks this before the model's shapes, so that data of another
+// vocabulary is reported as such and not as another model.
+void CheckSameTokenizer(const std::string& recorded, const std::string& data_dir,
+                        const std::string& whose);
+
+// The tokenizer a checkpoint was trained on, found and verified: `recorded` is its
+// Manifest.tokenizer ("byte/256" needs no file; "sentencepiece/N/<hash>" must be described by
+// `data_dir`/tokenizer.json, whose model file has that hash), or "" when its data had no
+// tokenizer.json (byte-level then, if `vocab_size` is byte-level's 256). Throws DataError (exit
+// 5) naming what it looked for and where, never a guess: ids decoded with another tokenizer are
+// garbage.
+std::unique_ptr<Tokenizer> RecordedTokenizer(const std::string& recorded,
+                                             const std::string& data_dir, int64_t vocab_size,
+                                             const std::string& whose);
+
+// `tokens` as "<|464|><|2068|>": how Decode spells an id its tokenizer lacks, for ids no
+// tokenizer here can spell (RecordedTokenizer refused).
+std::string IdsText(const std::vector<int32_t>& tokens);
+
 // Trains a SentencePiece model (`model_type` "bpe" or "unigram", `vocab_size` pieces) on the
 // lines of `inputs` and writes it to <dir>/tokenizer.model. The settings make decoding give back
 // the exact text: identity normalization, whitespace kept, byte fallback for anything unseen.

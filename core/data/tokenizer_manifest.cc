@@ -58,7 +58,14 @@ std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir) {
   try {
     const nlohmann::json json = nlohmann::json::parse(in);
     manifest.kind = json.at("tokenizer").get<std::string>();
-    manifest.vocab_size = json.at("vocab_size").get<uint32_t>();
+    // Read signed and bounded: -1 must not wrap to 4294967295 (nor 2^40 to its low bits).
+    const nlohmann::json& vocab = json.at("vocab_size");
+    if (!vocab.is_number_integer() || vocab.get<int64_t>() < 1 ||
+        vocab.get<int64_t>() > kMaxTokenizerVocab) {
+      throw DataError(path + ": vocab_size " + vocab.dump() + " must be an integer in [1, " +
+                      std::to_string(kMaxTokenizerVocab) + "]");
+    }
+    manifest.vocab_size = static_cast<uint32_t>(vocab.get<int64_t>());
     manifest.train_tokens = json.value("train_tokens", int64_t{0});
     manifest.val_tokens = json.value("val_tokens", int64_t{0});
     manifest.val_bytes = json.value("val_bytes", int64_t{0});

@@ -13,6 +13,8 @@ namespace bigmac::data {
 inline constexpr char kTokenizerManifest[] = "tokenizer.json";
 // The SentencePiece model beside the shards.
 inline constexpr char kTokenizerModel[] = "tokenizer.model";
+// The largest vocabulary a tokenizer manifest may state: model.vocab_size is an int32.
+inline constexpr int64_t kMaxTokenizerVocab = 2147483647;
 
 struct TokenizerManifest {
   std::string kind;  // "byte" or "sentencepiece"

@@ -383,13 +383,10 @@ void Trainer::Resume() {
     Log("[ckpt] --resume auto: no checkpoint in " + checkpoint_root + " yet; starting fresh");
     return;
   }
-  // Every rank reads both, so every rank refuses alike.
-  if (const std::string saved = checkpoint::ReadManifest(step_dir, cfg_).tokenizer();
-      !saved.empty() && !tokenizer_id_.empty() && saved != tokenizer_id_) {
-    throw data::DataError(cfg_.data().dir() + "/" + data::kTokenizerManifest + ": tokenizer " +
-                          tokenizer_id_ + ", but " + step_dir + " was trained on tokenizer " +
-                          saved + " (its token ids mean other text)");
-  }
+  // Every rank reads both, so every rank refuses alike; before the model's shapes, which another
+  // vocabulary also changes.
+  data::CheckSameTokenizer(checkpoint::ReadCheckedManifest(step_dir).tokenizer(), cfg_.data().dir(),
+                           step_dir);
   const auto load_start = std::chrono::steady_clock::now();
   start_step_ =
       static_cast<int>(checkpoint::Load(step_dir, resolved_, stage_->State(), adamw_, comm_));
@@ -503,9 +500,18 @@ void Trainer::Sample(int step) {
   const Generation sample = Generate(prompt, seq_, vocab, options, last_logits, share);
   comm_.FinishSends();
   if (!root_) return;
-  const std::unique_ptr<data::Tokenizer> tokenizer = data::TokenizerFor(cfg_.data().dir());
-  const std::string prompt_text = tokenizer->Decode(prompt);
-  const std::string text = tokenizer->Decode(sample.tokens);
+  // The data's tokenizer by generate's rule; ids where no tokenizer here can spell them (data
+  // without tokenizer.json and a vocabulary other than bytes'), never another tokenizer's text.
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  try {
+    tokenizer = data::RecordedTokenizer(tokenizer_id_, cfg_.data().dir(), vocab, "the data");
+  } catch (const data::DataError&) {
+  }
+  const auto decode = [&](const std::vector<int32_t>& tokens) {
+    return tokenizer ? tokenizer->Decode(tokens) : data::IdsText(tokens);
+  };
+  const std::string prompt_text = decode(prompt);
+  const std::string text = decode(sample.tokens);
   Log(Format("[sample] step %d | %s -> %s | %.3f nats/token under the model", step,
              util::Printable(prompt_text).c_str(), util::Printable(text).c_str(),
              sample.mean_loss));

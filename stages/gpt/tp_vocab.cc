@@ -5,8 +5,9 @@
 // the pipeline ends rank by rank. The embedding looks up the tokens of its rows (zero for the
 // others) and sums over the group; the head computes its slice of the logits and the
 // cross-entropy over the whole vocabulary from three all-reduced row statistics (the max, the
-// sum of exponentials, the target's logit), never gathering the logits. Padding rows never reach
-// the loss. wpe and the final LayerNorm are replicated.
+// sum of exponentials, the target's logit), never gathering the logits for the loss; without
+// targets (text samples) it gathers them. Padding rows never reach the loss. wpe and the final
+// LayerNorm are replicated.
 #include <algorithm>
 #include <cmath>
 
@@ -146,6 +147,11 @@ class TpHead : public VocabParallel<T> {
                           this->W(kLnfWeight), this->W(kLnfBias), n, c);
     cpu::MatmulForward<T>(Base::D(s[kLogits]), Base::D(s[kNorm]), this->W(kHeadWte), nullptr, n, c,
                           v);
+    if (mb.targets == nullptr) {  // text generation: the logits of the whole vocabulary
+      *y = GatherLogits(s[kLogits], n, v);
+      saved->Clear();
+      return;
+    }
     const T* logits = Base::D(s[kLogits]);
     const int64_t real = this->RealRows();
     // The row maxima over the whole vocabulary.
@@ -231,6 +237,21 @@ class TpHead : public VocabParallel<T> {
   }
 
  private:
+  // (n, padded vocabulary) logits on every tp rank, as the tp = 1 head returns them without
+  // targets: each rank places its slice's columns in zeros and the group sums, which is exact
+  // (every other term is zero), so every rank holds the same bits and draws the same token.
+  Tensor GatherLogits(const Tensor& local, int n, int v) const {
+    const int64_t width = int64_t{v} * this->group_->size();
+    Tensor full = this->New({n, width});
+    full.Zero();
+    const T* from = Base::D(local);
+    T* to = Base::D(full);
+    for (int i = 0; i < n; ++i)
+      std::copy(from + int64_t{i} * v, from + int64_t{i + 1} * v, to + i * width + this->first_);
+    this->group_->AllReduceSum(&full, "tp head: logits for a text sample (gather)");
+    return full;
+  }
+
   layer::LayerCost Cost(int batch, int seq) const {
     return layer::TpHeadCost(this->spec_.dims, this->group_->size(), batch, seq,
                              static_cast<int>(memory::DTypeSize(this->spec_.dtype)));
