@@ -19,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testutil::Bigmac;
+using testutil::ReadFile;
 using testutil::RunCommand;
 using testutil::RunResult;
 using testutil::TempDir;
@@ -32,13 +33,6 @@ std::string DataDir() {
     return testutil::PrepareShards("full_disk", text);
   }();
   return dir;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // A tmpfs of `kib` KiB at <tmp>/<name>, filled to `free_kib` free; unmounted by the destructor.
@@ -99,7 +93,7 @@ TEST(FullDisk, RunOutputsAreWholeOrMarkedIncompleteAndTheRunExits8) {
   EXPECT_NE(r.output.find("output file(s) not written whole"), std::string::npos);
   EXPECT_EQ(r.output.find("[train] wrote "), std::string::npos) << "no claim of success";
   EXPECT_FALSE(fs::exists(out + "/metrics.jsonl")) << "an incomplete file keeps no final name";
-  const std::string metrics = ReadAll(out + "/metrics.jsonl.incomplete");
+  const std::string metrics = ReadFile(out + "/metrics.jsonl.incomplete");
   ASSERT_FALSE(metrics.empty());
   EXPECT_EQ(metrics.back(), '\n') << "cut back to whole lines";
   // Every line is whole JSON: the steps from 1 up to where the disk filled, in order.
@@ -148,7 +142,7 @@ TEST(FullDisk, WholeFileOutputsLeaveNothingOrTheEarlierFile) {
   r = RunCommand(Bigmac() + " ckpt export " + ckpt + " --safetensors " + model + " --overwrite",
                  60);
   EXPECT_EQ(r.exit_code, 8) << r.output;
-  EXPECT_EQ(ReadAll(model), "earlier");
+  EXPECT_EQ(ReadFile(model), "earlier");
   // data prep into a directory on the full disk: exit 8, the directory is not created.
   const std::string corpus = testutil::WriteTempFile("full_corpus.txt", std::string(300000, 'a'));
   r = RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + disk.dir() + "/shards",
@@ -186,7 +180,7 @@ TEST(OutputRules, DataPrepKeepsTheDirectoryAndHonoursTheUmask) {
   ASSERT_EQ(stat(dir.c_str(), &after), 0);
   EXPECT_EQ(after.st_ino, before.st_ino) << "the same directory, not a new one";
   EXPECT_EQ(after.st_mode & 07777, 0751u);
-  EXPECT_EQ(ReadAll(dir + "/README"), "mine");
+  EXPECT_EQ(ReadFile(dir + "/README"), "mine");
   EXPECT_TRUE(fs::exists(dir + "/train_000.bin"));
   for (const auto& entry : fs::directory_iterator(dir))
     EXPECT_EQ(entry.path().filename().string().find(".prep_"), std::string::npos)

@@ -22,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testutil::Bigmac;
+using testutil::ReadFile;
 using testutil::RunCommand;
 using testutil::RunResult;
 using testutil::TempDir;
@@ -44,19 +45,12 @@ std::string Train(const std::string& extra) {
          " --set train.log_interval=1 --set checkpoint.interval=1 " + extra;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // Every file under `dir` with its bytes, to show that a refused run changed nothing.
 std::string Snapshot(const std::string& dir) {
   std::string listing;
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {
     listing += entry.path().string() + "\n";
-    if (entry.is_regular_file()) listing += ReadAll(entry.path().string()) + "\n";
+    if (entry.is_regular_file()) listing += ReadFile(entry.path().string()) + "\n";
   }
   return listing;
 }
@@ -71,10 +65,10 @@ int StartHolder(const std::string& name, const std::string& extra,
       "BIGMAC_TEST_STALL_RANK=0:3 " + Train(extra) + " > " + log + " 2>&1 & echo $! > " + pid_file,
       10);
   EXPECT_EQ(started.exit_code, 0) << started.output;
-  const int pid = std::stoi(ReadAll(pid_file));
-  for (int i = 0; i < 600 && ReadAll(log).find("step 2/") == std::string::npos; ++i)
+  const int pid = std::stoi(ReadFile(pid_file));
+  for (int i = 0; i < 600 && ReadFile(log).find("step 2/") == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_NE(ReadAll(log).find("step 2/"), std::string::npos) << ReadAll(log);
+  EXPECT_NE(ReadFile(log).find("step 2/"), std::string::npos) << ReadFile(log);
   // Then until its writes have settled (checkpoint 2 saved; it stalls before step 3).
   for (int i = 0; i < 100 && !settled_dir.empty(); ++i) {
     const std::string before = Snapshot(settled_dir);
@@ -98,7 +92,7 @@ TEST(RunLock, ASecondRunOnTheSameCheckpointDirStopsAndNamesTheHolder) {
                                      " --set train.output_dir=" + ckpt + "_out",
                                  ckpt);
   const std::string before = Snapshot(ckpt);
-  EXPECT_NE(ReadAll(ckpt + "/latest").find("step_000002"), std::string::npos);
+  EXPECT_NE(ReadFile(ckpt + "/latest").find("step_000002"), std::string::npos);
 
   const RunResult second = RunCommand(Train("--set train.max_steps=4 --set checkpoint.dir=" + ckpt +
                                             " --set train.output_dir=" + TempDir() + "/other_out"),
@@ -174,7 +168,7 @@ TEST(RunLock, TwoRunsStartedTogetherGetOneWinner) {
                                            run + " > " + b + ".log 2>&1 & echo $! > " + b + ".pid",
                                        10);
   ASSERT_EQ(started.exit_code, 0) << started.output;
-  const int pid_a = std::stoi(ReadAll(a + ".pid")), pid_b = std::stoi(ReadAll(b + ".pid"));
+  const int pid_a = std::stoi(ReadFile(a + ".pid")), pid_b = std::stoi(ReadFile(b + ".pid"));
   // The loser ends by itself; the winner stalls at step 3 until it is killed.
   int alive = 2;
   for (int i = 0; i < 600 && alive == 2; ++i) {
@@ -183,15 +177,15 @@ TEST(RunLock, TwoRunsStartedTogetherGetOneWinner) {
   }
   ASSERT_EQ(alive, 1);
   const bool a_lost = kill(pid_a, 0) != 0;
-  const std::string loser_log = ReadAll(a_lost ? a + ".log" : b + ".log");
+  const std::string loser_log = ReadFile(a_lost ? a + ".log" : b + ".log");
   // The winner may not have written its name yet: "in use by another process (...)".
   EXPECT_NE(loser_log.find(" is in use by "), std::string::npos) << loser_log;
   EXPECT_NE(loser_log.find("bigmac: rank 0 exits with code 8"), std::string::npos) << loser_log;
-  for (int i = 0; i < 600 && ReadAll(ckpt + "/latest").find("step_000002") == std::string::npos;
+  for (int i = 0; i < 600 && ReadFile(ckpt + "/latest").find("step_000002") == std::string::npos;
        ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_NE(ReadAll(ckpt + "/latest").find("step_000002"), std::string::npos)
-      << ReadAll(a_lost ? b + ".log" : a + ".log");
+  EXPECT_NE(ReadFile(ckpt + "/latest").find("step_000002"), std::string::npos)
+      << ReadFile(a_lost ? b + ".log" : a + ".log");
   Kill(a_lost ? pid_b : pid_a);
 }
 

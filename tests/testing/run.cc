@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 #include "core/util/process.h"
@@ -50,6 +51,11 @@ std::string PrepareShards(const std::string& name, const std::string& text) {
       RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + out, 60);
   if (r.exit_code != 0) throw std::runtime_error("data prep failed: " + r.output);
   return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 int CountOccurrences(const std::string& text, const std::string& needle) {

@@ -34,6 +34,9 @@ std::string Mpirun(int ranks);
 // `name` and test binary; returns their directory.
 std::string PrepareShards(const std::string& name, const std::string& text);
 
+// The whole file at `path` as bytes ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // Number of (possibly overlapping) occurrences of `needle` in `text`.
 int CountOccurrences(const std::string& text, const std::string& needle);
 
