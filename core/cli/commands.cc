@@ -472,7 +472,7 @@ int RunSchedule(const ScheduleOptions& options) {
     std::filesystem::create_directories(parent);
   }
   std::ofstream trace(trace_path);
-  trace << schedule::ChromeTrace(result, options.kind);
+  schedule::WriteChromeTrace(result, options.kind, trace);
   if (!trace) {
     return ReportFailure(trace_path + ": cannot write: " + util::OsReason(errno), kExitOutput);
   }
