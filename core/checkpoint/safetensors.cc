@@ -5,9 +5,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/util/files.h"
 #include "nlohmann/json.hpp"
 
 namespace bigmac::checkpoint {
@@ -114,13 +116,12 @@ std::vector<NamedTensor> ReadSafetensors(const std::string& path) {
 namespace {
 
 std::vector<NamedTensor> ParseSafetensors(const std::string& path) {
-  std::error_code error;
-  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
-    throw CheckpointError(path + ": not a regular file");
+  std::string bytes;
+  if (std::string problem = util::ReadUserFile(path, std::numeric_limits<uint64_t>::max(),
+                                               "safetensors file", &bytes);
+      !problem.empty()) {
+    throw CheckpointError(problem);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path + ": cannot open");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.size() < 8) throw CheckpointError(path + ": shorter than the 8-byte header length");
   uint64_t length = 0;
   for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
