@@ -234,7 +234,7 @@ std::unique_ptr<::bigmac::device::Device> MakeRankDevice(const comm::DevicePlace
 // OpenMP and BLAS threads per rank: the node's cores shared by its ranks (spinning threads of
 // oversubscribed ranks starve each other), unless the user set OMP_NUM_THREADS.
 void ConfigureThreads(int ranks_on_node) {
-  if (std::getenv("OMP_NUM_THREADS")) return;
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && *threads) return;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = std::max(1, cores / std::max(1, ranks_on_node));
   omp_set_num_threads(threads);

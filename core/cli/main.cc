@@ -5,13 +5,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <string>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
+#include "core/config/environment.h"
 #include "plugins/sdk/cpu_kernels.h"
 
 namespace {
@@ -95,6 +97,14 @@ std::string UnknownCommand(CLI::App* app, int argc, char** argv, int at) {
 
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
+  // Before any OpenMP region or BLAS call: a bad OMP_NUM_THREADS crashes inside libgomp.
+  if (const std::vector<std::string> problems =
+          bigmac::config::CheckEnvironment([](const char* name) { return std::getenv(name); });
+      !problems.empty()) {
+    for (const std::string& problem : problems)
+      std::fprintf(stderr, "bigmac: %s\n", problem.c_str());
+    return kExitConfig;
+  }
   bigmac::cli::EnsureFastBlasKernels(argv);
   if (std::string problem; !bigmac::sdk::cpu::FloatGemmLibrary(&problem)) {
     std::fprintf(stderr, "bigmac: %s\n", problem.c_str());
@@ -178,9 +188,10 @@ int main(int argc, char** argv) {
       "Turn UTF-8 text files into token shards, byte-level (vocabulary 256) or SentencePiece, "
       "holding out every Nth block of 4096 tokens for validation; tokenizer.json (and "
       "tokenizer.model) go beside them. Formats: docs/data.md.");
+  // Inputs are checked by `data prep` itself (the checked opener: exit 5 naming the file), not
+  // by the parser, whose refusal would be a command-line error (exit 2).
   prep->add_option("--input", prep_options.inputs, "text files, concatenated in this order")
-      ->required()
-      ->check(CLI::ExistingFile);
+      ->required();
   prep->add_option("--output", prep_options.output, "directory for train_NNN.bin and val_NNN.bin")
       ->required();
   prep->add_flag("--overwrite", prep_options.overwrite,
@@ -197,8 +208,7 @@ int main(int argc, char** argv) {
                    "sentencepiece: bpe (default) or unigram")
       ->check(CLI::IsMember({"bpe", "unigram"}));
   prep->add_option("--tokenizer-model", prep_options.tokenizer_model,
-                   "sentencepiece: encode with this existing .model file instead of training one")
-      ->check(CLI::ExistingFile);
+                   "sentencepiece: encode with this existing .model file instead of training one");
 
   bigmac::cli::DataBatchesOptions batches_options;
   CLI::App* batches = data->add_subcommand(

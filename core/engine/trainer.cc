@@ -301,6 +301,12 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     val_data_.emplace(cfg_.data().dir(), "val", cfg_.data().val_files());
     train_data_->CheckFits(seq_, cfg_.model().vocab_size());
     val_data_->CheckFits(seq_, cfg_.model().vocab_size());
+    if (root_) {
+      for (const std::string& warning :
+           data::SplitWarnings(*train_data_, *val_data_, seq_, batch_, train_.eval_batches())) {
+        Log("[data] warning: " + warning);
+      }
+    }
   }
   if (const auto manifest = data::ReadTokenizerManifest(cfg_.data().dir()))
     tokenizer_id_ = manifest->Id();
@@ -468,15 +474,21 @@ void Trainer::Sample(int step) {
     pick.log_prob = comm_.AllReduceSumPp(have ? local.log_prob : 0.0);
     return pick;
   };
-  const Generation sample = Generate(prompt, seq_, vocab, options, last_logits, share);
+  // A stop signal ends a long sample: all ranks agree before each token (a rank that stopped
+  // alone would leave its pipeline peers waiting), then the step ends and the run saves.
+  const auto stop = [&] { return !comm_.AllOk(util::StopSignalReceived() == 0); };
+  const Generation sample = Generate(prompt, seq_, vocab, options, last_logits, share, stop);
   comm_.FinishSends();
   if (!root_) return;
   const std::unique_ptr<data::Tokenizer> tokenizer = data::TokenizerFor(cfg_.data().dir());
   const std::string prompt_text = tokenizer->Decode(prompt);
   const std::string text = tokenizer->Decode(sample.tokens);
-  Log(Format("[sample] step %d | %s -> %s | %.3f nats/token under the model", step,
-             util::Printable(prompt_text).c_str(), util::Printable(text).c_str(),
-             sample.mean_loss));
+  Log(Format("[sample] step %d | %s -> %s | %.3f nats/token under the model%s", step,
+             util::Printable(prompt_text).c_str(), util::Printable(text).c_str(), sample.mean_loss,
+             sample.stopped ? Format(" (stopped by a signal after %zu of %d tokens)",
+                                     sample.tokens.size(), options.tokens)
+                                  .c_str()
+                            : ""));
   if (events_) events_->AddText("sample", step, "    " + prompt_text + " -> " + text);
 }
 
