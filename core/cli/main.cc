@@ -14,6 +14,7 @@
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
 #include "core/config/environment.h"
+#include "core/data/error.h"
 #include "plugins/sdk/cpu_kernels.h"
 
 namespace {
@@ -56,7 +57,7 @@ const CLI::Validator kMilliseconds =
     FiniteIn(0, kMaxMilliseconds, "number of milliseconds in [0, 1e9]");
 
 // Runs a command; no exception reaches std::terminate. A filesystem failure names the path
-// and the OS's reason (docs/exit_codes.md, code 8).
+// and the OS's reason (docs/exit_codes.md, code 8); an unusable data file, the file (code 5).
 int Guarded(const std::function<int()>& command) {
   using namespace bigmac::cli;
   try {
@@ -67,6 +68,10 @@ int Guarded(const std::function<int()>& command) {
     std::fprintf(stderr, "bigmac: %s: %s (%s)\n", paths.c_str(), error.code().message().c_str(),
                  error.what());
     return kExitOutput;
+  } catch (const bigmac::data::DataError& error) {
+    // A data file any command reads (a tokenizer, shards), wherever it is found: its name and
+    // the problem, never "internal error".
+    return ReportFailure(error.what(), kExitBadData);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "bigmac: out of memory: a host allocation failed (std::bad_alloc); lower the "
