@@ -93,13 +93,8 @@ class ShardWriter {
 // Calls `line` with each line of `input` (its '\n' kept), read through the checked opener.
 template <typename LineFn>
 void ForEachLine(const std::string& input, LineFn line) {
-  int fd = -1;
   uint64_t size = 0;
-  if (std::string problem =
-          util::OpenUserFile(input, std::numeric_limits<uint64_t>::max(), "text file", &fd, &size);
-      !problem.empty()) {
-    throw DataError(problem);
-  }
+  const int fd = OpenDataFile(input, "text file", &size);
   FILE* file = fdopen(fd, "rb");
   if (file == nullptr) {
     close(fd);

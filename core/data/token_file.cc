@@ -52,12 +52,7 @@ const char* TokenFormatName(TokenFormat format) {
 }
 
 MappedFile::MappedFile(const std::string& path) {
-  int fd = -1;
-  if (std::string problem =
-          util::OpenUserFile(path, std::numeric_limits<uint64_t>::max(), "token file", &fd, &size_);
-      !problem.empty()) {
-    throw DataError(problem);
-  }
+  const int fd = OpenDataFile(path, "token file", &size_);
   if (size_ > 0) {
     void* at = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (at == MAP_FAILED) {

@@ -194,13 +194,8 @@ class SentencePieceTokenizer : public Tokenizer {
 // non-empty lines. Reads only until the first such byte (the first line of any real text).
 bool AnyText(const std::vector<std::string>& inputs) {
   for (const std::string& path : inputs) {
-    int fd = -1;
     uint64_t size = 0;
-    if (std::string problem =
-            util::OpenUserFile(path, std::numeric_limits<uint64_t>::max(), "text file", &fd, &size);
-        !problem.empty()) {
-      throw DataError(problem);
-    }
+    const int fd = OpenDataFile(path, "text file", &size);
     char buffer[65536];
     ssize_t n = 0;
     bool text = false;

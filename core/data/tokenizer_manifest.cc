@@ -29,13 +29,7 @@ std::string BytesHash(const std::string& bytes) {
 }
 
 std::string ReadTokenizerModel(const std::string& path) {
-  std::string bytes;
-  if (std::string problem =
-          util::ReadUserFile(path, kMaxTokenizerModelBytes, "SentencePiece model", &bytes);
-      !problem.empty()) {
-    throw DataError(problem);
-  }
-  return bytes;
+  return ReadDataFile(path, "SentencePiece model", kMaxTokenizerModelBytes);
 }
 
 void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& manifest) {
@@ -62,12 +56,7 @@ std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir) {
   // a fifo, a directory) goes to the checked opener, which names the problem.
   struct stat info;
   if (lstat(path.c_str(), &info) != 0 && errno == ENOENT) return std::nullopt;
-  std::string text;
-  if (std::string problem =
-          util::ReadUserFile(path, kMaxTokenizerManifestBytes, "tokenizer manifest", &text);
-      !problem.empty()) {
-    throw DataError(problem);
-  }
+  const std::string text = ReadDataFile(path, "tokenizer manifest", kMaxTokenizerManifestBytes);
   TokenizerManifest manifest;
   try {
     const nlohmann::json json = nlohmann::json::parse(text);
