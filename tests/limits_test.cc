@@ -165,6 +165,22 @@ TEST(ConfigMaximum, SampleTokensHasAStatedMaximum) {
   ExpectContains(Problems({"train.sample_tokens=2147483647"}), "must be <= 4096");
 }
 
+// Counts that cost work and no memory the allocator would refuse: each states its maximum.
+TEST(ConfigMaximum, EveryCountOfWorkHasOne) {
+  EXPECT_EQ(
+      Problems({"train.eval_batches=65536", "model.num_layers=65536", "train.trace_steps=1000",
+                "train.gradient_accumulation_steps=65536", "parallel.num_microbatches=65536"}),
+      "");
+  const std::string problems =
+      Problems({"train.eval_batches=65537", "model.num_layers=2000000000", "train.trace_steps=1001",
+                "train.gradient_accumulation_steps=65537", "parallel.num_microbatches=65537"});
+  ExpectContains(problems, "train.eval_batches=65537 (--set) must be <= 65536");
+  ExpectContains(problems, "model.num_layers=2000000000 (--set) must be <= 65536");
+  ExpectContains(problems, "train.trace_steps=1001 (--set) must be <= 1000");
+  ExpectContains(problems, "train.gradient_accumulation_steps=65537 (--set) must be <= 65536");
+  ExpectContains(problems, "parallel.num_microbatches=65537 (--set) must be <= 65536");
+}
+
 // Two splits in one directory: `train` and `val` token counts, and extra files.
 fs::path SplitDir(const std::string& name, int train_tokens, int val_tokens) {
   const fs::path dir = FreshDir(name);
