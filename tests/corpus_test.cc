@@ -225,7 +225,10 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
   }
 
   std::map<std::string, std::string> before = Snapshot(dir);
-  std::string shell = Bigmac() + " " + command;
+  // `launcher: true` runs launch/bigmac-mpirun (with this bigmac) instead of bigmac itself.
+  std::string shell = node["launcher"] ? "BIGMAC_BIN=" + Bigmac() + " " +
+                                             Runfile("launch/bigmac-mpirun") + " " + command
+                                       : Bigmac() + " " + command;
   if (node["signal"]) {
     // Started in the background, signalled once it is up, then waited for: the exit code is
     // bigmac's own.

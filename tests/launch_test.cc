@@ -104,5 +104,63 @@ TEST(MpirunWrapper, PrintsTheLineThenRunsIt) {
   EXPECT_LT(run.output.find("mpirun -np 4 "), run.output.find("[cfg]")) << "printed first";
 }
 
+// Issue 33, class 11: counts are parsed as bounded text (bash arithmetic wrapped 10^20 to -2
+// ranks and printed `mpirun -np -2`), and an option never takes the next option as its value.
+TEST(MpirunWrapper, CountsAreBoundedBeforeArithmetic) {
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"--cpu --np 99999999999999999999",
+       "--np must be an integer from 1 to 65536, got '99999999999999999999'"},
+      {"--cpu --np 65537", "--np must be an integer from 1 to 65536, got '65537'"},
+      {"--cpu --np 0", "--np must be an integer from 1 to 65536, got '0'"},
+      {"--nodes 4611686018427387904 --gpus-per-node 8",
+       "--nodes must be an integer from 1 to 65536"},
+      {"--nodes 65536 --gpus-per-node 2 --hostfile /etc/hostname",
+       "--nodes 65536 x --gpus-per-node 2 = 131072 ranks, over the limit of 65536"},
+      {"--gpus-per-node 8 --cpus-per-rank 1025",
+       "--cpus-per-rank must be an integer from 1 to 1024"},
+  };
+  for (const auto& c : cases) {
+    const testutil::RunResult run =
+        RunCommand(Wrapper() + " " + c.args + " --config c.yaml --print-only", 30);
+    EXPECT_EQ(run.exit_code, 2) << c.args << "\n" << run.output;
+    ExpectContains(run.output, c.message);
+    EXPECT_EQ(run.output.find("mpirun -np"), std::string::npos) << c.args;
+  }
+  const testutil::RunResult most =
+      RunCommand(Wrapper() +
+                     " --nodes 2 --gpus-per-node 32768 --hostfile /etc/hostname --config c.yaml "
+                     "--print-only",
+                 30);
+  EXPECT_EQ(most.exit_code, 0) << most.output;
+  ExpectContains(most.output, "mpirun -np 65536 ");
+}
+
+TEST(MpirunWrapper, AnOptionIsNeverTheValueOfTheOptionBeforeIt) {
+  // `--set --print-only` used to take --print-only as the value and really launch.
+  const testutil::RunResult set = RunCommand(
+      "MPIRUN=false " + Wrapper() + " --cpu --np 2 --config c.yaml --set --print-only", 30);
+  EXPECT_EQ(set.exit_code, 2) << set.output;
+  ExpectContains(set.output,
+                 "--set needs a value, but the next word '--print-only' is an option "
+                 "(write --set=VALUE for a value that starts with '-')");
+  EXPECT_EQ(set.output.find("mpirun -np"), std::string::npos);
+  const testutil::RunResult config =
+      RunCommand(Wrapper() + " --cpu --np 2 --config --dry-run --print-only", 30);
+  EXPECT_EQ(config.exit_code, 2);
+  ExpectContains(config.output, "--config needs a value, but the next word '--dry-run'");
+  const testutil::RunResult np = RunCommand(Wrapper() + " --cpu --np -4 --config c.yaml", 30);
+  EXPECT_EQ(np.exit_code, 2);
+  ExpectContains(np.output, "--np needs a value, but the next word '-4' is an option");
+  // Attached, a value may start with '-', and is passed on attached.
+  const testutil::RunResult attached = RunCommand(
+      Wrapper() + " --cpu --np 2 --config c.yaml --set=-x --mpirun-arg=--tag-output --print-only",
+      30);
+  EXPECT_EQ(attached.exit_code, 0) << attached.output;
+  ExpectContains(attached.output, "--tag-output ");
+  ExpectContains(attached.output, "train --config c.yaml --set=-x");
+}
+
 }  // namespace
 }  // namespace bigmac

@@ -320,5 +320,115 @@ TEST(Simulator, PredictsTheDataParallelAllReduceSerialAndOverlapped) {
   EXPECT_THROW(PredictDpReduce(two, {{3.0}, {}, 3}), std::invalid_argument);
 }
 
+// Issue 33, class 10: the largest schedule `bigmac schedule` accepts (pp = 1024, 1024
+// micro-batches) is built and simulated action by action, each rank's list holding exactly its
+// computations and the messages around them. (The quadratic builder took minutes and gigabytes.)
+TEST(Schedule, TheLargestAcceptedScheduleHasTheExpectedActionCounts) {
+  for (const Kind kind : {Kind::k1F1B, Kind::kZeroBubbleH1}) {
+    const int p = 1024, m = 1024;
+    const std::vector<std::vector<Action>> all = BuildAllActions({kind, p, m, 1});
+    ASSERT_EQ(all.size(), size_t(p));
+    const int computes = kind == Kind::kZeroBubbleH1 ? 3 : 2;
+    size_t total = 0;
+    for (int r = 0; r < p; ++r) {
+      std::map<Op, int> count;
+      for (const Action& a : all[r]) ++count[a.op];
+      const int neighbours = (r > 0) + (r < p - 1);
+      EXPECT_EQ(all[r].size(), size_t(m) * (computes + 2 * neighbours)) << "rank " << r;
+      EXPECT_EQ(count[Op::kForward], m);
+      EXPECT_EQ(count[Op::kRecvAct], r > 0 ? m : 0);
+      EXPECT_EQ(count[Op::kSendGrad], r > 0 ? m : 0);
+      total += all[r].size();
+    }
+    const SimResult result = Simulate(all, 1, Costs{});
+    EXPECT_FALSE(result.deadlock) << result.problem;
+    EXPECT_EQ(result.events.size(), total);
+  }
+}
+
+// The zb_h1 construction as it was first written (every rank at every unit of time), kept as the
+// reference the fast one must match exactly on small pipelines.
+std::vector<std::vector<std::pair<Op, int>>> ReferenceZeroBubble(int p, int m) {
+  std::vector<std::vector<std::pair<Op, int>>> critical(p), out(p);
+  for (int r = 0; r < p; ++r) {
+    const int warmup = std::min(p - r - 1, m);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) critical[r].push_back({Op::kForward, f});
+    while (f < m) {
+      critical[r].push_back({Op::kForward, f++});
+      critical[r].push_back({Op::kBackwardInput, b++});
+    }
+    while (b < m) critical[r].push_back({Op::kBackwardInput, b++});
+  }
+  std::vector<size_t> next(p, 0);
+  std::vector<std::vector<int>> pending(p);
+  std::vector<int> live(p, 0);
+  std::map<std::pair<int, int>, int> f_done, b_done;
+  int done = 0;
+  for (int time = 0; done < p * m * 3; ++time) {
+    for (int r = 0; r < p; ++r) {
+      bool ran = false;
+      const bool bound = live[r] >= p && !pending[r].empty();
+      if (next[r] < critical[r].size() && !(bound && critical[r][next[r]].first == Op::kForward)) {
+        const auto [op, mb] = critical[r][next[r]];
+        auto at = [&](std::map<std::pair<int, int>, int>& done_map, int rank) {
+          return done_map.count({mb, rank}) && done_map[{mb, rank}] <= time;
+        };
+        const bool ready = op == Op::kForward ? r == 0 || at(f_done, r - 1)
+                                              : (r == p - 1 ? at(f_done, r) : at(b_done, r + 1));
+        if (ready) {
+          out[r].push_back({op, mb});
+          ++next[r];
+          (op == Op::kForward ? f_done : b_done)[{mb, r}] = time + 1;
+          if (op == Op::kBackwardInput) pending[r].push_back(mb);
+          if (op == Op::kForward) ++live[r];
+          ran = true;
+        }
+      }
+      if (!ran && !pending[r].empty()) {
+        out[r].push_back({Op::kBackwardWeight, pending[r].front()});
+        pending[r].erase(pending[r].begin());
+        --live[r];
+        ran = true;
+      }
+      if (ran) ++done;
+    }
+  }
+  return out;
+}
+
+TEST(Schedule, ZeroBubbleMatchesTheReferenceConstruction) {
+  for (int p : {1, 2, 3, 4, 7, 8}) {
+    for (int m : {p, p + 1, 2 * p, 3 * p + 2, 16}) {
+      if (m < p) continue;
+      const auto reference = ReferenceZeroBubble(p, m);
+      const std::vector<std::vector<Action>> all = BuildAllActions({Kind::kZeroBubbleH1, p, m, 1});
+      for (int r = 0; r < p; ++r) {
+        std::vector<std::pair<Op, int>> computes;
+        for (const Action& a : all[r]) {
+          if (Info(a.op).computes) computes.push_back({a.op, a.microbatch});
+        }
+        EXPECT_EQ(computes, reference[r]) << "pp=" << p << " m=" << m << " rank " << r;
+        EXPECT_EQ(BuildRankActions({Kind::kZeroBubbleH1, p, m, 1}, r), all[r]);
+      }
+    }
+  }
+}
+
+TEST(Trace, TheGridOfAHugePipelineIsOneLineAndTheTraceHasEveryAction) {
+  const SimResult result = Simulate(BuildAllActions({Kind::k1F1B, 65, 65, 1}), 1, Costs{});
+  EXPECT_EQ(FormatGrid(result, 65),
+            "grid: not drawn for 65 ranks x 387 columns (at most 64 x 1024); the trace has every "
+            "action\n");
+  const std::string trace = ChromeTrace(result, "1f1b");
+  auto count = [&trace](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = trace.find(text); at != std::string::npos; at = trace.find(text, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\"cat\":\"Forward\""), size_t(65) * 65);
+  EXPECT_EQ(count("\"cat\":\"Backward\""), size_t(65) * 65);
+}
+
 }  // namespace
 }  // namespace bigmac::schedule

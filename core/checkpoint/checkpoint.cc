@@ -15,6 +15,7 @@
 
 #include "core/checkpoint/crc32.h"
 #include "core/checkpoint/tp_slices.h"
+#include "core/util/files.h"
 #include "core/util/format.h"
 #include "google/protobuf/text_format.h"
 
@@ -80,11 +81,12 @@ std::string ReadWholeFile(const std::string& path) {
   if (!fs::is_regular_file(status)) throw CheckpointError(path + ": not a regular file");
   const uintmax_t size = fs::file_size(path, error);
   if (error) throw CheckpointError(path + ": cannot read its size: " + error.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path + ": missing (cannot open)");
-  std::string data(static_cast<size_t>(size), '\0');
-  if (!in.read(data.data(), static_cast<std::streamsize>(data.size())))
-    throw CheckpointError(path + ": read failed");
+  // Read through the checked opener: the file checked above may have been replaced since.
+  std::string data;
+  if (std::string problem = util::ReadUserFile(path, size, "checkpoint file", &data);
+      !problem.empty()) {
+    throw CheckpointError(problem);
+  }
   return data;
 }
 

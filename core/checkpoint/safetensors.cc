@@ -5,11 +5,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <tuple>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/config/resolve.h"
+#include "core/util/files.h"
 #include "core/util/output_file.h"
 #include "nlohmann/json.hpp"
 
@@ -195,13 +197,12 @@ void CheckCoverage(const std::string& path, std::vector<Extent> extents, uint64_
 
 std::vector<NamedTensor> ParseSafetensors(const std::string& path,
                                           const std::vector<std::string>& required) {
-  std::error_code error;
-  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
-    throw CheckpointError(path + ": not a regular file");
+  std::string bytes;
+  if (std::string problem = util::ReadUserFile(path, std::numeric_limits<uint64_t>::max(),
+                                               "safetensors file", &bytes);
+      !problem.empty()) {
+    throw CheckpointError(problem);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path + ": cannot open");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.size() < 8) throw CheckpointError(path + ": shorter than the 8-byte header length");
   uint64_t length = 0;
   for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);

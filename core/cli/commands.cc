@@ -243,7 +243,7 @@ std::unique_ptr<::bigmac::device::Device> MakeRankDevice(const comm::DevicePlace
 // OpenMP and BLAS threads per rank: the node's cores shared by its ranks (spinning threads of
 // oversubscribed ranks starve each other), unless the user set OMP_NUM_THREADS.
 void ConfigureThreads(int ranks_on_node) {
-  if (std::getenv("OMP_NUM_THREADS")) return;
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && *threads) return;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = std::max(1, cores / std::max(1, ranks_on_node));
   omp_set_num_threads(threads);
@@ -490,10 +490,18 @@ int RunSchedule(const ScheduleOptions& options) {
                 dp_result.serial_makespan, dp_result.overlap_makespan,
                 dp_result.serial_makespan - dp_result.overlap_makespan);
   }
-  if (std::string problem =
-          util::WriteWholeFile(trace_path, schedule::ChromeTrace(result, options.kind));
-      !problem.empty()) {
-    return ReportFailure(problem, kExitOutput);
+  {
+    std::string problem;
+    std::unique_ptr<util::OutputFile> file = util::OutputFile::Open(trace_path, &problem);
+    if (file) {
+      // Streamed: a large schedule's trace is hundreds of MB, not worth a second copy in memory.
+      util::OutputFileBuffer buffer(file.get());
+      std::ostream trace(&buffer);
+      schedule::WriteChromeTrace(result, options.kind, trace);
+      trace.flush();
+      problem = file->Commit();
+    }
+    if (!problem.empty()) return ReportFailure(problem, kExitOutput);
   }
   std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
               trace_path.c_str());

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
@@ -16,6 +17,7 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/plan/compare.h"
+#include "core/util/files.h"
 #include "core/util/format.h"
 #include "core/util/output_file.h"
 #include "core/util/process.h"
@@ -26,6 +28,9 @@ using util::Format;
 
 namespace {
 
+// A comparison's runs are short: their metrics are a few KiB.
+constexpr uint64_t kMaxMetricsBytes = uint64_t{1} << 30;
+
 // The run's metrics.jsonl and [memory] lines, warm-up steps removed from the timings.
 plan::RunRecord Read(const std::string& name, const std::string& dir, const std::string& output,
                      int warmup) {
@@ -33,7 +38,15 @@ plan::RunRecord Read(const std::string& name, const std::string& dir, const std:
   record.name = name;
   std::map<int, plan::RankRecord> ranks;
   std::map<int, std::vector<double>> forward, backward, wait;
-  std::ifstream metrics(dir + "/metrics.jsonl");
+  // The child run's own output, still read through the checked opener, and bounded.
+  const std::string metrics_path = dir + "/metrics.jsonl";
+  std::string text;
+  if (std::string problem =
+          util::ReadUserFile(metrics_path, kMaxMetricsBytes, "metrics file", &text);
+      !problem.empty()) {
+    std::fprintf(stderr, "bigmac: compare: %s\n", problem.c_str());
+  }
+  std::istringstream metrics(text);
   int step = 0;
   for (std::string line; std::getline(metrics, line); ++step) {
     const nlohmann::json m = nlohmann::json::parse(line);

@@ -11,11 +11,14 @@
 #include <functional>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
 #include "core/cli/model_config.h"
+#include "core/config/environment.h"
+#include "core/data/error.h"
 #include "core/util/output_file.h"
 #include "plugins/sdk/cpu_kernels.h"
 
@@ -76,7 +79,7 @@ const CLI::Validator kMilliseconds =
     FiniteIn(0, kMaxMilliseconds, "number of milliseconds in [0, 1e9]");
 
 // Runs a command; no exception reaches std::terminate. A filesystem failure names the path
-// and the OS's reason (docs/exit_codes.md, code 8).
+// and the OS's reason (docs/exit_codes.md, code 8); an unusable data file, the file (code 5).
 int Guarded(const std::function<int()>& command) {
   using namespace bigmac::cli;
   try {
@@ -90,6 +93,10 @@ int Guarded(const std::function<int()>& command) {
     std::fprintf(stderr, "bigmac: %s: %s (%s)\n", paths.c_str(), error.code().message().c_str(),
                  error.what());
     return kExitOutput;
+  } catch (const bigmac::data::DataError& error) {
+    // A data file any command reads (a tokenizer, shards), wherever it is found: its name and
+    // the problem, never "internal error".
+    return ReportFailure(error.what(), kExitBadData);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "bigmac: out of memory: a host allocation failed (std::bad_alloc); lower the "
@@ -120,6 +127,14 @@ std::string UnknownCommand(CLI::App* app, int argc, char** argv, int at) {
 
 int main(int argc, char** argv) {
   using bigmac::cli::kExitConfig;
+  // Before any OpenMP region or BLAS call: a bad OMP_NUM_THREADS crashes inside libgomp.
+  if (const std::vector<std::string> problems =
+          bigmac::config::CheckEnvironment([](const char* name) { return std::getenv(name); });
+      !problems.empty()) {
+    for (const std::string& problem : problems)
+      std::fprintf(stderr, "bigmac: %s\n", problem.c_str());
+    return kExitConfig;
+  }
   bigmac::cli::EnsureFastBlasKernels(argv);
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported as exit 8 with the path,
   // instead of killing the process (every command; train's signal handlers keep it so).
@@ -208,9 +223,10 @@ int main(int argc, char** argv) {
       "Turn UTF-8 text files into token shards, byte-level (vocabulary 256) or SentencePiece, "
       "holding out every Nth block of 4096 tokens for validation; tokenizer.json (and "
       "tokenizer.model) go beside them. Formats: docs/data.md.");
+  // Inputs are checked by `data prep` itself (the checked opener: exit 5 naming the file), not
+  // by the parser, whose refusal would be a command-line error (exit 2).
   prep->add_option("--input", prep_options.inputs, "text files, concatenated in this order")
-      ->required()
-      ->check(CLI::ExistingFile);
+      ->required();
   prep->add_option("--output", prep_options.output, "directory for train_NNN.bin and val_NNN.bin")
       ->required();
   prep->add_flag("--overwrite", prep_options.overwrite,
@@ -227,8 +243,7 @@ int main(int argc, char** argv) {
                    "sentencepiece: bpe (default) or unigram")
       ->check(CLI::IsMember({"bpe", "unigram"}));
   prep->add_option("--tokenizer-model", prep_options.tokenizer_model,
-                   "sentencepiece: encode with this existing .model file instead of training one")
-      ->check(CLI::ExistingFile);
+                   "sentencepiece: encode with this existing .model file instead of training one");
 
   bigmac::cli::DataBatchesOptions batches_options;
   CLI::App* batches = data->add_subcommand(

@@ -13,7 +13,9 @@
 #include "core/cli/exit_codes.h"
 #include "core/cli/startup_checks.h"
 #include "core/config/errors.h"
+#include "core/config/loader.h"
 #include "core/config/resolve.h"
+#include "core/util/files.h"
 #include "core/util/output_file.h"
 #include "core/util/process.h"
 
@@ -93,7 +95,13 @@ Try RunTry(const std::string& command, int timeout_seconds) {
 // Sets train.micro_batch_size in the YAML file, on its line if the file sets it, else under train:.
 bool WriteMicroBatch(const std::string& file, const config::LoadedConfig& loaded, int value,
                      std::string* error) {
-  std::ifstream in(file);
+  std::string text;
+  if (std::string problem = util::ReadUserFile(file, config::kMaxConfigBytes, "config file", &text);
+      !problem.empty()) {
+    *error = problem;
+    return false;
+  }
+  std::istringstream in(text);
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   const config::Source& source = loaded.sources.Get("train.micro_batch_size");

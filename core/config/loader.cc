@@ -123,9 +123,6 @@ Message* LeafParent(Config* config, const KeyInfo& key) {
   return message;
 }
 
-// Configs are a few KiB; anything this big is the wrong file (or an attack on the YAML parser).
-constexpr uint64_t kMaxConfigBytes = 1 << 20;
-
 constexpr int kMaxFlowNesting = 32;
 
 // The deepest nesting of [ ] and { } outside quoted strings and comments.

@@ -1,6 +1,7 @@
 #ifndef BIGMAC_CORE_CONFIG_LOADER_H_
 #define BIGMAC_CORE_CONFIG_LOADER_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -9,6 +10,9 @@
 #include "core/config/provenance.h"
 
 namespace bigmac::config {
+
+// Configs are a few KiB; anything this big is the wrong file (or an attack on the YAML parser).
+inline constexpr uint64_t kMaxConfigBytes = 1 << 20;
 
 // The merged configuration before validation: defaults < file < --set, with a source per key.
 struct LoadedConfig {

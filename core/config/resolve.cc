@@ -59,7 +59,7 @@ class Describer {
   const LoadedConfig& loaded_;
 };
 
-// Allowed values and minimums declared in config.proto.
+// Allowed values, minimums and maximums declared in config.proto.
 void CheckSchemaRules(const LoadedConfig& loaded, const Describer& describe,
                       std::vector<std::string>& problems) {
   for (const KeyInfo& key : AllKeys()) {
@@ -78,12 +78,15 @@ void CheckSchemaRules(const LoadedConfig& loaded, const Describer& describe,
                            (near.empty() ? "" : " (did you mean '" + near.front() + "'?)"));
       }
     }
-    if (key.has_min && field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
       const int64_t value = reflection->GetInt32(parent, field);
-      if (value < key.min) {
+      const std::string help = key.help.empty() ? "" : " (" + key.help + ")";
+      if (key.has_min && value < key.min)
         problems.push_back(describe(key.path, value) + " must be >= " + std::to_string(key.min) +
-                           (key.help.empty() ? "" : " (" + key.help + ")"));
-      }
+                           help);
+      if (key.has_max && value > key.max)
+        problems.push_back(describe(key.path, value) + " must be <= " + std::to_string(key.max) +
+                           help);
     }
   }
 }

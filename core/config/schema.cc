@@ -37,6 +37,7 @@ void CollectKeys(const Descriptor* message, const std::string& prefix,
       keys.push_back(KeyInfo{path, chain, options.GetExtension(layer), options.GetExtension(help),
                              SplitCommaList(options.GetExtension(choices)),
                              options.HasExtension(min), options.GetExtension(min),
+                             options.HasExtension(max), options.GetExtension(max),
                              options.GetExtension(env)});
     }
     chain.pop_back();

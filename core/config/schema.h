@@ -21,6 +21,8 @@ struct KeyInfo {
   std::vector<std::string> choices;  // empty: any value of the field's type
   bool has_min = false;              // integers: the smallest allowed value
   int64_t min = 0;
+  bool has_max = false;  // integers: the largest allowed value
+  int64_t max = 0;
   std::string env;  // launch-layer keys: the environment variable the launcher sets
 
   const google::protobuf::FieldDescriptor* field() const { return chain.back(); }

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+
+#include "core/util/format.h"
 
 namespace bigmac::data {
 namespace {
@@ -69,6 +72,8 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split,
   const std::string glob = pattern.empty() ? "*" + split + "*.bin" : pattern;
   const std::vector<std::string> paths = Glob(dir, glob);
   if (paths.empty()) throw DataError(dir + ": no " + split + " files matching " + glob);
+  paths_ = paths;
+  glob_ = glob;
   tokenizer_ = ReadTokenizerManifest(dir);
   uint32_t declared = tokenizer_ ? tokenizer_->vocab_size : 0;
   std::string declared_by = tokenizer_ ? dir + "/" + kTokenizerManifest : "";
@@ -108,6 +113,44 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split,
   description_ = dir + "/" + glob + " (" + std::to_string(paths.size()) + " " +
                  TokenFormatName(files_.front().format()) + " files, " + std::to_string(size_) +
                  " tokens)";
+}
+
+std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDataset& val, int seq,
+                                       int batch, int eval_batches) {
+  std::vector<std::string> warnings;
+  // The same file under two names (a link) is the same file: compare where they lead.
+  std::map<std::string, std::string> train_files;
+  for (const std::string& path : train.paths()) {
+    std::error_code error;
+    const fs::path real = fs::canonical(path, error);
+    train_files[error ? path : real.string()] = path;
+  }
+  for (const std::string& path : val.paths()) {
+    std::error_code error;
+    const fs::path real = fs::canonical(path, error);
+    const auto both = train_files.find(error ? path : real.string());
+    if (both == train_files.end()) continue;
+    warnings.push_back(
+        (both->second == path ? path : path + " (the same file as " + both->second + ")") +
+        " is read by both splits: data.train_files " + train.glob() + " and data.val_files " +
+        val.glob() +
+        " match it, so the run trains on the windows it validates on and val_loss "
+        "is not a held-out loss");
+  }
+  const int64_t have = val.size() / (int64_t{seq} + 1);
+  const int64_t need = int64_t{eval_batches} * batch;
+  if (have > 0 && need > have) {
+    warnings.push_back(util::Format(
+        "train.eval_batches=%d x train.micro_batch_size=%d = %lld validation windows of "
+        "seq_length+1=%d tokens, but %s holds %lld: the windows after the first %lld repeat "
+        "them (each counts up to %lld times in val_loss); train.eval_batches=%lld uses each "
+        "window once",
+        eval_batches, batch, static_cast<long long>(need), seq + 1, val.description().c_str(),
+        static_cast<long long>(have), static_cast<long long>(have),
+        static_cast<long long>((need + have - 1) / have),
+        static_cast<long long>(std::max<int64_t>(1, have / batch))));
+  }
+  return warnings;
 }
 
 void TokenDataset::CheckFits(int seq, int64_t model_vocab) const {

@@ -27,6 +27,9 @@ class TokenDataset {
   // The vocabulary the files (or tokenizer.json) declare, else the largest token + 1.
   int64_t vocab_size() const { return vocab_size_; }
   const std::string& description() const { return description_; }
+  // The files read, in stream order, and the glob that chose them.
+  const std::vector<std::string>& paths() const { return paths_; }
+  const std::string& glob() const { return glob_; }
   // tokenizer.json beside the shards, when `bigmac data prep` wrote one.
   const std::optional<TokenizerManifest>& tokenizer() const { return tokenizer_; }
 
@@ -56,7 +59,17 @@ class TokenDataset {
   std::string vocab_source_;  // the file (and position) the vocabulary comes from
   std::optional<TokenizerManifest> tokenizer_;
   std::string description_;
+  std::vector<std::string> paths_;
+  std::string glob_;
 };
+
+// How a run would use its two splits, as warnings for the start-up log (empty when all is well):
+// a file that both globs match (its windows are trained on and also validated on: the validation
+// loss is not held out), and validation batches beyond the split (`eval_batches` x `batch`
+// windows of seq + 1 tokens; past the split's whole windows they repeat from its start, as
+// Megatron repeats its validation data, so a window counts more than once in the loss).
+std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDataset& val, int seq,
+                                       int batch, int eval_batches);
 
 // Whether a file name is a token shard's, or a shard's temporary file: train_*.bin, val_*.bin,
 // and those with .tmp after them.

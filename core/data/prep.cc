@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/data/dataset.h"
 #include "core/data/error.h"
@@ -108,6 +110,26 @@ class ShardWriter {
   int shards_ = 0;
 };
 
+// Calls `line` with each line of `input` (its '\n' kept), read through the checked opener.
+template <typename LineFn>
+void ForEachLine(const std::string& input, LineFn line) {
+  uint64_t size = 0;
+  const int fd = OpenDataFile(input, "text file", &size);
+  FILE* file = fdopen(fd, "rb");
+  if (file == nullptr) {
+    close(fd);
+    throw DataError(input + ": cannot read the text file: " + util::OsReason(errno));
+  }
+  char* buffer = nullptr;
+  size_t capacity = 0;
+  ssize_t length = 0;
+  while ((length = getline(&buffer, &capacity, file)) >= 0) line(std::string(buffer, length));
+  const bool failed = ferror(file) != 0;
+  free(buffer);
+  fclose(file);
+  if (failed) throw DataError(input + ": cannot read the text file");
+}
+
 // The tokenizer of `options`, its model (if any) written into `fresh`, and its manifest.
 std::unique_ptr<Tokenizer> MakeTokenizer(const PrepOptions& options, const fs::path& fresh,
                                          TokenizerManifest* manifest) {
@@ -117,19 +139,27 @@ std::unique_ptr<Tokenizer> MakeTokenizer(const PrepOptions& options, const fs::p
     return MakeByteTokenizer();
   }
   const fs::path model = fresh / kTokenizerModel;
+  std::string bytes;
+  std::unique_ptr<Tokenizer> tokenizer;
   if (!options.tokenizer_model.empty()) {
-    if (std::string problem = util::CheckUserFile(options.tokenizer_model, "tokenizer model");
-        !problem.empty()) {
-      throw DataError(problem);
+    // Loaded from the user's file, so that every message names it, then copied beside the
+    // shards from the same bytes.
+    bytes = ReadTokenizerModel(options.tokenizer_model);
+    tokenizer = MakeSentencePieceTokenizer(bytes, options.tokenizer_model);
+    std::ofstream out(model, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) {
+      throw fs::filesystem_error("cannot write the tokenizer model", model,
+                                 std::error_code(errno, std::generic_category()));
     }
-    fs::copy_file(options.tokenizer_model, model);
   } else {
     TrainSentencePiece(options.inputs, fresh.string(), options.vocab_size, options.model_type);
+    bytes = ReadTokenizerModel(model.string());
+    tokenizer = MakeSentencePieceTokenizer(bytes, model.string());
   }
-  std::unique_ptr<Tokenizer> tokenizer = MakeSentencePieceTokenizer(model.string());
   manifest->vocab_size = tokenizer->vocab_size();
   manifest->model = kTokenizerModel;
-  manifest->model_hash = FileHash(model.string());
+  manifest->model_hash = BytesHash(bytes);
   return tokenizer;
 }
 
@@ -148,11 +178,7 @@ std::string PrepareShards(const PrepOptions& options) {
     ShardWriter val(fresh.string(), "val", tokenizer->vocab_size(), options.shard_tokens);
     int64_t position = 0, text_bytes = 0;
     for (const std::string& input : options.inputs) {
-      std::ifstream in(input, std::ios::binary);
-      if (!in) throw DataError(input + ": cannot open the text file");
-      std::string line;
-      while (std::getline(in, line)) {
-        if (!in.eof()) line += '\n';
+      ForEachLine(input, [&](const std::string& line) {
         text_bytes += static_cast<int64_t>(line.size());
         for (const int32_t token : tokenizer->Encode(line)) {
           const bool held_out =
@@ -160,7 +186,7 @@ std::string PrepareShards(const PrepOptions& options) {
           if (held_out) manifest.val_bytes += tokenizer->TextBytes(token);
           (held_out ? val : train).Add(static_cast<uint32_t>(token));
         }
-      }
+      });
     }
     if (train.count() == 0 || val.count() == 0) {
       throw DataError("data prep: " + std::to_string(position) +

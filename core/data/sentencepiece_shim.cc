@@ -15,10 +15,11 @@ using sentencepiece::SentencePieceProcessor;
 
 extern "C" {
 
-// A loaded model, or null with `error` set.
-SentencePieceProcessor* bigmac_spm_load(const std::string& path, std::string* error) {
+// A model loaded from its bytes, or null with `error` set. BigMac reads the file itself, through
+// its checked opener (SentencePiece's own Load would open a fifo and wait forever).
+SentencePieceProcessor* bigmac_spm_load(const std::string& bytes, std::string* error) {
   auto* processor = new SentencePieceProcessor();
-  if (const auto status = processor->Load(path); !status.ok()) {
+  if (const auto status = processor->LoadFromSerializedProto(bytes); !status.ok()) {
     *error = status.ToString();
     delete processor;
     return nullptr;

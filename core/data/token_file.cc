@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "core/data/error.h"
 #include "core/data/shard.h"
@@ -59,17 +60,7 @@ const char* TokenFormatName(TokenFormat format) {
 }
 
 MappedFile::MappedFile(const std::string& path) {
-  if (std::string problem = util::CheckUserFile(path, "token file"); !problem.empty())
-    throw DataError(problem);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(path + ": cannot open the token file: " + util::OsReason(errno));
-  struct stat info;
-  if (fstat(fd, &info) != 0) {
-    const int error = errno;
-    close(fd);
-    throw DataError(path + ": cannot read the token file: " + util::OsReason(error));
-  }
-  size_ = static_cast<uint64_t>(info.st_size);
+  const int fd = OpenDataFile(path, "token file", &size_);
   if (size_ > 0) {
     void* at = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (at == MAP_FAILED) {

@@ -1,11 +1,17 @@
 #include "core/data/tokenizer.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <limits>
 #include <unordered_map>
 
 #include "core/data/error.h"
+#include "core/util/files.h"
+#include "core/util/format.h"
 
 namespace sentencepiece {
 class SentencePieceProcessor {};  // opaque here: only libbigmac_sentencepiece.so looks inside
@@ -78,6 +84,20 @@ const Shim& LoadShim() {
   return shim;
 }
 
+// SentencePiece's reason without its source location: "Internal: ./src/x.cc(428)
+// [!sentences_.empty()] Vocabulary size too high" -> "Vocabulary size too high"; `otherwise` when
+// only the failed assertion is left (its text means nothing to a user).
+std::string SentencePieceReason(const std::string& status, const std::string& otherwise) {
+  std::string reason = status;
+  if (const size_t close = reason.find(") ["); close != std::string::npos) {
+    const size_t end = reason.find("] ", close);
+    reason = end == std::string::npos ? "" : reason.substr(end + 2);
+  }
+  while (!reason.empty() && std::isspace(static_cast<unsigned char>(reason.back())))
+    reason.pop_back();
+  return reason.empty() ? otherwise : reason;
+}
+
 // SentencePiece writes a space as U+2581 (3 bytes in UTF-8) inside its pieces.
 constexpr std::string_view kSpaceMark = "\xe2\x96\x81";
 
@@ -116,11 +136,15 @@ class ByteTokenizer : public Tokenizer {
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& model_path) {
+  // `model_bytes`: the model file's contents; `name`: that file, for messages.
+  SentencePieceTokenizer(const std::string& model_bytes, const std::string& name) {
     const Shim& shim = LoadShim();
     std::string error;
-    Processor* loaded = shim.load(model_path, &error);
-    if (loaded == nullptr) throw DataError(model_path + ": not a SentencePiece model: " + error);
+    Processor* loaded = shim.load(model_bytes, &error);
+    if (loaded == nullptr) {
+      throw DataError(name + ": not a SentencePiece model: " +
+                      SentencePieceReason(error, "it does not parse as one (a ModelProto)"));
+    }
     processor_ = std::shared_ptr<Processor>(loaded, shim.free);
     text_bytes_.resize(shim.piece_size(loaded));
     for (size_t id = 0; id < text_bytes_.size(); ++id) {
@@ -169,18 +193,42 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<int> text_bytes_;
 };
 
+// Whether any input holds a byte other than a line break: SentencePiece's sentences are the
+// non-empty lines. Reads only until the first such byte (the first line of any real text).
+bool AnyText(const std::vector<std::string>& inputs) {
+  for (const std::string& path : inputs) {
+    uint64_t size = 0;
+    const int fd = OpenDataFile(path, "text file", &size);
+    char buffer[65536];
+    ssize_t n = 0;
+    bool text = false;
+    while (!text && (n = read(fd, buffer, sizeof(buffer))) > 0) {
+      text = std::find_if(buffer, buffer + n, [](char c) { return c != '\n' && c != '\r'; }) !=
+             buffer + n;
+    }
+    close(fd);
+    if (text) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_path) {
-  return std::make_unique<SentencePieceTokenizer>(model_path);
+  return MakeSentencePieceTokenizer(ReadTokenizerModel(model_path), model_path);
+}
+
+std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_bytes,
+                                                      const std::string& name) {
+  return std::make_unique<SentencePieceTokenizer>(model_bytes, name);
 }
 
 std::unique_ptr<Tokenizer> TokenizerFor(const std::string& data_dir) {
   const std::optional<TokenizerManifest> manifest = ReadTokenizerManifest(data_dir);
   if (!manifest || manifest->kind == "byte") return MakeByteTokenizer();
-  const std::string model = data_dir + "/" + manifest->model;
+  const std::string& model = manifest->model_path;
   std::unique_ptr<Tokenizer> tokenizer = MakeSentencePieceTokenizer(model);
   if (tokenizer->vocab_size() != manifest->vocab_size) {
     throw DataError(model + ": " + std::to_string(tokenizer->vocab_size()) + " pieces, but " +
@@ -230,6 +278,12 @@ std::string IdsText(const std::vector<int32_t>& tokens) {
 
 void TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& dir,
                         int vocab_size, const std::string& model_type) {
+  // SentencePiece's answer to no text is an assertion ("[!sentences_.empty()]").
+  if (!AnyText(inputs)) {
+    throw DataError("data prep: " + util::Join(inputs, ", ") +
+                    ": no text (empty, or only line breaks): a SentencePiece model cannot be "
+                    "trained on nothing");
+  }
   std::string input;
   for (const std::string& path : inputs) {
     if (path.find(',') != std::string::npos) {
@@ -254,7 +308,8 @@ void TrainSentencePiece(const std::vector<std::string>& inputs, const std::strin
                          {"shuffle_input_sentence", "true"},
                          {"minloglevel", "1"}},
                         &error)) {
-    throw DataError("SentencePiece training failed: " + error);
+    throw DataError("SentencePiece training on " + util::Join(inputs, ", ") +
+                    " failed: " + SentencePieceReason(error, "no reason given"));
   }
   std::error_code ignored;
   std::filesystem::remove(prefix + ".vocab", ignored);  // the model file holds the pieces too

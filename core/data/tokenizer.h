@@ -31,8 +31,11 @@ class Tokenizer {
 // for any bytes, UTF-8 or not.
 std::unique_ptr<Tokenizer> MakeByteTokenizer();
 
-// Loads a SentencePiece model file. Throws DataError naming the file.
+// Loads a SentencePiece model file (ReadTokenizerModel). Throws DataError naming the file.
 std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_path);
+// The same from the model's bytes; `name` is the file they came from, for messages.
+std::unique_ptr<Tokenizer> MakeSentencePieceTokenizer(const std::string& model_bytes,
+                                                      const std::string& name);
 
 // The tokenizer of the training data in `data_dir` (a model's data.dir): the one its
 // tokenizer.json names (docs/data.md), else byte-level. Throws DataError naming the file.

@@ -1,10 +1,13 @@
 #include "core/data/tokenizer_manifest.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 #include "core/data/error.h"
+#include "core/util/files.h"
 #include "core/util/output_file.h"
 #include "nlohmann/json.hpp"
 
@@ -15,20 +18,19 @@ std::string TokenizerManifest::Id() const {
   return kind + "/" + std::to_string(vocab_size);
 }
 
-std::string FileHash(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(path + ": cannot open the tokenizer model");
+std::string BytesHash(const std::string& bytes) {
   uint64_t hash = 0xcbf29ce484222325ULL;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      hash ^= static_cast<unsigned char>(buffer[i]);
-      hash *= 0x100000001b3ULL;
-    }
+  for (const char byte : bytes) {
+    hash ^= static_cast<unsigned char>(byte);
+    hash *= 0x100000001b3ULL;
   }
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
   return hex;
+}
+
+std::string ReadTokenizerModel(const std::string& path) {
+  return ReadDataFile(path, "SentencePiece model", kMaxTokenizerModelBytes);
 }
 
 void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& manifest) {
@@ -50,13 +52,14 @@ void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& man
 
 std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir) {
   const std::string path = dir + "/" + kTokenizerManifest;
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) return std::nullopt;
-  std::ifstream in(path);
-  if (!in) throw DataError(path + ": cannot open the tokenizer manifest");
+  // Only a name that is not there at all means "no manifest"; anything else (a link to nothing,
+  // a fifo, a directory) goes to the checked opener, which names the problem.
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0 && errno == ENOENT) return std::nullopt;
+  const std::string text = ReadDataFile(path, "tokenizer manifest", kMaxTokenizerManifestBytes);
   TokenizerManifest manifest;
   try {
-    const nlohmann::json json = nlohmann::json::parse(in);
+    const nlohmann::json json = nlohmann::json::parse(text);
     manifest.kind = json.at("tokenizer").get<std::string>();
     // Read signed and bounded: -1 must not wrap to 4294967295 (nor 2^40 to its low bits).
     const nlohmann::json& vocab = json.at("vocab_size");
@@ -81,15 +84,15 @@ std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir) {
                     "\" is not one this build knows (byte, sentencepiece)");
   }
   if (manifest.kind == "sentencepiece") {
-    const std::string model = dir + "/" + manifest.model;
-    if (!std::filesystem::exists(model, error)) {
-      throw DataError(path + ": names the SentencePiece model " + manifest.model +
-                      ", which is not in " + dir);
-    }
-    if (const std::string hash = FileHash(model); hash != manifest.model_hash) {
+    std::string model;
+    if (std::string problem = util::ResolveInside(dir, manifest.model, &model); !problem.empty())
+      throw DataError(path + ": the SentencePiece model it names: " + problem);
+    if (const std::string hash = BytesHash(ReadTokenizerModel(model));
+        hash != manifest.model_hash) {
       throw DataError(model + ": FNV-1a hash " + hash + " differs from " + manifest.model_hash +
                       " in " + path + " (the shards were encoded with another model)");
     }
+    manifest.model_path = model;
   }
   return manifest;
 }

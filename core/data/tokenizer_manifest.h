@@ -21,6 +21,7 @@ struct TokenizerManifest {
   uint32_t vocab_size = 0;
   std::string model;       // sentencepiece: the model file's name in the data directory
   std::string model_hash;  // sentencepiece: FNV-1a 64 of the model file, 16 hex digits
+  std::string model_path;  // sentencepiece, when read: the model file, resolved inside the dir
   // The validation split's tokens and the bytes of text they decode to, for bits per byte:
   // bits/byte = loss (nats/token) / ln 2 * val_tokens / val_bytes.
   int64_t train_tokens = 0;
@@ -31,15 +32,25 @@ struct TokenizerManifest {
   std::string Id() const;
 };
 
-// FNV-1a 64 of a file's bytes as 16 hex digits. Throws DataError naming the file.
-std::string FileHash(const std::string& path);
+// The largest tokenizer.json and SentencePiece model BigMac reads (checked before reading: a
+// manifest is a few hundred bytes; large SentencePiece models are a few MiB).
+inline constexpr uint64_t kMaxTokenizerManifestBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxTokenizerModelBytes = uint64_t{256} << 20;
+
+// FNV-1a 64 of `bytes` as 16 hex digits.
+std::string BytesHash(const std::string& bytes);
+
+// The bytes of the SentencePiece model at `path`, read through the checked opener (a regular
+// file of at most kMaxTokenizerModelBytes). Throws DataError naming `path`.
+std::string ReadTokenizerModel(const std::string& path);
 
 // Writes <dir>/tokenizer.json. Throws DataError.
 void WriteTokenizerManifest(const std::string& dir, const TokenizerManifest& manifest);
 
 // Reads <dir>/tokenizer.json, or nothing when there is none (llm.c or Megatron data, older
-// shards). Checks that a SentencePiece model it names is there with its hash. Throws DataError
-// naming the file and the problem.
+// shards). Checks that a SentencePiece model it names is inside `dir` once resolved
+// (util::ResolveInside: no `..` or symbolic link leads out) and has its hash, and sets
+// `model_path` to it. Throws DataError naming the file and the problem.
 std::optional<TokenizerManifest> ReadTokenizerManifest(const std::string& dir);
 
 }  // namespace bigmac::data

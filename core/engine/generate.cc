@@ -55,13 +55,17 @@ Pick SampleToken(const float* logits, int vocab, const SampleOptions& options,
 
 Generation Generate(const std::vector<int32_t>& prompt, int context, int vocab,
                     const SampleOptions& options, const LastLogitsFn& last_logits,
-                    const SharePickFn& share) {
+                    const SharePickFn& share, const StopFn& stop) {
   if (prompt.empty()) throw std::invalid_argument("generate: the prompt has no tokens");
   std::mt19937_64 rng(options.seed);
   std::vector<int32_t> text = prompt;
   Generation generation;
   double loss = 0;
   for (int i = 0; i < options.tokens; ++i) {
+    if (stop && stop()) {
+      generation.stopped = true;
+      break;
+    }
     const size_t start = text.size() > size_t(context) ? text.size() - context : 0;
     const std::vector<float> logits =
         last_logits(std::vector<int32_t>(text.begin() + start, text.end()));
@@ -71,7 +75,8 @@ Generation Generate(const std::vector<int32_t>& prompt, int context, int vocab,
     generation.tokens.push_back(pick.token);
     loss -= pick.log_prob;
   }
-  generation.mean_loss = options.tokens > 0 ? loss / options.tokens : 0;
+  const size_t written = generation.tokens.size();
+  generation.mean_loss = written > 0 ? loss / static_cast<double>(written) : 0;
   return generation;
 }
 

@@ -38,18 +38,24 @@ using LastLogitsFn = std::function<std::vector<float>(const std::vector<int32_t>
 // Makes the head rank's pick every rank's: (this rank's pick, whether it made one) -> the pick.
 using SharePickFn = std::function<Pick(const Pick& local, bool have)>;
 
+// Whether to stop before the next token (a stop signal during a training sample). It must give
+// the same answer on every rank that runs the forward together.
+using StopFn = std::function<bool()>;
+
 struct Generation {
   std::vector<int32_t> tokens;  // the new tokens only
   double mean_loss = 0;         // mean -log p of those tokens under the model, nats per token
+  bool stopped = false;         // `stop` ended it before options.tokens
 };
 
 // Autoregressive sampling without a KV cache: for each new token the model runs forward again on
 // the latest `context` tokens (the position embedding's length), so each token costs one forward
-// of up to `context` positions. `prompt` must not be empty.
+// of up to `context` positions; `stop` is asked before each. `prompt` must not be empty.
 Generation Generate(
     const std::vector<int32_t>& prompt, int context, int vocab, const SampleOptions& options,
     const LastLogitsFn& last_logits,
-    const SharePickFn& share = [](const Pick& pick, bool) { return pick; });
+    const SharePickFn& share = [](const Pick& pick, bool) { return pick; },
+    const StopFn& stop = nullptr);
 
 // The last row of the head's (positions, width) output when run without targets, as host floats:
 // its first `vocab` columns (a backend may pad the width).

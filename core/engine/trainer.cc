@@ -193,8 +193,9 @@ class Trainer {
   void LogModel();
   void Resume();
   void OpenMetrics();
-  // The validation loss after `step` steps (rank 0: the mean per token; elsewhere a partial sum).
-  double Evaluate(int step);
+  // The validation loss after `step` steps (rank 0: the mean per token; elsewhere a partial sum),
+  // over the batches run before a stop signal; none if it came before the first.
+  std::optional<double> Evaluate(int step);
   // Every train.sample_interval steps: a short text written by the model, printed by rank 0.
   void Sample(int step);
   void FillBatches(int step, int flush);
@@ -310,6 +311,12 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     val_data_.emplace(cfg_.data().dir(), "val", cfg_.data().val_files());
     train_data_->CheckFits(seq_, cfg_.model().vocab_size());
     val_data_->CheckFits(seq_, cfg_.model().vocab_size());
+    if (root_) {
+      for (const std::string& warning :
+           data::SplitWarnings(*train_data_, *val_data_, seq_, batch_, train_.eval_batches())) {
+        Log("[data] warning: " + warning);
+      }
+    }
   }
   if (const auto manifest = data::ReadTokenizerManifest(cfg_.data().dir()))
     tokenizer_id_ = manifest->Id();
@@ -449,24 +456,41 @@ void Trainer::CheckRecordFiles() {
   }
 }
 
-double Trainer::Evaluate(int step) {
+std::optional<double> Trainer::Evaluate(int step) {
   double local = 0;
   BatchSlot slot;
   slot.tokens.resize(int64_t{batch_} * seq_);
   slot.targets.resize(slot.tokens.size());
   comm::progress::SetAction("", "evaluation");
-  for (int i = comm_.dp_rank(); i < train_.eval_batches(); i += comm_.dp_size()) {
+  const int batches = train_.eval_batches();
+  int evaluated = batches;
+  // Rounds of one batch per dp replica. A long evaluation ends on a stop signal: all ranks agree
+  // before each round (every rank runs the same rounds), so none waits for a peer that stopped.
+  for (int first = 0; first < batches; first += comm_.dp_size()) {
+    if (!comm_.AllOk(util::StopSignalReceived() == 0)) {
+      evaluated = first;
+      break;
+    }
+    const int i = first + comm_.dp_rank();
+    if (i >= batches) continue;
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
     slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i);
     const double loss = executor_->Evaluate(slot.mb);
     if (comm_.tp_rank() == 0) local += loss;  // each tp rank of the last stage has it
   }
   comm_.FinishSends();
-  const double loss = comm_.SumToRoot(local) / train_.eval_batches();
+  const double sum = comm_.SumToRoot(local);
+  if (evaluated == 0) {
+    Log(Format("[val] step %d | stopped by a signal before the first of %d batches", step,
+               batches));
+    return std::nullopt;
+  }
+  const double loss = sum / evaluated;
   if (root_) result_.val_losses.emplace_back(step, loss);
   if (events_) events_->AddScalar("val/loss", step, loss);
-  Log(Format("[val] step %d | val_loss %.4f | %d batches of %dx%d", step, loss,
-             train_.eval_batches(), batch_, seq_));
+  Log(Format(
+      "[val] step %d | val_loss %.4f | %d batches of %dx%d%s", step, loss, evaluated, batch_, seq_,
+      evaluated < batches ? Format(" (stopped by a signal; %d asked)", batches).c_str() : ""));
   return loss;
 }
 
@@ -497,7 +521,10 @@ void Trainer::Sample(int step) {
     pick.log_prob = comm_.AllReduceSumPp(have ? local.log_prob : 0.0);
     return pick;
   };
-  const Generation sample = Generate(prompt, seq_, vocab, options, last_logits, share);
+  // A stop signal ends a long sample: all ranks agree before each token (a rank that stopped
+  // alone would leave its pipeline peers waiting), then the step ends and the run saves.
+  const auto stop = [&] { return !comm_.AllOk(util::StopSignalReceived() == 0); };
+  const Generation sample = Generate(prompt, seq_, vocab, options, last_logits, share, stop);
   comm_.FinishSends();
   if (!root_) return;
   // The data's tokenizer by generate's rule; ids where no tokenizer here can spell them (data
@@ -512,9 +539,12 @@ void Trainer::Sample(int step) {
   };
   const std::string prompt_text = decode(prompt);
   const std::string text = decode(sample.tokens);
-  Log(Format("[sample] step %d | %s -> %s | %.3f nats/token under the model", step,
-             util::Printable(prompt_text).c_str(), util::Printable(text).c_str(),
-             sample.mean_loss));
+  Log(Format("[sample] step %d | %s -> %s | %.3f nats/token under the model%s", step,
+             util::Printable(prompt_text).c_str(), util::Printable(text).c_str(), sample.mean_loss,
+             sample.stopped ? Format(" (stopped by a signal after %zu of %d tokens)",
+                                     sample.tokens.size(), options.tokens)
+                                  .c_str()
+                            : ""));
   if (events_) events_->AddText("sample", step, "    " + prompt_text + " -> " + text);
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <deque>
-#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -75,22 +74,38 @@ std::vector<Compute> Interleaved(const ScheduleSpec& s, int rank) {
 // defers its weight gradients into the slots where 1F1B would idle. The slots are found by a
 // unit-cost simulation of all ranks (F = B = W = 1), so the list is still a pure function of
 // (pp, rank, microbatches). No rank holds more than pp micro-batches, 1F1B's peak.
+// The simulation visits only ranks that can move: one that ran at `time` may run again at
+// time + 1, and a rank's F (BI) is what lets the next (previous) rank's wait end then. So it costs
+// O(actions), not O(ranks x time) with a map lookup in each (minutes at pp = 1024).
 std::vector<std::vector<Compute>> ZeroBubbleH1(const ScheduleSpec& s) {
   const int p = s.pp;
+  const int m = s.microbatches;
   std::vector<std::vector<Compute>> critical(p);
   for (int r = 0; r < p; ++r) critical[r] = OneFOneB(s, r, Op::kBackwardInput);
   std::vector<std::vector<Compute>> out(p);
   std::vector<size_t> next(p, 0);
   std::vector<std::deque<int>> pending_w(p);
   std::vector<int> live(p, 0);  // forwards whose weight gradient is still to come
-  // Finish times of F and BI per (mb, stage); -1 = not done.
-  std::map<std::pair<int, int>, int> f_done, b_done;
+  // Finish times of F and BI per (rank, mb); -1 = not done.
+  std::vector<int> f_done(size_t(p) * m, -1), b_done(size_t(p) * m, -1);
+  auto done_at = [m](const std::vector<int>& done, int r, int mb, int time) {
+    const int t = done[size_t(r) * m + mb];
+    return t >= 0 && t <= time;
+  };
+  std::vector<int> active(p), woken;
+  for (int r = 0; r < p; ++r) active[r] = r;
+  std::vector<int> woken_for(p, -1);  // the time a rank was last queued for
   int done = 0;
-  const int total = p * s.microbatches * 3;
+  const int total = p * m * 3;
   for (int time = 0; done < total; ++time) {
-    if (time > 100 * total) throw std::logic_error("zb_h1 construction did not converge");
-    std::vector<Compute> started;
-    for (int r = 0; r < p; ++r) {
+    if (active.empty()) throw std::logic_error("zb_h1 construction did not converge");
+    woken.clear();
+    auto wake = [&](int r) {
+      if (r < 0 || r >= p || woken_for[r] == time + 1) return;
+      woken_for[r] = time + 1;
+      woken.push_back(r);
+    };
+    for (const int r : active) {
       bool ran = false;
       // As in the paper, the peak stays 1F1B's (pp micro-batches, reached on the first stage): a
       // forward that would hold more waits for a deferred weight gradient to free one.
@@ -100,20 +115,18 @@ std::vector<std::vector<Compute>> ZeroBubbleH1(const ScheduleSpec& s) {
         const Compute c = critical[r][next[r]];
         bool ready = false;
         if (c.op == Op::kForward) {
-          ready = r == 0 ||
-                  (f_done.count({c.microbatch, r - 1}) && f_done[{c.microbatch, r - 1}] <= time);
+          ready = r == 0 || done_at(f_done, r - 1, c.microbatch, time);
         } else {
-          ready =
-              r == p - 1
-                  ? (f_done.count({c.microbatch, r}) && f_done[{c.microbatch, r}] <= time)
-                  : (b_done.count({c.microbatch, r + 1}) && b_done[{c.microbatch, r + 1}] <= time);
+          ready = r == p - 1 ? done_at(f_done, r, c.microbatch, time)
+                             : done_at(b_done, r + 1, c.microbatch, time);
         }
         if (ready) {
           out[r].push_back(c);
           ++next[r];
-          (c.op == Op::kForward ? f_done : b_done)[{c.microbatch, r}] = time + 1;
+          (c.op == Op::kForward ? f_done : b_done)[size_t(r) * m + c.microbatch] = time + 1;
           if (c.op == Op::kBackwardInput) pending_w[r].push_back(c.microbatch);
           if (c.op == Op::kForward) ++live[r];
+          wake(c.op == Op::kForward ? r + 1 : r - 1);
           ran = true;
         }
       }
@@ -123,8 +136,12 @@ std::vector<std::vector<Compute>> ZeroBubbleH1(const ScheduleSpec& s) {
         --live[r];
         ran = true;
       }
-      if (ran) ++done;
+      if (ran) {
+        ++done;
+        wake(r);
+      }
     }
+    active.swap(woken);
   }
   return out;
 }
@@ -263,11 +280,14 @@ void AppendForward(const ScheduleSpec& spec, int microbatch, int stage,
 
 }  // namespace
 
-std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
+namespace {
+
+// A rank's computations with the sends and receives around them.
+std::vector<Action> ToActions(const ScheduleSpec& spec, const std::vector<Compute>& order) {
   const int stages = spec.pp * spec.virtual_stages;
   auto rank_of = [&](int stage) { return stage % spec.pp; };
   std::vector<Action> actions;
-  for (const Compute& c : ComputeOrder(spec, rank)) {
+  for (const Compute& c : order) {
     const bool first = c.stage == 0;
     const bool last = c.stage == stages - 1;
     switch (c.op) {
@@ -287,6 +307,12 @@ std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
   return actions;
 }
 
+}  // namespace
+
+std::vector<Action> BuildRankActions(const ScheduleSpec& spec, int rank) {
+  return ToActions(spec, ComputeOrder(spec, rank));
+}
+
 std::vector<Action> BuildStepTail(const ScheduleSpec&, int) {
   return {{Op::kReduceTied}, {Op::kReduceDp}, {Op::kOptimizerStep}};
 }
@@ -299,8 +325,15 @@ std::vector<Action> BuildForwardOnlyActions(const ScheduleSpec& spec, int rank, 
 }
 
 std::vector<std::vector<Action>> BuildAllActions(const ScheduleSpec& spec) {
+  // ZB-H1's lists come from one simulation of all ranks: run it once, not once per rank.
+  std::vector<std::vector<Compute>> orders;
+  if (spec.kind == Kind::kZeroBubbleH1) {
+    orders = ZeroBubbleH1(spec);
+  } else {
+    for (int rank = 0; rank < spec.pp; ++rank) orders.push_back(ComputeOrder(spec, rank));
+  }
   std::vector<std::vector<Action>> all;
-  for (int rank = 0; rank < spec.pp; ++rank) all.push_back(BuildRankActions(spec, rank));
+  for (const std::vector<Compute>& order : orders) all.push_back(ToActions(spec, order));
   return all;
 }
 

@@ -1,9 +1,11 @@
 #include "core/schedule/simulator.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <tuple>
 
@@ -13,6 +15,13 @@ namespace bigmac::schedule {
 namespace {
 
 bool IsCompute(Op op) { return Info(op).computes; }
+
+// The shortest text that reads back as `value` (what a JSON library writes).
+std::string JsonNumber(double value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof(text), value);
+  return error == std::errc() ? std::string(text, end) : "0";
+}
 
 // A message key: (is_gradient, micro-batch, consumer stage, sender rank, receiver rank).
 using MessageKey = std::tuple<bool, int, int, int, int>;
@@ -59,39 +68,50 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
         return 0.0;
     }
   };
-  bool progressed = true;
-  while (progressed) {
-    progressed = false;
-    for (int r = 0; r < p; ++r) {
-      while (pc[r] < lists[r].size()) {
-        const Action& a = lists[r][pc[r]];
-        SimEvent event{r, a, clock[r], clock[r]};
-        if (a.op == Op::kSendAct || a.op == Op::kSendGrad) {
-          const bool grad = a.op == Op::kSendGrad;
-          in_transit[{grad, a.microbatch, grad ? a.stage - 1 : a.stage + 1, r, a.peer}] =
-              clock[r] + costs.transfer;
-        } else if (a.op == Op::kRecvAct || a.op == Op::kRecvGrad) {
-          auto it = in_transit.find({a.op == Op::kRecvGrad, a.microbatch, a.stage, a.peer, r});
-          if (it == in_transit.end()) break;  // wait for the sender
-          event.start = clock[r];
-          clock[r] = std::max(clock[r], it->second);
-          event.end = clock[r];
-          in_transit.erase(it);
-        } else if (IsCompute(a.op)) {
-          event.end = clock[r] + cost(a);
-          clock[r] = event.end;
-          result.busy[r] += cost(a);
-          result.makespan = std::max(result.makespan, clock[r]);
-          if (a.op == Op::kForward) live[r].insert({a.microbatch, a.stage});
-          if (a.op == Op::kBackward || a.op == Op::kBackwardWeight)
-            live[r].erase({a.microbatch, a.stage});
-          result.max_in_flight[r] =
-              std::max(result.max_in_flight[r], static_cast<int>(live[r].size()));
+  // A worklist instead of sweeps over all ranks: a rank runs until a receive finds no message,
+  // then waits on that message's key until its send wakes it. Each action is visited once, so
+  // the simulation is O(actions log actions) whatever the shape of the pipeline.
+  std::set<int> ready;  // ranks that can move, lowest first (a deterministic order)
+  for (int r = 0; r < p; ++r) ready.insert(r);
+  std::map<MessageKey, int> blocked;  // a receive's key -> the rank blocked on it
+  while (!ready.empty()) {
+    const int r = *ready.begin();
+    ready.erase(ready.begin());
+    while (pc[r] < lists[r].size()) {
+      const Action& a = lists[r][pc[r]];
+      SimEvent event{r, a, clock[r], clock[r]};
+      if (a.op == Op::kSendAct || a.op == Op::kSendGrad) {
+        const bool grad = a.op == Op::kSendGrad;
+        const MessageKey key{grad, a.microbatch, grad ? a.stage - 1 : a.stage + 1, r, a.peer};
+        in_transit[key] = clock[r] + costs.transfer;
+        if (auto waiter = blocked.find(key); waiter != blocked.end()) {
+          ready.insert(waiter->second);
+          blocked.erase(waiter);
         }
-        result.events.push_back(event);
-        ++pc[r];
-        progressed = true;
+      } else if (a.op == Op::kRecvAct || a.op == Op::kRecvGrad) {
+        const MessageKey key{a.op == Op::kRecvGrad, a.microbatch, a.stage, a.peer, r};
+        auto it = in_transit.find(key);
+        if (it == in_transit.end()) {
+          blocked[key] = r;  // until the sender gets there
+          break;
+        }
+        event.start = clock[r];
+        clock[r] = std::max(clock[r], it->second);
+        event.end = clock[r];
+        in_transit.erase(it);
+      } else if (IsCompute(a.op)) {
+        event.end = clock[r] + cost(a);
+        clock[r] = event.end;
+        result.busy[r] += cost(a);
+        result.makespan = std::max(result.makespan, clock[r]);
+        if (a.op == Op::kForward) live[r].insert({a.microbatch, a.stage});
+        if (a.op == Op::kBackward || a.op == Op::kBackwardWeight)
+          live[r].erase({a.microbatch, a.stage});
+        result.max_in_flight[r] =
+            std::max(result.max_in_flight[r], static_cast<int>(live[r].size()));
       }
+      result.events.push_back(event);
+      ++pc[r];
     }
   }
   std::string waiting;
@@ -176,7 +196,13 @@ std::string FormatGrid(const SimResult& result, int pp) {
     if (IsCompute(e.action.op) && e.end > e.start) unit = std::min(unit, e.end - e.start);
   }
   if (unit > 1e29) return "";
-  const int columns = static_cast<int>(std::lround(result.makespan / unit));
+  const double width_units = std::round(result.makespan / unit);
+  if (pp > kMaxGridRanks || width_units > kMaxGridColumns) {
+    return "grid: not drawn for " + std::to_string(pp) + " ranks x " + JsonNumber(width_units) +
+           " columns (at most " + std::to_string(kMaxGridRanks) + " x " +
+           std::to_string(kMaxGridColumns) + "); the trace has every action\n";
+  }
+  const int columns = static_cast<int>(width_units);
   std::vector<std::vector<std::string>> cells(pp, std::vector<std::string>(columns, "."));
   for (const SimEvent& e : result.events) {
     if (!IsCompute(e.action.op)) continue;
@@ -200,30 +226,31 @@ std::string FormatGrid(const SimResult& result, int pp) {
   return text;
 }
 
-std::string ChromeTrace(const SimResult& result, const std::string& title) {
-  nlohmann::json events = nlohmann::json::array();
+void WriteChromeTrace(const SimResult& result, const std::string& title, std::ostream& out) {
+  // Written event by event: a JSON tree of a million events would take gigabytes.
   const int ranks = static_cast<int>(result.busy.size());
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  out << "{\"args\":{\"name\":" << nlohmann::json(title).dump()
+      << "},\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0}";
   for (int r = 0; r < ranks; ++r) {
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 0},
-                      {"tid", r},
-                      {"args", {{"name", "rank " + std::to_string(r)}}}});
+    out << ",\n{\"args\":{\"name\":\"rank " << r
+        << "\"},\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << r << "}";
   }
-  events.push_back(
-      {{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", title}}}});
   for (const SimEvent& e : result.events) {
     if (e.end <= e.start && !IsCompute(e.action.op)) continue;
-    events.push_back({{"name", ShortName(e.action)},
-                      {"cat", OpName(e.action.op)},
-                      {"ph", "X"},
-                      {"pid", 0},
-                      {"tid", e.rank},
-                      {"ts", e.start * 1000.0},
-                      {"dur", (e.end - e.start) * 1000.0},
-                      {"args", {{"microbatch", e.action.microbatch}, {"stage", e.action.stage}}}});
+    out << ",\n{\"args\":{\"microbatch\":" << e.action.microbatch << ",\"stage\":" << e.action.stage
+        << "},\"cat\":\"" << OpName(e.action.op)
+        << "\",\"dur\":" << JsonNumber((e.end - e.start) * 1000.0) << ",\"name\":\""
+        << ShortName(e.action) << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.rank
+        << ",\"ts\":" << JsonNumber(e.start * 1000.0) << "}";
   }
-  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1);
+  out << "\n]}\n";
+}
+
+std::string ChromeTrace(const SimResult& result, const std::string& title) {
+  std::ostringstream out;
+  WriteChromeTrace(result, title, out);
+  return out.str();
 }
 
 }  // namespace bigmac::schedule

@@ -1,6 +1,7 @@
 #ifndef BIGMAC_CORE_SCHEDULE_SIMULATOR_H_
 #define BIGMAC_CORE_SCHEDULE_SIMULATOR_H_
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -73,10 +74,17 @@ struct DpReducePrediction {
 
 DpReducePrediction PredictDpReduce(const SimResult& flush, const DpReduceCosts& costs);
 
+// The largest grid FormatGrid draws; a larger one is a line saying so (it would be megabytes of
+// text nobody reads; the trace holds the same timeline).
+inline constexpr int kMaxGridRanks = 64;
+inline constexpr int kMaxGridColumns = 1024;
+
 // The per-rank grid, one character cell per unit of time ("F3", "B3", "W3", ".").
 std::string FormatGrid(const SimResult& result, int pp);
 
-// A Chrome/Perfetto trace (JSON) of the simulated timeline: one track per rank.
+// A Chrome/Perfetto trace (JSON) of the simulated timeline: one track per rank. Written as it
+// goes, in memory proportional to one event.
+void WriteChromeTrace(const SimResult& result, const std::string& title, std::ostream& out);
 std::string ChromeTrace(const SimResult& result, const std::string& title);
 
 }  // namespace bigmac::schedule

@@ -8,6 +8,9 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+
+#include "core/util/format.h"
 
 namespace bigmac::util {
 namespace {
@@ -25,23 +28,6 @@ std::string NotRegular(const std::string& path, mode_t mode, const std::string& 
   if (S_ISDIR(mode)) return path + ": is a directory, not a " + what;
   return path + ": not a regular file (" + KindOf(mode) + "); a " + what +
          " must be a regular file";
-}
-
-// Opens without blocking (a fifo with no writer would wait forever) and checks the kind on the
-// open descriptor, so the file checked is the file read. Returns -1 and sets *problem.
-int OpenRegular(const std::string& path, const std::string& what, struct stat* info,
-                std::string* problem) {
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    *problem = path + ": cannot open the " + what + ": " + OsReason(errno);
-    return -1;
-  }
-  if (fstat(fd, info) != 0 || !S_ISREG(info->st_mode)) {
-    *problem = NotRegular(path, info->st_mode, what);
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 std::string TooLarge(const std::string& path, const std::string& what, uint64_t size,
@@ -111,17 +97,39 @@ std::string DanglingLink(const std::string& path, const std::string& part) {
 
 std::string OsReason(int error) { return std::strerror(error); }
 
-std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std::string& what,
-                         std::string* contents) {
+std::string OpenUserFile(const std::string& path, uint64_t max_bytes, const std::string& what,
+                         int* fd, uint64_t* size) {
+  *fd = -1;
+  const int opened = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (opened < 0) return path + ": cannot open the " + what + ": " + OsReason(errno);
   struct stat info;
   std::string problem;
-  const int fd = OpenRegular(path, what, &info, &problem);
-  if (fd < 0) return problem;
-  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
-    close(fd);
-    return TooLarge(path, what, info.st_size, max_bytes, false);
+  if (fstat(opened, &info) != 0) {
+    problem = path + ": cannot read the " + what + ": " + OsReason(errno);
+  } else if (!S_ISREG(info.st_mode)) {
+    problem = NotRegular(path, info.st_mode, what);
+  } else if (static_cast<uint64_t>(info.st_size) > max_bytes) {
+    problem = TooLarge(path, what, info.st_size, max_bytes, false);
+  } else if (fcntl(opened, F_SETFL, fcntl(opened, F_GETFL) & ~O_NONBLOCK) != 0) {
+    problem = path + ": cannot read the " + what + ": " + OsReason(errno);
   }
+  if (!problem.empty()) {
+    close(opened);
+    return problem;
+  }
+  *fd = opened;
+  *size = static_cast<uint64_t>(info.st_size);
+  return "";
+}
+
+std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std::string& what,
+                         std::string* contents) {
+  int fd = -1;
+  uint64_t size = 0;
+  std::string problem = OpenUserFile(path, max_bytes, what, &fd, &size);
+  if (!problem.empty()) return problem;
   contents->clear();
+  contents->reserve(size);
   char buffer[65536];
   while (true) {
     const ssize_t n = read(fd, buffer, sizeof(buffer));
@@ -144,11 +152,39 @@ std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std:
 }
 
 std::string CheckUserFile(const std::string& path, const std::string& what) {
-  struct stat info;
-  std::string problem;
-  const int fd = OpenRegular(path, what, &info, &problem);
+  int fd = -1;
+  uint64_t size = 0;
+  const std::string problem =
+      OpenUserFile(path, std::numeric_limits<uint64_t>::max(), what, &fd, &size);
   if (fd >= 0) close(fd);
   return problem;
+}
+
+std::string ResolveInside(const std::string& dir, const std::string& name, std::string* resolved) {
+  const std::string quoted = "'" + Printable(name) + "'";
+  if (name.empty()) return "an empty name";
+  if (name.find('\0') != std::string::npos) return quoted + " holds a NUL byte";
+  if (name.front() == '/') {
+    return quoted + " is an absolute path; only a path inside " + dir + " is accepted";
+  }
+  char base[PATH_MAX];
+  if (realpath(dir.c_str(), base) == nullptr) return dir + ": " + OsReason(errno);
+  char target[PATH_MAX];
+  if (realpath((dir + "/" + name).c_str(), target) == nullptr) {
+    const int error = errno;
+    if (error == ENOENT) return quoted + " is not in " + dir;
+    return quoted + " in " + dir + ": " + OsReason(error);
+  }
+  const std::string root = base;
+  const std::string path = target;
+  const bool inside =
+      root == "/" || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
+                      path[root.size()] == '/');
+  if (!inside) {
+    return quoted + " resolves to " + Printable(path) + ", outside " + dir + " (" + root + ")";
+  }
+  *resolved = path;
+  return "";
 }
 
 std::string CheckOutputDir(const std::string& path) {

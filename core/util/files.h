@@ -14,6 +14,15 @@ namespace bigmac::util {
 // "<strerror(error)>": the OS's reason for an errno value.
 std::string OsReason(int error);
 
+// Opens a user-named input for reading, the one way BigMac opens a file it reads (every reader
+// goes through here or through the two functions below). The open never blocks (a fifo with no
+// writer would wait forever, and a stop signal would not end the wait), and the kind and size are
+// checked on the open descriptor, so the file checked is the file read: only a regular file of at
+// most `max_bytes` is accepted. On success returns "" with *fd open (the caller closes it) and
+// *size its size; else the problem, naming the file by `path` and its role by `what`.
+std::string OpenUserFile(const std::string& path, uint64_t max_bytes, const std::string& what,
+                         int* fd, uint64_t* size);
+
 // Reads the whole of a user-named input into *contents. Only a regular file is read (a fifo,
 // a device or a socket could block forever or never end), and never more than `max_bytes`
 // (the limit is applied to the bytes read, not to a size the file reports). `what` names the
@@ -24,6 +33,13 @@ std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std:
 // Whether `path` is a regular file that can be opened for reading, without reading it (for
 // readers that are not ours, such as dlopen).
 std::string CheckUserFile(const std::string& path, const std::string& what);
+
+// A path read from a file (a manifest's model name) is resolved first, then confined: `name`
+// must be relative, and `dir`/`name` with every symbolic link and `..` resolved must lie inside
+// `dir`'s own resolved path. On success returns "" and the resolved path in *resolved; else the
+// problem ("'../x' resolves to /x, outside /data"), which callers prefix with the file that holds
+// the name.
+std::string ResolveInside(const std::string& dir, const std::string& name, std::string* resolved);
 
 // An output directory: an existing directory that this process can create files in, or a path
 // that can be created (its nearest existing ancestor is a writable directory and every name fits

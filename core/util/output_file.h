@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <stdexcept>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,28 @@ class OutputFile {
   std::vector<std::string> created_;  // directories Open made, removed if not committed
   size_t written_ = 0;
   std::string problem_;
+};
+
+// A std::streambuf over an OutputFile, for writers that stream into a std::ostream (the
+// schedule's trace). Does not own the file; failures show in the file's Commit.
+class OutputFileBuffer : public std::streambuf {
+ public:
+  explicit OutputFileBuffer(OutputFile* file) : file_(file) {}
+
+ protected:
+  std::streamsize xsputn(const char* data, std::streamsize size) override {
+    file_->Write(std::string_view(data, static_cast<size_t>(size)));
+    return size;
+  }
+  int_type overflow(int_type c) override {
+    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+    const char byte = traits_type::to_char_type(c);
+    file_->Write(std::string_view(&byte, 1));
+    return c;
+  }
+
+ private:
+  OutputFile* file_;
 };
 
 // Writes `contents` to `path` whole or not at all (OutputFile): "" or the problem.
