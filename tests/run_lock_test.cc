@@ -145,7 +145,7 @@ TEST(RunLock, TrainOutputDirIsLockedToo) {
             std::string::npos)
       << second.output;
   // Nothing of the refused run: its checkpoint directory was not even created.
-  EXPECT_FALSE(fs::exists(TempDir() + "/ck_out_b/latest"));
+  EXPECT_FALSE(fs::exists(TempDir() + "/ck_out_b"));
   // Another directory is free while the holder runs.
   const RunResult free =
       RunCommand(Train("--set train.max_steps=2 --set train.output_dir=" + TempDir() +

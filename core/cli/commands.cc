@@ -34,6 +34,7 @@
 #include "core/data/dataset.h"
 #include "core/data/prep.h"
 #include "core/data/shard.h"
+#include "core/data/tokenizer_manifest.h"
 #include "core/device/cuda/cuda_device.h"
 #include "core/engine/trainer.h"
 #include "core/memory/allocator.h"
@@ -303,6 +304,14 @@ int RunDataPrep(const DataPrepOptions& options) {
                              ", ...); pass --overwrite to replace all of them, or "
                              "choose another directory",
                          kExitOutput);
+  }
+  // The tokenizer files are outputs too: a directory may hold another tool's tokenizer.json.
+  if (std::string problem = ReplaceProblem("--output",
+                                           {options.output + "/" + data::kTokenizerManifest,
+                                            options.output + "/" + data::kTokenizerModel},
+                                           options.overwrite);
+      !problem.empty()) {
+    return ReportFailure(problem, kExitOutput);
   }
   data::PrepOptions prep;
   prep.inputs = options.inputs;

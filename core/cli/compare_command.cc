@@ -17,6 +17,7 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/plan/compare.h"
+#include "core/util/dir_lock.h"
 #include "core/util/files.h"
 #include "core/util/format.h"
 #include "core/util/output_file.h"
@@ -150,8 +151,11 @@ int RunCompare(const CompareOptions& options) {
   if (std::string problem = OutputDirProblem("--out", options.out); !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
   }
+  // Its outputs: the reports and the two runs' directories, which each comparison replaces.
   if (std::string problem =
-          ReplaceProblem("--out", {options.out + "/report.md", options.out + "/report.svg"},
+          ReplaceProblem("--out",
+                         {options.out + "/report.md", options.out + "/report.svg",
+                          options.out + "/baseline", options.out + "/candidate"},
                          options.overwrite || options.out == CompareOptions().out);
       !problem.empty()) {
     return ReportFailure(problem, kExitOutput);
@@ -194,7 +198,12 @@ int RunCompare(const CompareOptions& options) {
       return kExitConfig;
     }
   }
-  std::filesystem::create_directories(options.out);
+  // One comparison per --out: a second one would delete the run directories the first is using.
+  std::string lock_problem, lock_note;
+  const std::unique_ptr<util::DirectoryLock> lock =
+      util::DirectoryLock::Acquire(options.out, "--out", "compare", &lock_problem, &lock_note);
+  if (!lock) return ReportFailure(lock_problem, kExitOutput);
+  if (!lock_note.empty()) std::printf("%s\n", lock_note.c_str());
   plan::RunRecord records[2];
   for (int s = 0; s < 2; ++s) {
     const Side& side = sides[s];
@@ -219,7 +228,9 @@ int RunCompare(const CompareOptions& options) {
     if (run.exit_code != 0) {
       std::fprintf(stderr, "bigmac: the %s run failed with exit code %d:\n%s\n", side.name.c_str(),
                    run.exit_code, run.output.c_str());
-      return kExitFailure;
+      // A run's own documented code (bad data, no space, ...) is the comparison's too.
+      return run.exit_code > kExitFailure && run.exit_code <= kExitDevice ? run.exit_code
+                                                                          : kExitFailure;
     }
     records[s] = Read(side.config, dir, run.output, options.warmup);
   }

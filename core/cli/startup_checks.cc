@@ -75,16 +75,48 @@ StartupCheck CheckTrainOutputs(const config::ResolvedConfig& resolved, const std
   auto add = [&check](const std::string& problem) {
     if (!problem.empty()) check.problems.push_back(problem);
   };
+  // The fixed names a run writes in a directory must be writable files too: a directory called
+  // `latest` would otherwise fail the first save, hours in.
+  auto fixed_names = [&add](const std::string& label, const std::string& dir,
+                            std::initializer_list<const char*> names) {
+    for (const char* name : names) {
+      const std::string path = dir + "/" + name;
+      struct stat info;
+      if (lstat(path.c_str(), &info) != 0) continue;
+      if (std::string problem = util::CheckOutputFile(path); !problem.empty())
+        add(label + ": " + problem);
+    }
+  };
   if (const std::string& dir = cfg.checkpoint().dir(); !dir.empty()) {
-    add(OutputDirProblem(KeyWithSource(resolved, "checkpoint.dir"), dir));
+    const std::string label = KeyWithSource(resolved, "checkpoint.dir");
+    if (std::string problem = OutputDirProblem(label, dir); !problem.empty()) {
+      add(problem);
+    } else {
+      fixed_names(label, dir, {"latest"});
+    }
   }
   if (const std::string& dir = cfg.train().output_dir(); !dir.empty()) {
-    add(OutputDirProblem(KeyWithSource(resolved, "train.output_dir"), dir));
+    const std::string label = KeyWithSource(resolved, "train.output_dir");
+    if (std::string problem = OutputDirProblem(label, dir); !problem.empty()) {
+      add(problem);
+    } else {
+      fixed_names(label, dir, {"metrics.jsonl", "trace.json"});
+    }
   }
   if (!dump.empty()) {
     add(OutputDirProblem("--dump", dump));
-    // The files of an earlier dump (engine::DumpWeights): losses.txt is always among them.
-    add(ReplaceProblem("--dump", {dump + "/losses.txt"}, overwrite));
+    // The files of an earlier dump (engine::DumpWeights): losses.txt, tied_copy.bin, layer_*.f32.
+    std::vector<std::string> earlier = {dump + "/losses.txt", dump + "/tied_copy.bin"};
+    std::error_code error;
+    for (std::filesystem::directory_iterator it(dump, error), end; !error && it != end;
+         it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("layer_", 0) == 0 && name.size() > 4 &&
+          name.compare(name.size() - 4, 4, ".f32") == 0) {
+        earlier.push_back(it->path().string());
+      }
+    }
+    add(ReplaceProblem("--dump", earlier, overwrite));
   }
   return check;
 }

@@ -277,7 +277,7 @@ int RunTuneMbs(const TuneMbsOptions& options) {
     std::string error;
     if (!WriteMicroBatch(options.config, loaded, recommended, &error)) {
       std::fprintf(stderr, "bigmac: %s\n", error.c_str());
-      return kExitFailure;
+      return kExitOutput;
     }
     std::printf("wrote train.micro_batch_size: %d into %s\n", recommended, options.config.c_str());
   }

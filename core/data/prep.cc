@@ -35,10 +35,18 @@ mode_t CurrentUmask() {
   return 022;
 }
 
+// "shards/" and "./shards" as "shards": the form the staging directory's parent is compared in.
+fs::path NormalPath(const fs::path& path) {
+  fs::path normal = path.lexically_normal();
+  if (!normal.has_filename() && normal.has_parent_path()) normal = normal.parent_path();
+  return normal;
+}
+
 // Where the new shards are written before they go into place: a directory inside `out_dir` when
 // it exists (the same filesystem, and new files get the layout the user gave the directory, such
 // as Lustre striping), else beside it. Made by mkdtemp, so private until it is used.
-fs::path StagingDirectory(const fs::path& out_dir) {
+fs::path StagingDirectory(const fs::path& given) {
+  const fs::path out_dir = NormalPath(given);
   std::error_code error;
   const bool inside = fs::is_directory(out_dir, error);
   const fs::path parent =
@@ -58,7 +66,8 @@ fs::path StagingDirectory(const fs::path& out_dir) {
 // the umask's mode instead of mkdtemp's 0700. An existing one is kept (its inode, mode, owner and
 // other files): each staged file is renamed over its namesake, then shards of the old corpus that
 // the new one does not have are removed, so only this step's shards remain.
-void MoveIntoPlace(const fs::path& staging, const fs::path& out_dir) {
+void MoveIntoPlace(const fs::path& staging, const fs::path& given) {
+  const fs::path out_dir = NormalPath(given);
   std::error_code error;
   if (staging.parent_path() != out_dir) {
     fs::permissions(staging, static_cast<fs::perms>(0777 & ~CurrentUmask()));
@@ -67,6 +76,9 @@ void MoveIntoPlace(const fs::path& staging, const fs::path& out_dir) {
   }
   std::vector<fs::path> staged;
   for (const auto& entry : fs::directory_iterator(staging)) staged.push_back(entry.path());
+  // Shards first, the tokenizer files (which describe them) last.
+  std::stable_partition(staged.begin(), staged.end(),
+                        [](const fs::path& file) { return IsShardName(file.filename().string()); });
   for (const fs::path& file : staged) fs::rename(file, out_dir / file.filename());
   for (const auto& entry : fs::directory_iterator(out_dir)) {
     const std::string name = entry.path().filename().string();
@@ -146,12 +158,8 @@ std::unique_ptr<Tokenizer> MakeTokenizer(const PrepOptions& options, const fs::p
     // shards from the same bytes.
     bytes = ReadTokenizerModel(options.tokenizer_model);
     tokenizer = MakeSentencePieceTokenizer(bytes, options.tokenizer_model);
-    std::ofstream out(model, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) {
-      throw fs::filesystem_error("cannot write the tokenizer model", model,
-                                 std::error_code(errno, std::generic_category()));
-    }
+    if (std::string problem = util::WriteWholeFile(model.string(), bytes); !problem.empty())
+      throw util::OutputError("cannot write the tokenizer model: " + problem);
   } else {
     TrainSentencePiece(options.inputs, fresh.string(), options.vocab_size, options.model_type);
     bytes = ReadTokenizerModel(model.string());

@@ -441,7 +441,13 @@ void Trainer::OpenMetrics() {
 }
 
 void Trainer::OutputFailed(const std::string& problem) {
-  Log("[output] warning: " + problem + "; training goes on, and the run will exit with code 8");
+  const std::string line =
+      "[output] warning: " + problem + "; training goes on, and the run will exit with code 8";
+  if (root_) {
+    Log(line);
+  } else {  // a --dump file of another stage: only rank 0 logs, so say it here
+    std::fprintf(stderr, "bigmac: rank %d: %s\n", comm_.world_rank(), line.c_str());
+  }
   result_.output_failures.push_back(problem);
 }
 

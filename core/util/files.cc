@@ -238,7 +238,10 @@ std::string CheckOutputFile(const std::string& path) {
 std::vector<std::string> CreateDirectories(const std::string& dir, std::string* problem) {
   std::vector<std::string> created;
   std::error_code error;
-  for (std::filesystem::path part = dir; !part.empty() && !std::filesystem::exists(part, error);
+  // "a/b/" is "a/b": its parent must be "a", or "a/b" would be counted twice.
+  std::filesystem::path normal = std::filesystem::path(dir).lexically_normal();
+  if (!normal.has_filename() && normal.has_parent_path()) normal = normal.parent_path();
+  for (std::filesystem::path part = normal; !part.empty() && !std::filesystem::exists(part, error);
        part = part.parent_path()) {
     created.push_back(part.string());
     if (part == part.parent_path()) break;
