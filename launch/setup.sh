@@ -20,6 +20,7 @@ packages=(
   libisal-dev            # Intel ISA-L: CRC-32C of TensorBoard event files (TFRecord framing)
   libsentencepiece-dev   # bigmac data prep --tokenizer sentencepiece (core/data/sentencepiece_shim.cc)
   libgtest-dev libgmock-dev
+  libboost-context-dev   # fibers for the emulated CUDA device (core/device/cuda/emulation)
   python3                # launch/count_tests.py reads the gtest XML
   patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs
   iproute2               # launch/two_hosts.sh: `ip netns`, veth pairs (tests/two_hosts_test)

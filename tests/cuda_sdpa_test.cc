@@ -186,10 +186,20 @@ struct Case {
   }
 };
 
+// Every case runs cuDNN's own engines: skipped without a GPU, and on the emulated device (which
+// does not emulate cuDNN; the fallback attention is tested in cuda_kernels_test).
+#define SKIP_WITHOUT_CUDNN_ENGINES()                                                        \
+  do {                                                                                      \
+    if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";           \
+    if (bigmac::comm::cuda::Emulated()) {                                                   \
+      GTEST_SKIP() << "needs cuDNN's engines, which the emulated CUDA device does not have"; \
+    }                                                                                       \
+  } while (false)
+
 const Shape kShapes[] = {{2, 64, 4, 64}, {2, 128, 2, 128}};
 
 TEST(CudnnSdpa, ForwardMatchesCpuAttention) {
-  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_CUDNN_ENGINES();
   for (const Shape& s : kShapes) {
     Case c(s);
     DeviceBuffer out(s.out() * 2), stats(s.stats() * 4);
@@ -202,7 +212,7 @@ TEST(CudnnSdpa, ForwardMatchesCpuAttention) {
 }
 
 TEST(CudnnSdpa, BackwardMatchesCpuAttentionBackward) {
-  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_CUDNN_ENGINES();
   for (const Shape& s : kShapes) {
     Case c(s);
     DeviceBuffer out(s.out() * 2), stats(s.stats() * 4), dqkv(s.qkv() * 2);
@@ -221,7 +231,7 @@ TEST(CudnnSdpa, BackwardMatchesCpuAttentionBackward) {
 }
 
 TEST(CudnnSdpa, TwoRunsAreBitwiseEqual) {
-  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_CUDNN_ENGINES();
   const Shape s{4, 256, 4, 64};
   Case c(s);
   DeviceBuffer out1(s.out() * 2), stats1(s.stats() * 4), dqkv1(s.qkv() * 2);
@@ -240,7 +250,7 @@ TEST(CudnnSdpa, TwoRunsAreBitwiseEqual) {
 }
 
 TEST(CudnnSdpa, SecondCallReusesTheCachedGraph) {
-  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_CUDNN_ENGINES();
   const Shape s{1, 32, 2, 64};  // used by no other test
   Case c(s);
   DeviceBuffer out(s.out() * 2), stats(s.stats() * 4), dqkv(s.qkv() * 2);
@@ -262,7 +272,7 @@ TEST(CudnnSdpa, SecondCallReusesTheCachedGraph) {
 // the same on the CPU): the error names the shape and the step, nothing is cached, and a retry
 // fails the same way.
 TEST(CudnnSdpa, UnsupportedShapeFailsClearlyAndIsNotCached) {
-  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_CUDNN_ENGINES();
   const Shape s{1, 16, 2, 4};
   DeviceBuffer qkv(s.qkv() * 2), out(s.out() * 2), stats(s.stats() * 4);
   const int64_t builds = internal::SdpaGraphBuilds();

@@ -1,4 +1,92 @@
-"""cuda_library: compiles .cu files with nvcc (sm_90 code plus compute_90 PTX) into a cc_library."""
+"""CUDA targets and their emulated twins.
+
+cuda_library compiles .cu files with nvcc (sm_90 code plus compute_90 PTX) into a cc_library;
+cuda_cc_library is a cc_library of host code that calls CUDA libraries. Each also defines
+`<name>_emulated` (testonly): the same sources built against the emulated CUDA device
+(core/device/cuda/emulation/), the .cu files compiled as C++ by the host compiler. Shipping
+binaries never depend on an _emulated target.
+"""
+
+# The CUDA libraries, replaced by the stand-ins in the emulated twins.
+_CUDA_LIBRARIES = [
+    "@cuda//:cudart",
+    "@cuda//:cublas",
+    "@cuda//:cublasLt",
+    "@cuda//:cudnn",
+    "@cuda//:nccl",
+    "@cuda//:nvrtc",
+]
+_EMULATED_RUNTIME = "//core/device/cuda/emulation:runtime"
+
+# Every target defined by cuda_library or cuda_cc_library (so it has an _emulated twin).
+_TWINNED = [
+    "//core/cli:cli",
+    "//core/comm/cuda:cuda_probe",
+    "//core/comm/nccl:nccl_check",
+    "//core/comm/nccl:nccl_pipeline_comm",
+    "//core/device/cuda:context",
+    "//core/device/cuda:cuda_device",
+    "//stages/cuda:gemm",
+    "//stages/cuda:gemm_descriptors",
+    "//stages/cuda:kernels",
+    "//stages/cuda:sdpa",
+    "//stages/gpt/cuda:cuda",
+]
+
+def _full_label(label):
+    if label.startswith(":"):
+        return "//" + native.package_name() + label
+    if label.startswith("//") and ":" not in label:
+        return label + ":" + label.split("/")[-1]
+    return label
+
+def emulated_deps(deps):
+    """`deps` with every CUDA library and CUDA target replaced by its emulated twin."""
+    out = []
+    for dep in deps:
+        full = _full_label(dep)
+        if dep in _CUDA_LIBRARIES:
+            mapped = _EMULATED_RUNTIME
+        elif full in _TWINNED:
+            mapped = full + "_emulated"
+        else:
+            mapped = dep
+        if mapped not in out:
+            out.append(mapped)
+    return out
+
+def cuda_cc_library(name, deps = [], tags = [], **kwargs):
+    """A cc_library of host code that calls CUDA, and its emulated twin `<name>_emulated`."""
+    native.cc_library(name = name, deps = deps, tags = tags, **kwargs)
+    twin = dict(kwargs)
+    twin.pop("visibility", None)
+    native.cc_library(
+        name = name + "_emulated",
+        deps = emulated_deps(deps),
+        tags = tags + ["emulated"],
+        testonly = True,
+        visibility = ["//visibility:public"],
+        **twin
+    )
+
+def cuda_cc_test(name, deps = [], tags = [], **kwargs):
+    """A cc_test of CUDA code: `name` runs on a GPU (tagged gpu: launch/test.sh leaves it to
+    launch/device_check.sh), `<name>_emulated` runs the same cases on the emulated device."""
+    native.cc_test(name = name, deps = deps, tags = tags + ["gpu"], **kwargs)
+    native.cc_test(name = name + "_emulated", deps = emulated_deps(deps), tags = tags + ["emulated"], **kwargs)
+
+def cuda_cc_binary(name, deps = [], **kwargs):
+    """A cc_binary with CUDA, and its emulated twin `<name>_emulated` (testonly)."""
+    native.cc_binary(name = name, deps = deps, **kwargs)
+    twin = dict(kwargs)
+    twin.pop("visibility", None)
+    native.cc_binary(
+        name = name + "_emulated",
+        deps = emulated_deps(deps),
+        testonly = True,
+        visibility = ["//visibility:public"],
+        **twin
+    )
 
 CUDA_ARCH_FLAGS = [
     "-gencode=arch=compute_90,code=sm_90",
@@ -52,5 +140,36 @@ def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], v
         visibility = visibility,
         alwayslink = True,
         # Link the objects into the executable: a shared library would miss the static cudart symbols.
+        linkstatic = True,
+    )
+
+    # The emulated twin: the same .cu files, compiled as C++ with the device-side names of
+    # core/device/cuda/emulation/device_code.h (a copy under a .cc name, since cc_library
+    # compiles no .cu).
+    copies = []
+    for src in srcs:
+        copy = name + "_emulated_" + src.replace("/", "_").replace(".cu", ".cc")
+        native.genrule(
+            name = copy + "_copy",
+            srcs = [src],
+            outs = [copy],
+            cmd = "cp $< $@",
+            testonly = True,
+        )
+        copies.append(copy)
+    native.cc_library(
+        name = name + "_emulated",
+        srcs = copies,
+        hdrs = hdrs,
+        copts = [
+            "-DBIGMAC_CUDA_EMULATION",
+            "-include",
+            "core/device/cuda/emulation/device_code.h",
+        ],
+        deps = emulated_deps(deps) + ["//core/device/cuda/emulation:device_code"],
+        testonly = True,
+        tags = ["emulated"],
+        visibility = ["//visibility:public"],
+        alwayslink = True,
         linkstatic = True,
     )

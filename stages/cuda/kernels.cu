@@ -22,6 +22,7 @@
 
 #include "core/device/cuda/check.h"
 #include "core/device/cuda/context.h"
+#include "core/device/cuda/launch.h"
 #include "stages/cuda/kernels.h"
 
 namespace bigmac::stages::cuda {
@@ -30,6 +31,7 @@ namespace {
 using device::DeviceError;
 using device::cuda::CheckLaunch;
 using device::cuda::kReduceScratchBytes;
+using device::cuda::LaunchKernel;
 
 constexpr float kLayerNormEps = 1e-5f;  // as the CPU's kLayerNormEps
 constexpr int kWarp = 32;
@@ -189,7 +191,8 @@ __global__ void AddChunkSumsKernel(float* into, const float* partial, int chunks
 
 void AddChunkSums(float* into, const float* partial, int chunks, int c, const CallSite& site) {
   const int blocks = static_cast<int>(CeilDiv(c, kThreads));
-  AddChunkSumsKernel<<<blocks, kThreads, 0, site.stream()>>>(into, partial, chunks, c);
+  LaunchKernel("AddChunkSumsKernel", AddChunkSumsKernel, blocks, kThreads, 0, site.stream(), into,
+               partial, chunks, c);
   CheckLaunch("AddChunkSumsKernel", site);
 }
 
@@ -239,10 +242,10 @@ void Map1(const char* name, const CallSite& site, T* out, const T* in, int64_t n
   constexpr int V = kVec<T>;
   if (Aligned(out, in)) {
     const int blocks = GridStrideBlocks(std::max<int64_t>(n / V, 1), kThreads, site);
-    Map1Kernel<T, V><<<blocks, kThreads, 0, site.stream()>>>(out, in, n, op);
+    LaunchKernel(name, Map1Kernel<T, V, Op>, blocks, kThreads, 0, site.stream(), out, in, n, op);
   } else {
     const int blocks = GridStrideBlocks(n, kThreads, site);
-    Map1Kernel<T, 1><<<blocks, kThreads, 0, site.stream()>>>(out, in, n, op);
+    LaunchKernel(name, Map1Kernel<T, 1, Op>, blocks, kThreads, 0, site.stream(), out, in, n, op);
   }
   CheckLaunch(name, site);
 }
@@ -254,10 +257,10 @@ void Map2(const char* name, const CallSite& site, T* out, const T* a, const T* b
   constexpr int V = kVec<T>;
   if (Aligned(out, a, b)) {
     const int blocks = GridStrideBlocks(std::max<int64_t>(n / V, 1), kThreads, site);
-    Map2Kernel<T, V><<<blocks, kThreads, 0, site.stream()>>>(out, a, b, n, op);
+    LaunchKernel(name, Map2Kernel<T, V, Op>, blocks, kThreads, 0, site.stream(), out, a, b, n, op);
   } else {
     const int blocks = GridStrideBlocks(n, kThreads, site);
-    Map2Kernel<T, 1><<<blocks, kThreads, 0, site.stream()>>>(out, a, b, n, op);
+    LaunchKernel(name, Map2Kernel<T, 1, Op>, blocks, kThreads, 0, site.stream(), out, a, b, n, op);
   }
   CheckLaunch(name, site);
 }
@@ -589,7 +592,7 @@ struct AttentionShape {
 // Dynamic shared memory: q_ti (hs floats), then the row of P (t floats).
 template <typename T>
 __global__ void AttentionForwardKernel(T* out, float* att, const T* qkv, AttentionShape s) {
-  extern __shared__ float smem[];
+  BIGMAC_DYNAMIC_SHARED(float, smem);
   float* q = smem;
   float* p = smem + s.hs;
   const int ti = blockIdx.x % s.t;
@@ -636,7 +639,7 @@ __global__ void AttentionForwardKernel(T* out, float* att, const T* qkv, Attenti
 template <typename T>
 __global__ void AttentionBackwardQueryKernel(T* dqkv, float* dsum, const T* dout, const T* qkv,
                                              const float* att, AttentionShape s) {
-  extern __shared__ float smem[];
+  BIGMAC_DYNAMIC_SHARED(float, smem);
   float* dy = smem;
   float* ds = smem + s.hs;
   const int ti = blockIdx.x % s.t;
@@ -674,7 +677,7 @@ __global__ void AttentionBackwardQueryKernel(T* dqkv, float* dsum, const T* dout
 template <typename T>
 __global__ void AttentionBackwardKeyKernel(T* dqkv, const float* dsum, const T* dout, const T* qkv,
                                            const float* att, AttentionShape s) {
-  extern __shared__ float smem[];
+  BIGMAC_DYNAMIC_SHARED(float, smem);
   float* vrow = smem;
   float* ds = smem + s.hs;
   float* pcol = ds + s.t;
@@ -736,11 +739,11 @@ void LayerNormForward(const CallSite& site, T* out, float* mean, float* rstd, co
   constexpr int V = kVec<T>;
   const int blocks = static_cast<int>(CeilDiv(n, kRowsPerBlock));
   if (c % V == 0 && Aligned(out, inp, w, b)) {
-    LayerNormForwardKernel<T, V>
-        <<<blocks, kThreads, 0, site.stream()>>>(out, mean, rstd, inp, w, b, n, c);
+    LaunchKernel("LayerNormForwardKernel", LayerNormForwardKernel<T, V>, blocks, kThreads, 0,
+                 site.stream(), out, mean, rstd, inp, w, b, n, c);
   } else {
-    LayerNormForwardKernel<T, 1>
-        <<<blocks, kThreads, 0, site.stream()>>>(out, mean, rstd, inp, w, b, n, c);
+    LaunchKernel("LayerNormForwardKernel", LayerNormForwardKernel<T, 1>, blocks, kThreads, 0,
+                 site.stream(), out, mean, rstd, inp, w, b, n, c);
   }
   CheckLaunch("LayerNormForwardKernel", site);
 }
@@ -752,11 +755,11 @@ void LayerNormBackwardInput(const CallSite& site, T* dinp, const T* dout, const 
   constexpr int V = kVec<T>;
   const int blocks = static_cast<int>(CeilDiv(n, kRowsPerBlock));
   if (c % V == 0 && Aligned(dinp, dout, inp, w)) {
-    LayerNormBackwardInputKernel<T, V>
-        <<<blocks, kThreads, 0, site.stream()>>>(dinp, dout, inp, w, mean, rstd, n, c);
+    LaunchKernel("LayerNormBackwardInputKernel", LayerNormBackwardInputKernel<T, V>, blocks,
+                 kThreads, 0, site.stream(), dinp, dout, inp, w, mean, rstd, n, c);
   } else {
-    LayerNormBackwardInputKernel<T, 1>
-        <<<blocks, kThreads, 0, site.stream()>>>(dinp, dout, inp, w, mean, rstd, n, c);
+    LaunchKernel("LayerNormBackwardInputKernel", LayerNormBackwardInputKernel<T, 1>, blocks,
+                 kThreads, 0, site.stream(), dinp, dout, inp, w, mean, rstd, n, c);
   }
   CheckLaunch("LayerNormBackwardInputKernel", site);
 }
@@ -773,11 +776,13 @@ void LayerNormBackwardWeight(const CallSite& site, float* dw, float* db, const T
   const int w = vector ? V : 1;
   const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(c, w), kColumnThreads)), chunks.chunks);
   if (vector) {
-    LayerNormWeightPartialsKernel<T, V><<<grid, kColumnThreads, 0, site.stream()>>>(
-        partial_w, partial_b, dout, inp, mean, rstd, n, c, chunks.rows_per_chunk);
+    LaunchKernel("LayerNormWeightPartialsKernel", LayerNormWeightPartialsKernel<T, V>, grid,
+                 kColumnThreads, 0, site.stream(), partial_w, partial_b, dout, inp, mean, rstd, n,
+                 c, chunks.rows_per_chunk);
   } else {
-    LayerNormWeightPartialsKernel<T, 1><<<grid, kColumnThreads, 0, site.stream()>>>(
-        partial_w, partial_b, dout, inp, mean, rstd, n, c, chunks.rows_per_chunk);
+    LaunchKernel("LayerNormWeightPartialsKernel", LayerNormWeightPartialsKernel<T, 1>, grid,
+                 kColumnThreads, 0, site.stream(), partial_w, partial_b, dout, inp, mean, rstd, n,
+                 c, chunks.rows_per_chunk);
   }
   CheckLaunch("LayerNormWeightPartialsKernel", site);
   AddChunkSums(dw, partial_w, chunks.chunks, c, site);
@@ -813,9 +818,11 @@ void AddBias(const CallSite& site, T* out, const T* bias, int n, int oc, int64_t
   const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(oc, w), kColumnThreads)),
                   std::min(n, 4096));
   if (vector) {
-    AddBiasKernel<T, V><<<grid, kColumnThreads, 0, site.stream()>>>(out, bias, n, oc, ld_out);
+    LaunchKernel("AddBiasKernel", AddBiasKernel<T, V>, grid, kColumnThreads, 0, site.stream(), out,
+                 bias, n, oc, ld_out);
   } else {
-    AddBiasKernel<T, 1><<<grid, kColumnThreads, 0, site.stream()>>>(out, bias, n, oc, ld_out);
+    LaunchKernel("AddBiasKernel", AddBiasKernel<T, 1>, grid, kColumnThreads, 0, site.stream(), out,
+                 bias, n, oc, ld_out);
   }
   CheckLaunch("AddBiasKernel", site);
 }
@@ -831,11 +838,11 @@ void BiasGradAccumulate(const CallSite& site, float* dbias, const T* dout, int n
   const int w = vector ? V : 1;
   const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(oc, w), kColumnThreads)), chunks.chunks);
   if (vector) {
-    BiasGradPartialsKernel<T, V><<<grid, kColumnThreads, 0, site.stream()>>>(
-        partial, dout, n, oc, ld_dout, chunks.rows_per_chunk);
+    LaunchKernel("BiasGradPartialsKernel", BiasGradPartialsKernel<T, V>, grid, kColumnThreads, 0,
+                 site.stream(), partial, dout, n, oc, ld_dout, chunks.rows_per_chunk);
   } else {
-    BiasGradPartialsKernel<T, 1><<<grid, kColumnThreads, 0, site.stream()>>>(
-        partial, dout, n, oc, ld_dout, chunks.rows_per_chunk);
+    LaunchKernel("BiasGradPartialsKernel", BiasGradPartialsKernel<T, 1>, grid, kColumnThreads, 0,
+                 site.stream(), partial, dout, n, oc, ld_dout, chunks.rows_per_chunk);
   }
   CheckLaunch("BiasGradPartialsKernel", site);
   AddChunkSums(dbias, partial, chunks.chunks, oc, site);
@@ -849,12 +856,12 @@ void EmbeddingForward(const CallSite& site, T* out, const int32_t* tokens, const
   constexpr int V = kVec<T>;
   if (c % V == 0 && Aligned(out, wte, wpe)) {
     const int blocks = GridStrideBlocks(rows * (c / V), kThreads, site);
-    EmbeddingForwardKernel<T, V>
-        <<<blocks, kThreads, 0, site.stream()>>>(out, tokens, wte, wpe, rows, t, c);
+    LaunchKernel("EmbeddingForwardKernel", EmbeddingForwardKernel<T, V>, blocks, kThreads, 0,
+                 site.stream(), out, tokens, wte, wpe, rows, t, c);
   } else {
     const int blocks = GridStrideBlocks(rows * c, kThreads, site);
-    EmbeddingForwardKernel<T, 1>
-        <<<blocks, kThreads, 0, site.stream()>>>(out, tokens, wte, wpe, rows, t, c);
+    LaunchKernel("EmbeddingForwardKernel", EmbeddingForwardKernel<T, 1>, blocks, kThreads, 0,
+                 site.stream(), out, tokens, wte, wpe, rows, t, c);
   }
   CheckLaunch("EmbeddingForwardKernel", site);
 }
@@ -915,17 +922,19 @@ void EmbeddingBackwardWeight(const CallSite& site, float* dwte, float* dwpe, con
   const int32_t* d_start = d_token + buckets;
   const int32_t* d_rows = d_start + buckets + 1;
   if (vector) {
-    EmbeddingTokenGradKernel<T, V>
-        <<<buckets, kColumnThreads, 0, site.stream()>>>(dwte, dout, d_token, d_start, d_rows, c);
+    LaunchKernel("EmbeddingTokenGradKernel", EmbeddingTokenGradKernel<T, V>, buckets,
+                 kColumnThreads, 0, site.stream(), dwte, dout, d_token, d_start, d_rows, c);
   } else {
-    EmbeddingTokenGradKernel<T, 1>
-        <<<buckets, kColumnThreads, 0, site.stream()>>>(dwte, dout, d_token, d_start, d_rows, c);
+    LaunchKernel("EmbeddingTokenGradKernel", EmbeddingTokenGradKernel<T, 1>, buckets,
+                 kColumnThreads, 0, site.stream(), dwte, dout, d_token, d_start, d_rows, c);
   }
   CheckLaunch("EmbeddingTokenGradKernel", site);
   if (vector) {
-    EmbeddingPositionGradKernel<T, V><<<t, kColumnThreads, 0, site.stream()>>>(dwpe, dout, b, t, c);
+    LaunchKernel("EmbeddingPositionGradKernel", EmbeddingPositionGradKernel<T, V>, t,
+                 kColumnThreads, 0, site.stream(), dwpe, dout, b, t, c);
   } else {
-    EmbeddingPositionGradKernel<T, 1><<<t, kColumnThreads, 0, site.stream()>>>(dwpe, dout, b, t, c);
+    LaunchKernel("EmbeddingPositionGradKernel", EmbeddingPositionGradKernel<T, 1>, t,
+                 kColumnThreads, 0, site.stream(), dwpe, dout, b, t, c);
   }
   CheckLaunch("EmbeddingPositionGradKernel", site);
 }
@@ -946,14 +955,15 @@ void CrossEntropyForwardBackward(const CallSite& site, T* logits, float* loss,
       Scratch(site, int64_t{n} * sizeof(double), "CrossEntropyForwardBackward", "the row losses"));
   const float scale_f = static_cast<float>(scale);  // the CPU's T(scale)
   if (ld % V == 0 && Aligned(logits)) {
-    CrossEntropyKernel<T, V>
-        <<<n, kCrossEntropyThreads, 0, site.stream()>>>(logits, row_loss, targets, v, ld, scale_f);
+    LaunchKernel("CrossEntropyKernel", CrossEntropyKernel<T, V>, n, kCrossEntropyThreads, 0,
+                 site.stream(), logits, row_loss, targets, v, ld, scale_f);
   } else {
-    CrossEntropyKernel<T, 1>
-        <<<n, kCrossEntropyThreads, 0, site.stream()>>>(logits, row_loss, targets, v, ld, scale_f);
+    LaunchKernel("CrossEntropyKernel", CrossEntropyKernel<T, 1>, n, kCrossEntropyThreads, 0,
+                 site.stream(), logits, row_loss, targets, v, ld, scale_f);
   }
   CheckLaunch("CrossEntropyKernel", site);
-  SumRowLossesKernel<<<1, kWarp, 0, site.stream()>>>(loss, row_loss, n, scale);
+  LaunchKernel("SumRowLossesKernel", SumRowLossesKernel, 1, kWarp, 0, site.stream(), loss, row_loss,
+               n, scale);
   CheckLaunch("SumRowLossesKernel", site);
 }
 
@@ -964,8 +974,8 @@ void AttentionForward(const CallSite& site, T* out, float* att, const T* qkv, in
   const AttentionShape s = CheckAttentionShape(b, t, c, h, "AttentionForward", site);
   const int64_t smem = (int64_t{s.hs} + t) * sizeof(float);
   AllowSharedMemory(AttentionForwardKernel<T>, smem, "AttentionForwardKernel", site);
-  AttentionForwardKernel<T>
-      <<<b * h * t, kAttentionThreads, smem, site.stream()>>>(out, att, qkv, s);
+  LaunchKernel("AttentionForwardKernel", AttentionForwardKernel<T>, b * h * t, kAttentionThreads,
+               smem, site.stream(), out, att, qkv, s);
   CheckLaunch("AttentionForwardKernel", site);
 }
 
@@ -979,13 +989,13 @@ void AttentionBackward(const CallSite& site, T* dqkv, const T* dout, const T* qk
   const int64_t query_smem = (int64_t{s.hs} + t) * sizeof(float);
   AllowSharedMemory(AttentionBackwardQueryKernel<T>, query_smem, "AttentionBackwardQueryKernel",
                     site);
-  AttentionBackwardQueryKernel<T>
-      <<<b * h * t, kAttentionThreads, query_smem, site.stream()>>>(dqkv, dsum, dout, qkv, att, s);
+  LaunchKernel("AttentionBackwardQueryKernel", AttentionBackwardQueryKernel<T>, b * h * t,
+               kAttentionThreads, query_smem, site.stream(), dqkv, dsum, dout, qkv, att, s);
   CheckLaunch("AttentionBackwardQueryKernel", site);
   const int64_t key_smem = (int64_t{s.hs} + 2 * int64_t{t}) * sizeof(float);
   AllowSharedMemory(AttentionBackwardKeyKernel<T>, key_smem, "AttentionBackwardKeyKernel", site);
-  AttentionBackwardKeyKernel<T>
-      <<<b * h * t, kAttentionThreads, key_smem, site.stream()>>>(dqkv, dsum, dout, qkv, att, s);
+  LaunchKernel("AttentionBackwardKeyKernel", AttentionBackwardKeyKernel<T>, b * h * t,
+               kAttentionThreads, key_smem, site.stream(), dqkv, dsum, dout, qkv, att, s);
   CheckLaunch("AttentionBackwardKeyKernel", site);
 }
 

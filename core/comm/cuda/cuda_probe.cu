@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/comm/cuda/cuda_probe.h"
+#include "core/device/cuda/launch.h"
 
 namespace bigmac::comm::cuda {
 namespace {
@@ -27,6 +28,14 @@ int DeviceCount() {
     return 0;
   }
   return count;
+}
+
+bool Emulated() {
+#ifdef BIGMAC_CUDA_EMULATION
+  return true;
+#else
+  return false;
+#endif
 }
 
 int RuntimeVersion() {
@@ -56,7 +65,7 @@ std::string SaxpySelfTest(int device) {
   }
   cudaMemcpy(dx, x.data(), kN * sizeof(float), cudaMemcpyHostToDevice);
   cudaMemcpy(dy, y.data(), kN * sizeof(float), cudaMemcpyHostToDevice);
-  Saxpy<<<(kN + 255) / 256, 256>>>(kN, kA, dx, dy);
+  device::cuda::LaunchKernel("Saxpy", Saxpy, (kN + 255) / 256, 256, 0, nullptr, kN, kA, dx, dy);
   if (cudaError_t s = cudaDeviceSynchronize(); s != cudaSuccess) error = Describe("Saxpy", s);
   if (error.empty()) {
     cudaMemcpy(y.data(), dy, kN * sizeof(float), cudaMemcpyDeviceToHost);

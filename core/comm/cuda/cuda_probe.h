@@ -12,6 +12,10 @@ int DeviceCount();
 // host result. Returns "" on success, otherwise what went wrong.
 std::string SaxpySelfTest(int device);
 
+// True in the emulated build (core/device/cuda/emulation/): the "device" is the CPU, and cuDNN's
+// engines are absent.
+bool Emulated();
+
 // "cudart 13000" style versions of the linked CUDA libraries (host calls; no GPU needed).
 int RuntimeVersion();
 

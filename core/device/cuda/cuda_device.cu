@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "core/device/cuda/cuda_device.h"
+#include "core/device/cuda/launch.h"
 
 namespace bigmac::device::cuda {
 namespace {
@@ -284,7 +286,10 @@ class CudaDevice : public Device {
       return;
     }
     auto launch = [&](auto* out, const auto* in) {
-      ConvertKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(out, in, n);
+      LaunchKernel("ConvertKernel",
+                   ConvertKernel<std::remove_pointer_t<decltype(out)>,
+                                 std::remove_cv_t<std::remove_pointer_t<decltype(in)>>>,
+                   GridFor(n), kThreads, 0, context_.stream, out, in, n);
       CheckLaunch("ConvertKernel", site);
     };
     using BF16 = __nv_bfloat16;
@@ -305,8 +310,8 @@ class CudaDevice : public Device {
     if (n == 0) return;
     ForFloat(dtype, "AddInto", [&](auto zero) {
       using T = decltype(zero);
-      AddIntoKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(static_cast<T*>(into),
-                                                                  static_cast<const T*>(from), n);
+      LaunchKernel("AddIntoKernel", AddIntoKernel<T>, GridFor(n), kThreads, 0, context_.stream,
+                   static_cast<T*>(into), static_cast<const T*>(from), n);
       CheckLaunch("AddIntoKernel", SiteOf(context_, "add"));
     });
   }
@@ -315,8 +320,8 @@ class CudaDevice : public Device {
     if (n == 0) return;
     ForFloat(dtype, "Scale", [&](auto zero) {
       using T = decltype(zero);
-      ScaleKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(static_cast<T*>(data), n,
-                                                                static_cast<T>(factor));
+      LaunchKernel("ScaleKernel", ScaleKernel<T>, GridFor(n), kThreads, 0, context_.stream,
+                   static_cast<T*>(data), n, static_cast<T>(factor));
       CheckLaunch("ScaleKernel", SiteOf(context_, "scale"));
     });
   }
@@ -328,11 +333,12 @@ class CudaDevice : public Device {
     double* total = partial + kReduceBlocks;
     ForFloat(dtype, "SumSquares", [&](auto zero) {
       using T = decltype(zero);
-      SumSquaresPartial<<<kReduceBlocks, kThreads, 0, context_.stream>>>(
-          static_cast<const T*>(data), n, partial);
+      LaunchKernel("SumSquaresPartial", SumSquaresPartial<T>, kReduceBlocks, kThreads, 0,
+                   context_.stream, static_cast<const T*>(data), n, partial);
       CheckLaunch("SumSquaresPartial", site);
     });
-    SumPartials<<<1, 1, 0, context_.stream>>>(partial, kReduceBlocks, total);
+    LaunchKernel("SumPartials", SumPartials, 1, 1, 0, context_.stream, partial, kReduceBlocks,
+                 total);
     CheckLaunch("SumPartials", site);
     double* host = static_cast<double*>(host_scratch_);
     BIGMAC_CUDA_CHECK(
@@ -348,7 +354,9 @@ class CudaDevice : public Device {
     int* flag = static_cast<int*>(context_.reduce_scratch);
     BIGMAC_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), context_.stream), site.where);
     auto launch = [&](const auto* values) {
-      NonFiniteKernel<<<GridFor(n), kThreads, 0, context_.stream>>>(values, n, flag);
+      LaunchKernel("NonFiniteKernel",
+                   NonFiniteKernel<std::remove_cv_t<std::remove_pointer_t<decltype(values)>>>,
+                   GridFor(n), kThreads, 0, context_.stream, values, n, flag);
       CheckLaunch("NonFiniteKernel", site);
     };
     if (dtype == DType::kBF16) {
@@ -371,13 +379,13 @@ class CudaDevice : public Device {
     if (a.n == 0) return;
     ForFloat(a.dtype, "AdamWUpdate", [&](auto zero) {
       using T = decltype(zero);
-      AdamWKernel<<<GridFor(a.n), kThreads, 0, context_.stream>>>(
-          static_cast<T*>(a.p), static_cast<const T*>(a.g), static_cast<T*>(a.m),
-          static_cast<T*>(a.v), static_cast<__nv_bfloat16*>(a.compute_bf16), a.n,
-          static_cast<T>(a.beta1), static_cast<T>(1 - a.beta1), static_cast<T>(a.beta2),
-          static_cast<T>(1 - a.beta2), static_cast<T>(1 / a.bias_correction1),
-          static_cast<T>(1 / a.bias_correction2), static_cast<T>(a.lr),
-          static_cast<T>(a.weight_decay), static_cast<T>(a.eps));
+      LaunchKernel("AdamWKernel", AdamWKernel<T>, GridFor(a.n), kThreads, 0, context_.stream,
+                   static_cast<T*>(a.p), static_cast<const T*>(a.g), static_cast<T*>(a.m),
+                   static_cast<T*>(a.v), static_cast<__nv_bfloat16*>(a.compute_bf16), a.n,
+                   static_cast<T>(a.beta1), static_cast<T>(1 - a.beta1), static_cast<T>(a.beta2),
+                   static_cast<T>(1 - a.beta2), static_cast<T>(1 / a.bias_correction1),
+                   static_cast<T>(1 / a.bias_correction2), static_cast<T>(a.lr),
+                   static_cast<T>(a.weight_decay), static_cast<T>(a.eps));
       CheckLaunch("AdamWKernel", SiteOf(context_, "AdamW update"));
     });
   }
