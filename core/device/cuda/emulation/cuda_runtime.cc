@@ -422,58 +422,80 @@ const char* KindName(cudaMemcpyKind kind) {
   }
 }
 
+// A copy of `height` rows of `width` bytes, `src_pitch` and `dst_pitch` apart (one row for the
+// 1-D copies).
+struct Rows {
+  size_t width = 0, height = 1, src_pitch = 0, dst_pitch = 0;
+  size_t src_span() const { return height == 0 ? 0 : src_pitch * (height - 1) + width; }
+  size_t dst_span() const { return height == 0 ? 0 : dst_pitch * (height - 1) + width; }
+  size_t bytes() const { return width * height; }
+  void CopyNow(void* dst, const void* src) const {
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, width);
+    }
+  }
+};
+
 // Every copy: checked, counted, and queued on `stream`; `synchronous` (cudaMemcpy) waits.
-cudaError_t Copy(const char* call, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+cudaError_t Copy(const char* call, void* dst, const void* src, Rows rows, cudaMemcpyKind kind,
                  cudaStream_t stream, bool synchronous) {
   if (cudaError_t e = Ok(); e != cudaSuccess) return e;
-  if (bytes == 0) return cudaSuccess;
-  if (dst == nullptr || src == nullptr)
+  if (rows.bytes() == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) {
     return Fail(cudaErrorInvalidValue, std::string(call) + ": null pointer");
+  }
+  if (rows.width > rows.src_pitch || rows.width > rows.dst_pitch) {
+    return Fail(cudaErrorInvalidPitchValue, std::string(call) + ": width above a pitch");
+  }
   Memory& memory = Memory::Get();
   if (kind == cudaMemcpyDefault) {
-    const bool from_device = memory.Contains(src, bytes);
-    const bool to_device = memory.Contains(dst, bytes);
+    const bool from_device = memory.Contains(src, rows.src_span());
+    const bool to_device = memory.Contains(dst, rows.dst_span());
     kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                        : (to_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
   }
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  if (src_device && !memory.Contains(src, bytes)) {
-    return Fail(cudaErrorInvalidValue, std::string(call) + " " + KindName(kind) + ": source " +
-                                           Memory::Hex(src) + " + " + std::to_string(bytes) +
-                                           " bytes is not device memory");
+  if (src_device && !memory.Contains(src, rows.src_span())) {
+    return Fail(cudaErrorInvalidValue,
+                std::string(call) + " " + KindName(kind) + ": source " + Memory::Hex(src) + " + " +
+                    std::to_string(rows.src_span()) + " bytes is not device memory");
   }
-  if (dst_device && !memory.Contains(dst, bytes)) {
-    return Fail(cudaErrorInvalidValue, std::string(call) + " " + KindName(kind) + ": destination " +
-                                           Memory::Hex(dst) + " + " + std::to_string(bytes) +
-                                           " bytes is not device memory");
+  if (dst_device && !memory.Contains(dst, rows.dst_span())) {
+    return Fail(cudaErrorInvalidValue,
+                std::string(call) + " " + KindName(kind) + ": destination " + Memory::Hex(dst) +
+                    " + " + std::to_string(rows.dst_span()) + " bytes is not device memory");
   }
   if (stream != nullptr && !Streams::Get().IsLive(stream)) {
     return Fail(cudaErrorInvalidResourceHandle, std::string(call) + ": not a live stream");
   }
   Counters& counters = GetCounters();
-  if (kind == cudaMemcpyHostToDevice) counters.host_to_device_bytes += static_cast<int64_t>(bytes);
-  if (kind == cudaMemcpyDeviceToHost) counters.device_to_host_bytes += static_cast<int64_t>(bytes);
+  const auto bytes = static_cast<int64_t>(rows.bytes());
+  if (kind == cudaMemcpyHostToDevice) counters.host_to_device_bytes += bytes;
+  if (kind == cudaMemcpyDeviceToHost) counters.device_to_host_bytes += bytes;
   if (kind == cudaMemcpyHostToHost) {
-    std::memcpy(dst, src, bytes);
+    rows.CopyNow(dst, src);
     return cudaSuccess;
   }
-  if (kind == cudaMemcpyHostToDevice && (synchronous || !IsPinned(src, bytes))) {
+  if (kind == cudaMemcpyHostToDevice && (synchronous || !IsPinned(src, rows.src_span()))) {
     // Pageable (or synchronous) sources are staged now: the caller may reuse them at once.
-    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
-                                                      static_cast<const char*>(src) + bytes);
+    auto staged = std::make_shared<std::vector<char>>(
+        static_cast<const char*>(src), static_cast<const char*>(src) + rows.src_span());
     Streams::Get().Enqueue(stream, call,
-                           [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+                           [dst, staged, rows] { rows.CopyNow(dst, staged->data()); });
   } else {
-    Streams::Get().Enqueue(stream, call, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    Streams::Get().Enqueue(stream, call, [dst, src, rows] { rows.CopyNow(dst, src); });
   }
   // A device-to-host copy into pageable memory returns when it is done, as the runtime's does.
-  if (kind == cudaMemcpyDeviceToHost && (synchronous || !IsPinned(dst, bytes))) {
+  if (kind == cudaMemcpyDeviceToHost && (synchronous || !IsPinned(dst, rows.dst_span()))) {
     counters.host_synchronizations++;
     Streams::Get().Wait(stream);
   }
   return Ok();
 }
+
+Rows Linear(size_t bytes) { return {bytes, 1, bytes, bytes}; }
 
 cudaError_t Memset(const char* call, void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (cudaError_t e = Ok(); e != cudaSuccess) return e;
@@ -727,11 +749,17 @@ cudaError_t cudaFreeHost(void* pointer) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return emu::Copy("cudaMemcpy", dst, src, bytes, kind, nullptr, true);
+  return emu::Copy("cudaMemcpy", dst, src, emu::Linear(bytes), kind, nullptr, true);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
-  return emu::Copy("cudaMemcpyAsync", dst, src, bytes, kind, stream, false);
+  return emu::Copy("cudaMemcpyAsync", dst, src, emu::Linear(bytes), kind, stream, false);
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  return emu::Copy("cudaMemcpy2DAsync", dst, src, {width, height, spitch, dpitch}, kind, stream,
+                   false);
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   return emu::Memset("cudaMemset", dst, value, bytes, nullptr);

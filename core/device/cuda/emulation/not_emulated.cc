@@ -12,7 +12,7 @@
 
 namespace {
 constexpr const char* kWhy =
-    "cuDNN is not emulated: the emulated CUDA device runs BigMac's fallback attention kernels";
+    ": cuDNN is not emulated: the emulated CUDA device runs BigMac's fallback attention kernels";
 struct FakeHandle {
   cudaStream_t stream = nullptr;
 };
