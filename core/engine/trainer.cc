@@ -22,6 +22,7 @@
 #include "core/config/effective_log.h"
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
+#include "core/data/error.h"
 #include "core/data/shard.h"
 #include "core/data/tokenizer.h"
 #include "core/device/device_spans.h"
@@ -54,8 +55,12 @@ struct BatchSlot {
   memory::Tensor device_tokens, device_targets;
   layer::MicroBatch mb;
 
-  // Sets `mb` for `batch` x `seq` tokens on `device`.
-  void View(device::Device* device, int batch, int seq, double loss_scale, int index) {
+  // Sets `mb` for `batch` x `seq` tokens on `device`. Every token and target must lie in
+  // [0, vocab): the embedding and the cross-entropy index tables with them, and a GPU kernel
+  // reading past a table reports nothing useful (a DataError names the value and its place).
+  void View(device::Device* device, int batch, int seq, double loss_scale, int index, int vocab) {
+    CheckVocabulary(tokens, "token", vocab, index);
+    CheckVocabulary(targets, "target", vocab, index);
     const int32_t* t = tokens.data();
     const int32_t* y = targets.empty() ? nullptr : targets.data();
     if (device->backend() != device::Backend::kCpu) {
@@ -72,6 +77,18 @@ struct BatchSlot {
       }
     }
     mb = {batch, seq, t, y, loss_scale, index};
+  }
+
+  static void CheckVocabulary(const std::vector<int32_t>& values, const char* what, int vocab,
+                              int index) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (values[i] < 0 || values[i] >= vocab) {
+        throw data::DataError(std::string(what) + " " + std::to_string(values[i]) +
+                              " at position " + std::to_string(i) + " of micro-batch " +
+                              std::to_string(index) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ") (model.vocab_size)");
+      }
+    }
   }
 };
 
@@ -480,7 +497,8 @@ std::optional<double> Trainer::Evaluate(int step) {
     const int i = first + comm_.dp_rank();
     if (i >= batches) continue;
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
-    slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i);
+    slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i,
+              cfg_.model().vocab_size());
     const double loss = executor_->Evaluate(slot.mb);
     if (comm_.tp_rank() == 0) local += loss;  // each tp rank of the last stage has it
   }
@@ -516,7 +534,7 @@ void Trainer::Sample(int step) {
   BatchSlot slot;
   const auto last_logits = [&](const std::vector<int32_t>& window) -> std::vector<float> {
     slot.tokens = window;
-    slot.View(device_, 1, static_cast<int>(window.size()), 1.0, 0);
+    slot.View(device_, 1, static_cast<int>(window.size()), 1.0, 0, vocab);
     const memory::Tensor logits = executor_->ForwardOutput(slot.mb);
     return logits.empty() ? std::vector<float>() : LastLogitsRow(logits, vocab);
   };
@@ -566,7 +584,7 @@ void Trainer::FillBatches(int step, int flush) {
       train_data_->TrainBatch(stage_options_.seed, step, 0, global_microbatch, batch_, seq_,
                               slot.tokens.data(), slot.targets.data());
     }
-    slot.View(device_, batch_, seq_, 1.0 / tokens_per_step_, mb);
+    slot.View(device_, batch_, seq_, 1.0 / tokens_per_step_, mb, cfg_.model().vocab_size());
   }
 }
 

@@ -290,6 +290,11 @@ std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h,
     GraphFor(Direction::kBackward, b, t, h, d, site);
   } catch (const device::DeviceError& error) {
     return error.what();
+  } catch (const std::exception& error) {
+    // The frontend reports most refusals as statuses (a DeviceError above) but throws
+    // std::runtime_error for some ("No suitable implementation for given SDPA_attributes"):
+    // a refusal all the same, so the layer falls back instead of failing.
+    return std::string("cuDNN frontend: ") + error.what() + ", in " + site.where;
   }
   return "";
 }

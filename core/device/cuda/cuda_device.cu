@@ -16,9 +16,15 @@ namespace bigmac::device::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// The two-stage reductions use a fixed grid, so the partial each element lands in, and the order
-// partials are combined in, never depend on timing: the result is bitwise reproducible.
+// The two-stage reductions use a grid fixed by the element count, so the partial each element
+// lands in, and the order partials are combined in, never depend on timing: the result is
+// bitwise reproducible. At most kReduceBlocks, and no more blocks than the data fills (a bias of
+// 768 elements is one block, not 1024).
 constexpr int kReduceBlocks = 1024;
+
+int ReduceBlocks(int64_t n) {
+  return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kReduceBlocks));
+}
 
 int GridFor(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
@@ -331,14 +337,14 @@ class CudaDevice : public Device {
     const CallSite site = SiteOf(context_, "sum of squares");
     auto* partial = static_cast<double*>(context_.reduce_scratch);
     double* total = partial + kReduceBlocks;
+    const int blocks = ReduceBlocks(n);
     ForFloat(dtype, "SumSquares", [&](auto zero) {
       using T = decltype(zero);
-      LaunchKernel("SumSquaresPartial", SumSquaresPartial<T>, kReduceBlocks, kThreads, 0,
-                   context_.stream, static_cast<const T*>(data), n, partial);
+      LaunchKernel("SumSquaresPartial", SumSquaresPartial<T>, blocks, kThreads, 0, context_.stream,
+                   static_cast<const T*>(data), n, partial);
       CheckLaunch("SumSquaresPartial", site);
     });
-    LaunchKernel("SumPartials", SumPartials, 1, 1, 0, context_.stream, partial, kReduceBlocks,
-                 total);
+    LaunchKernel("SumPartials", SumPartials, 1, 1, 0, context_.stream, partial, blocks, total);
     CheckLaunch("SumPartials", site);
     double* host = static_cast<double*>(host_scratch_);
     BIGMAC_CUDA_CHECK(

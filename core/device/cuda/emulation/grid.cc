@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <boost/context/detail/fcontext.hpp>
 #include <condition_variable>
 #include <cstdio>
@@ -22,6 +23,16 @@
 #include "core/device/cuda/emulation/runtime.h"
 
 namespace bigmac::device::cuda::emulation {
+
+namespace internal {
+__thread const ThreadCoordinates* current_thread = nullptr;
+
+void OutsideKernel(const char* what) {
+  std::fprintf(stderr, "emulated CUDA: %s used outside a kernel\n", what);
+  std::abort();
+}
+}  // namespace internal
+
 namespace {
 
 namespace fc = boost::context::detail;
@@ -111,6 +122,10 @@ class BlockRunner {
       f.context = fc::make_fcontext(stacks_[i]->top(), stacks_[i]->size(), &Entry);
     }
     warps_.assign((threads + kWarpSize - 1) / kWarpSize, Warp{});
+    for (int w = 0; w < static_cast<int>(warps_.size()); ++w) {
+      const int lanes = std::min(kWarpSize, threads - w * kWarpSize);
+      warps_[w].existing = lanes == kWarpSize ? 0xffffffffu : (1u << lanes) - 1;
+    }
     at_block_barrier_ = 0;
     done_ = 0;
     while (done_ < threads) {
@@ -165,43 +180,56 @@ class BlockRunner {
     return bits;
   }
 
+  // Released when every lane of the mask waits here with the same mask. Per-warp bit sets keep
+  // an arrival O(1): the exchanges of a warp reduction arrive here 32 times per step.
   void WarpBarrier(unsigned mask, const char* operation) {
     const int lane = static_cast<int>(current_ % kWarpSize);
-    const int warp_base = static_cast<int>(current_ - lane);
-    const int lanes = std::min<int>(kWarpSize, static_cast<int>(fibers_.size()) - warp_base);
+    Warp& warp = warps_[current_ / kWarpSize];
     Fiber& me = fibers_[current_];
     if (!(mask >> lane & 1u)) {
       Fail(std::string(operation) + " called by a lane missing from its mask 0x" + Hex(mask));
     }
-    if (lanes < kWarpSize && (mask >> lanes) != 0) {
+    if ((mask & ~warp.existing) != 0) {
+      const int lanes = std::popcount(warp.existing);
       Fail(std::string(operation) + " with mask 0x" + Hex(mask) + " names lanes " +
            std::to_string(lanes) + "+ of a partial warp of " + std::to_string(lanes) + " lanes");
     }
+    if ((mask & warp.exited) != 0) {
+      Fail(std::string(operation) + " with mask 0x" + Hex(mask) + ": lane " +
+           std::to_string(std::countr_zero(mask & warp.exited)) + " has exited");
+    }
     ++me.warp_syncs;
-    me.state = FiberState::kAtWarpBarrier;
-    me.warp_mask = mask;
-    me.waiting_in = operation;
-    // Released when every lane of the mask waits here with the same mask.
-    for (int l = 0; l < lanes; ++l) {
-      if (!(mask >> l & 1u)) continue;
-      const Fiber& other = fibers_[warp_base + l];
-      if (other.state == FiberState::kDone) {
-        Fail(std::string(operation) + " with mask 0x" + Hex(mask) + ": lane " + std::to_string(l) +
-             " has exited");
-      }
-      if (other.state != FiberState::kAtWarpBarrier || other.warp_mask != mask) {
-        Yield();
-        return;
-      }
+    if (warp.waiting == 0) warp.waiting_mask = mask;
+    if (warp.waiting_mask != mask) {
+      Fail(std::string(operation) + " with mask 0x" + Hex(mask) + " while lanes 0x" +
+           Hex(warp.waiting) + " wait with mask 0x" + Hex(warp.waiting_mask));
     }
-    for (int l = 0; l < lanes; ++l) {
-      if (mask >> l & 1u) fibers_[warp_base + l].state = FiberState::kReady;
+    warp.waiting |= 1u << lane;
+    if (warp.waiting != mask) {
+      me.state = FiberState::kAtWarpBarrier;
+      me.waiting_in = operation;
+      Yield();
+      return;
     }
+    // The last to arrive releases the others and goes on at once.
+    const int warp_base = static_cast<int>(current_ - lane);
+    for (unsigned others = mask & ~(1u << lane); others != 0; others &= others - 1) {
+      fibers_[warp_base + std::countr_zero(others)].state = FiberState::kReady;
+    }
+    warp.waiting = 0;
   }
+
+  // A finished thread: warp operations naming it can no longer complete.
+  // (Lanes already waiting for it are reported by the scheduler as stuck.)
+  void Exited(int index) { warps_[index / kWarpSize].exited |= 1u << (index % kWarpSize); }
 
  private:
   struct Warp {
     uint64_t values[2][kWarpSize] = {};
+    unsigned existing = 0;      // the lanes this block has in the warp
+    unsigned exited = 0;        // lanes that have returned
+    unsigned waiting = 0;       // lanes at the warp barrier
+    unsigned waiting_mask = 0;  // the mask they wait with
   };
 
   static std::string Hex(unsigned v) {
@@ -223,7 +251,9 @@ class BlockRunner {
   void Resume(int index) {
     current_ = index;
     in_fiber_ = true;
+    internal::current_thread = &fibers_[index].coordinates;
     fc::transfer_t back = fc::jump_fcontext(fibers_[index].context, this);
+    internal::current_thread = nullptr;
     in_fiber_ = false;
     fibers_[index].context = back.fctx;
     if (failed_) {
@@ -288,16 +318,14 @@ void BlockRunner::Entry(fc::transfer_t transfer) {
   Fiber& me = runner->fibers_[runner->current_];
   me.state = FiberState::kDone;
   ++runner->done_;
+  runner->Exited(runner->current_);
   fc::jump_fcontext(runner->scheduler_, nullptr);  // never returns: the stack is reused
   std::abort();
 }
 
 void InstallFaultHandler();
 
-[[noreturn]] void OutsideKernel(const char* what) {
-  std::fprintf(stderr, "emulated CUDA: %s called outside a kernel\n", what);
-  std::abort();
-}
+using internal::OutsideKernel;
 
 // Where the blocks of a launch run: the calling stream worker and these helpers, each taking
 // the next block index until none is left.
@@ -448,11 +476,6 @@ void InstallFaultHandler() {
 }
 
 }  // namespace
-
-const ThreadCoordinates& CurrentThread() {
-  if (t_runner == nullptr || !t_runner->in_kernel()) OutsideKernel("threadIdx/blockIdx");
-  return t_runner->Current();
-}
 
 void SyncThreads() {
   if (t_runner == nullptr || !t_runner->in_kernel()) OutsideKernel("__syncthreads");

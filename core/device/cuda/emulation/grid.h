@@ -28,8 +28,21 @@ struct ThreadCoordinates {
   dim3 grid_dim;
 };
 
+namespace internal {
+// The running GPU thread's coordinates (null outside a kernel), set by the scheduler on every
+// switch. Read on every threadIdx: initial-exec TLS makes that one load, no call.
+extern __thread const ThreadCoordinates* current_thread __attribute__((tls_model("initial-exec")));
+[[noreturn]] void OutsideKernel(const char* what);
+}  // namespace internal
+
 // The calling GPU thread's coordinates; aborts with a message outside a kernel.
-const ThreadCoordinates& CurrentThread();
+inline const ThreadCoordinates& CurrentThread() {
+  const ThreadCoordinates* current = internal::current_thread;
+  if (current == nullptr) [[unlikely]] {
+    internal::OutsideKernel("threadIdx/blockIdx/blockDim/gridDim");
+  }
+  return *current;
+}
 
 // __syncthreads(): every thread of the block must reach it (the sanitizer fails the launch,
 // naming the kernel, block and threads, when one has exited or waits at a warp operation).

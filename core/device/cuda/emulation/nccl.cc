@@ -12,6 +12,9 @@
 // (a peer that exits or aborts gives ncclRemoteError); ncclCommAbort (unblocks what waits on a
 // peer; the streams drain); ncclCommFinalize/ncclCommDestroy; the error strings.
 //
+// Buffers must be device memory (cudaMalloc): any other pointer faults the device
+// (cudaErrorIllegalAddress) when the op runs, as a kernel would, and the op is skipped.
+//
 // Not emulated: CUDA devices (device pointers are host pointers; the device a communicator is
 // created on is ignored), ranks on other machines, the other collectives (broadcast, reduce,
 // all-to-all, ...), user-defined reduction ops, fp8 reductions, split/shrink, buffer
@@ -326,12 +329,12 @@ struct Connection {
   std::thread reader;
   std::thread writer;
   // Guarded by Comm::mu.
-  std::deque<Transfer*> sends;          // posted, in order; each waits for a clear-to-send
-  std::deque<uint64_t> clear_to_send;   // the peer's posted receives, in order: their sizes
-  std::deque<Transfer*> receives;       // posted, in order; each waits for its data
-  std::deque<uint64_t> to_announce;     // clear-to-sends not yet written
-  bool used = false;                    // a non-blocking comm's first operation with the peer
-  bool say_bye = false;                 // finalizing: write kBye once idle
+  std::deque<Transfer*> sends;         // posted, in order; each waits for a clear-to-send
+  std::deque<uint64_t> clear_to_send;  // the peer's posted receives, in order: their sizes
+  std::deque<Transfer*> receives;      // posted, in order; each waits for its data
+  std::deque<uint64_t> to_announce;    // clear-to-sends not yet written
+  bool used = false;                   // a non-blocking comm's first operation with the peer
+  bool say_bye = false;                // finalizing: write kBye once idle
   bool bye_written = false;
   bool peer_said_bye = false;
   bool broken = false;
@@ -348,19 +351,19 @@ struct Comm {
   ncclResult_t state = ncclInProgress;  // ncclCommGetAsyncError's answer
   std::string last_error;
   std::vector<std::unique_ptr<Connection>> connections;  // by peer rank, once initialized
-  bool stop_io = false;       // destroying or aborting: the I/O threads stop
-  bool io_stopped = false;    // they have stopped (joined): no transfer is touched any more
+  bool stop_io = false;     // destroying or aborting: the I/O threads stop
+  bool io_stopped = false;  // they have stopped (joined): no transfer is touched any more
   bool finalize_called = false;
   bool collectives_used = false;
-  int helpers = 0;            // init or finalize threads running
-  int enqueued = 0;           // stream ops enqueued and not yet ended
-  int running = 0;            // stream ops between their start and their end
+  int helpers = 0;   // init or finalize threads running
+  int enqueued = 0;  // stream ops enqueued and not yet ended
+  int running = 0;   // stream ops between their start and their end
 };
 
 // The first asynchronous error sticks, as in NCCL. Needs comm->mu.
 void FailLocked(Comm* comm, ncclResult_t code, const std::string& message) {
-  const std::string text = "rank " + std::to_string(comm->rank) + " of " +
-                           std::to_string(comm->nranks) + ": " + message;
+  const std::string text =
+      "rank " + std::to_string(comm->rank) + " of " + std::to_string(comm->nranks) + ": " + message;
   if (comm->state == ncclSuccess || comm->state == ncclInProgress) {
     comm->state = code;
     comm->last_error = text;
@@ -464,7 +467,8 @@ void WriteLoop(Comm* comm, Connection* link) {
       const Message message{kData, 0, transfer->bytes};
       lock.unlock();
       io = WriteFully(link->fd, &message, sizeof(message), nullptr, &error);
-      if (io == Io::kOk) io = WriteFully(link->fd, transfer->source, transfer->bytes, nullptr, &error);
+      if (io == Io::kOk)
+        io = WriteFully(link->fd, transfer->source, transfer->bytes, nullptr, &error);
       lock.lock();
       if (io == Io::kOk) {
         transfer->done = true;
@@ -511,8 +515,9 @@ void MatchSelfLocked(Comm* comm, Connection* link) {
 void PostSendLocked(Comm* comm, int peer, Transfer* transfer) {
   Connection* link = comm->connections[peer].get();
   if (link->peer_said_bye) {
-    FailLocked(comm, ncclRemoteError,
-               "a send to peer rank " + std::to_string(peer) + ", which finalized its communicator");
+    FailLocked(
+        comm, ncclRemoteError,
+        "a send to peer rank " + std::to_string(peer) + ", which finalized its communicator");
   }
   link->sends.push_back(transfer);
   if (link->fd < 0) MatchSelfLocked(comm, link);
@@ -523,9 +528,9 @@ void PostSendLocked(Comm* comm, int peer, Transfer* transfer) {
 void PostReceiveLocked(Comm* comm, int peer, Transfer* transfer) {
   Connection* link = comm->connections[peer].get();
   if (link->peer_said_bye) {
-    FailLocked(comm, ncclRemoteError,
-               "a receive from peer rank " + std::to_string(peer) +
-                   ", which finalized its communicator");
+    FailLocked(
+        comm, ncclRemoteError,
+        "a receive from peer rank " + std::to_string(peer) + ", which finalized its communicator");
   }
   link->receives.push_back(transfer);
   if (link->fd < 0) {
@@ -647,8 +652,8 @@ Status Bootstrap(Comm* comm, const ncclUniqueId& id,
     if (io != Io::kOk) continue;  // a peer that died while connecting: it is waited for again
     if (std::memcmp(theirs.magic, kIdMagic, sizeof(kIdMagic)) != 0 || theirs.nranks != n ||
         theirs.rank <= me || theirs.rank >= n || fds[theirs.rank].get() >= 0) {
-      return {ncclInternalError, "bootstrap: an unexpected connection (rank " +
-                                     std::to_string(theirs.rank) + ")"};
+      return {ncclInternalError,
+              "bootstrap: an unexpected connection (rank " + std::to_string(theirs.rank) + ")"};
     }
     fds[theirs.rank] = std::move(fd);
     ++accepted;
@@ -703,9 +708,7 @@ void WaitHelpers(Comm* comm) {
 // error). Returns the comm's state.
 ncclResult_t FinalizeNow(Comm* comm) {
   std::unique_lock<std::mutex> lock(comm->mu);
-  const auto failed = [&] {
-    return comm->state != ncclSuccess && comm->state != ncclInProgress;
-  };
+  const auto failed = [&] { return comm->state != ncclSuccess && comm->state != ncclInProgress; };
   comm->cv.wait(lock, [&] { return comm->aborted || failed() || comm->enqueued == 0; });
   if (comm->aborted || failed()) return comm->state;
   for (auto& link : comm->connections) {
@@ -783,12 +786,12 @@ uint16_t FloatToHalf(float value) {  // round to nearest even
   uint32_t bits = FloatToBits32(value);
   const uint32_t sign = (bits >> 16) & 0x8000;
   bits &= 0x7fffffffu;
-  if (bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00);  // NaN
+  if (bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00);   // NaN
   if (bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds past 65504
   if (bits < 0x38800000u) {  // below 2^-14: subnormal; the float add rounds to nearest even
     const float magic = Bits32ToFloat(126u << 23);  // 0.5: aligns the 10 mantissa bits at 2^-24
-    return static_cast<uint16_t>(sign | (FloatToBits32(Bits32ToFloat(bits) + magic) -
-                                         FloatToBits32(magic)));
+    return static_cast<uint16_t>(
+        sign | (FloatToBits32(Bits32ToFloat(bits) + magic) - FloatToBits32(magic)));
   }
   const uint32_t odd = (bits >> 13) & 1;
   bits += (static_cast<uint32_t>(15 - 127) << 23) + 0xfff + odd;
@@ -834,7 +837,8 @@ template <typename Acc>
 Acc Combine(Acc a, Acc b, ncclRedOp_t op) {
   if constexpr (std::is_integral_v<Acc>) {
     using U = std::make_unsigned_t<Acc>;  // wraps, as the GPU's integers do
-    if (op == ncclSum || op == ncclAvg) return static_cast<Acc>(static_cast<U>(a) + static_cast<U>(b));
+    if (op == ncclSum || op == ncclAvg)
+      return static_cast<Acc>(static_cast<U>(a) + static_cast<U>(b));
     if (op == ncclProd) return static_cast<Acc>(static_cast<U>(a) * static_cast<U>(b));
   } else {
     if (op == ncclSum || op == ncclAvg) return a + b;
@@ -852,7 +856,8 @@ void ReduceInOrder(const std::vector<const char*>& parts, size_t count, size_t s
   using Acc = typename Type::Acc;
   for (size_t i = 0; i < count; ++i) {
     Acc acc = Type::Load(parts[0] + i * size);
-    for (size_t p = 1; p < parts.size(); ++p) acc = Combine(acc, Type::Load(parts[p] + i * size), op);
+    for (size_t p = 1; p < parts.size(); ++p)
+      acc = Combine(acc, Type::Load(parts[p] + i * size), op);
     if (op == ncclAvg) acc = static_cast<Acc>(acc / static_cast<Acc>(parts.size()));
     Type::Store(out + i * size, acc);
   }
@@ -1167,9 +1172,9 @@ ncclResult_t CheckCall(ncclComm_t handle, const Call& call, const char* name) {
   {
     std::lock_guard<std::mutex> lock(comm->mu);
     if (comm->state == ncclInProgress) {
-      return Refuse(ncclInvalidArgument,
-                    std::string(name) + ": the communicator is used before its previous "
-                                        "operation returned ncclSuccess");
+      return Refuse(ncclInvalidArgument, std::string(name) +
+                                             ": the communicator is used before its previous "
+                                             "operation returned ncclSuccess");
     }
     if (comm->state != ncclSuccess) return comm->state;
     if (comm->finalize_called) {
@@ -1191,8 +1196,8 @@ ncclResult_t CheckCall(ncclComm_t handle, const Call& call, const char* name) {
   }
   if ((call.kind == Kind::kSend || call.kind == Kind::kRecv) &&
       (call.peer < 0 || call.peer >= comm->nranks)) {
-    return Refuse(ncclInvalidArgument, std::string(name) + ": peer " +
-                                           std::to_string(call.peer) + " is out of range");
+    return Refuse(ncclInvalidArgument,
+                  std::string(name) + ": peer " + std::to_string(call.peer) + " is out of range");
   }
   if (call.count > 0) {
     const bool needs_send = call.kind != Kind::kRecv;
@@ -1313,11 +1318,11 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   if (comm == nullptr) return emu::Refuse(ncclInvalidArgument, "ncclCommInitRankConfig: NULL comm");
   *comm = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) {
-    return emu::Refuse(ncclInvalidArgument, "ncclCommInitRankConfig: rank " +
-                                                std::to_string(rank) + " of " +
-                                                std::to_string(nranks) + " is invalid");
+    return emu::Refuse(ncclInvalidArgument, "ncclCommInitRankConfig: rank " + std::to_string(rank) +
+                                                " of " + std::to_string(nranks) + " is invalid");
   }
-  if (config != nullptr && (config->magic != 0xcafebeef || config->size < offsetof(ncclConfig_t, cgaClusterSize))) {
+  if (config != nullptr &&
+      (config->magic != 0xcafebeef || config->size < offsetof(ncclConfig_t, cgaClusterSize))) {
     return emu::Refuse(ncclInvalidArgument,
                        "ncclCommInitRankConfig: config was not set from NCCL_CONFIG_INITIALIZER");
   }
@@ -1337,7 +1342,11 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     return ncclInProgress;
   }
   emu::RunInit(state.get(), comm_id);
-  const ncclResult_t result = state->state;
+  ncclResult_t result;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);  // the I/O threads may record an error already
+    result = state->state;
+  }
   if (result != ncclSuccess) {
     delete *comm;
     *comm = nullptr;
@@ -1549,8 +1558,8 @@ ncclResult_t ncclGroupEnd() {
   }
   std::vector<emu::Call> enqueued;
   for (emu::Call& call : calls) {
-    const bool empty_collective = call.kind != emu::Kind::kSend &&
-                                  call.kind != emu::Kind::kRecv && call.count == 0;
+    const bool empty_collective =
+        call.kind != emu::Kind::kSend && call.kind != emu::Kind::kRecv && call.count == 0;
     if (!empty_collective) enqueued.push_back(std::move(call));
   }
   emu::EnqueueCalls(std::move(enqueued));

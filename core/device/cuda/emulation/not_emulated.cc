@@ -8,6 +8,7 @@
 #include <nvrtc.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -34,7 +35,12 @@ cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t* stream) {
   *stream = reinterpret_cast<FakeHandle*>(handle)->stream;
   return CUDNN_STATUS_SUCCESS;
 }
-size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
+// BIGMAC_EMULATED_CUDNN_VERSION pretends another cuDNN (tests: a machine whose cuDNN is too old
+// for the fused SDPA, where the frontend throws instead of returning an error).
+size_t cudnnGetVersion(void) {
+  const char* version = std::getenv("BIGMAC_EMULATED_CUDNN_VERSION");
+  return version ? std::strtoul(version, nullptr, 10) : CUDNN_VERSION;
+}
 const char* cudnnGetErrorString(cudnnStatus_t status) {
   return status == CUDNN_STATUS_SUCCESS ? "CUDNN_STATUS_SUCCESS" : "CUDNN_STATUS_NOT_SUPPORTED";
 }
