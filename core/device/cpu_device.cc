@@ -179,6 +179,13 @@ void* Device::AllocateHostStaging(int64_t bytes) {
 
 void Device::FreeHostStaging(void* host) { std::free(host); }
 
+std::vector<double> Device::SumSquaresEach(const std::vector<Region>& regions) {
+  std::vector<double> sums;
+  sums.reserve(regions.size());
+  for (const Region& r : regions) sums.push_back(SumSquares(r.data, r.dtype, r.n));
+  return sums;
+}
+
 std::string BackendName(Backend backend) { return backend == Backend::kCuda ? "cuda" : "cpu"; }
 
 bool ParseBackend(const std::string& name, Backend* backend) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/memory/allocator.h"
 #include "core/memory/dtype.h"
@@ -122,6 +123,14 @@ class Device {
   virtual void Scale(void* data, DType dtype, int64_t n, double factor) = 0;
   // sum of squares, accumulated in double in element order (deterministic); returns to the host.
   virtual double SumSquares(const void* data, DType dtype, int64_t n) = 0;
+  // SumSquares of every region, the same values, with one wait for the device for all of them
+  // (a step's gradient norm is one host synchronization on a GPU, not one per tensor).
+  struct Region {
+    const void* data;
+    DType dtype;
+    int64_t n;
+  };
+  virtual std::vector<double> SumSquaresEach(const std::vector<Region>& regions);
   virtual bool AllFinite(const void* data, DType dtype, int64_t n) = 0;
   virtual void AdamWUpdate(const AdamWArgs& args) = 0;
 

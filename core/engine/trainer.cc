@@ -497,8 +497,7 @@ std::optional<double> Trainer::Evaluate(int step) {
     const int i = first + comm_.dp_rank();
     if (i >= batches) continue;
     if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
-    slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i,
-              cfg_.model().vocab_size());
+    slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i, cfg_.model().vocab_size());
     const double loss = executor_->Evaluate(slot.mb);
     if (comm_.tp_rank() == 0) local += loss;  // each tp rank of the last stage has it
   }
@@ -653,10 +652,21 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
   if (zero_) {
     local_sumsq = zero_->DpSum(zero_->SumSquares(&bad));
   } else {
-    for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+    // One device wait for all of them (SumSquaresEach), then the same arithmetic per parameter.
+    const std::vector<Stage::NamedParam> owned = stage_->OwnedParams();
+    std::vector<const Stage::NamedParam*> counted;
+    std::vector<device::Device::Region> regions;
+    for (const Stage::NamedParam& named : owned) {
       if (!stage_->CountsOnce(named.param)) continue;
-      const double norm = optim::GlobalGradNorm({named.param});
-      if (!std::isfinite(norm) && bad.empty()) bad = named.name;
+      const memory::Tensor& grad = named.param->grad;
+      counted.push_back(&named);
+      regions.push_back({grad.raw(), grad.dtype(), grad.numel()});
+    }
+    const std::vector<double> parts =
+        regions.empty() ? std::vector<double>() : device_->SumSquaresEach(regions);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const double norm = std::sqrt(parts[i]);
+      if (!std::isfinite(norm) && bad.empty()) bad = counted[i]->name;
       local_sumsq += norm * norm;
     }
   }

@@ -48,14 +48,20 @@ void ZeroShards::InitState(optim::AdamW* adamw) const {
 }
 
 double ZeroShards::SumSquares(std::string* bad) const {
-  double sum = 0;
+  if (slices_.empty()) return 0;
+  std::vector<device::Device::Region> regions;
   for (const ParamSlice& slice : slices_) {
     const memory::Tensor& grad = slice.named.param->grad;
-    const double part = grad.device()->SumSquares(
-        static_cast<const char*>(grad.raw()) + slice.begin * memory::DTypeSize(grad.dtype()),
-        grad.dtype(), slice.length);
-    if (!std::isfinite(part) && bad->empty()) *bad = slice.named.name;
-    sum += part;
+    regions.push_back(
+        {static_cast<const char*>(grad.raw()) + slice.begin * memory::DTypeSize(grad.dtype()),
+         grad.dtype(), slice.length});
+  }
+  const std::vector<double> parts =
+      slices_.front().named.param->grad.device()->SumSquaresEach(regions);
+  double sum = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!std::isfinite(parts[i]) && bad->empty()) *bad = slices_[i].named.name;
+    sum += parts[i];
   }
   return sum;
 }

@@ -120,11 +120,14 @@ double LearningRate(const LrSchedule& s, int64_t step) {
 }
 
 double GlobalGradNorm(const std::vector<layer::Param*>& params) {
-  double sum = 0;
+  if (params.empty()) return 0;
+  std::vector<device::Device::Region> regions;
   for (const layer::Param* param : params) {
-    sum += param->grad.device()->SumSquares(param->grad.raw(), param->grad.dtype(),
-                                            param->grad.numel());
+    regions.push_back({param->grad.raw(), param->grad.dtype(), param->grad.numel()});
   }
+  // A rank's parameters share its device. Added in parameter order, as before.
+  double sum = 0;
+  for (double part : params.front()->grad.device()->SumSquaresEach(regions)) sum += part;
   return std::sqrt(sum);
 }
 

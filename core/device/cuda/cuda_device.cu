@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
+#include <vector>
 
 #include "core/device/cuda/cuda_device.h"
 #include "core/device/cuda/launch.h"
@@ -202,6 +203,7 @@ class CudaDevice : public Device {
     // Best effort: a failing teardown must not hide the error that ended the run.
     cudaStreamSynchronize(context_.stream);
     cudaFreeHost(host_scratch_);
+    if (host_sums_) cudaFreeHost(host_sums_);
     cudaFree(context_.reduce_scratch);
     cudaFree(context_.blas_workspace);
     if (context_.dnn) cudnnDestroy(context_.dnn);
@@ -333,25 +335,52 @@ class CudaDevice : public Device {
   }
 
   double SumSquares(const void* data, DType dtype, int64_t n) override {
-    if (n == 0) return 0;
+    return SumSquaresEach({{data, dtype, n}}).front();
+  }
+
+  // Each region's two-stage sum (partials, then an ordered sum into its total) is enqueued; the
+  // totals come back in one copy and one wait per batch of regions that fits reduce_scratch.
+  std::vector<double> SumSquaresEach(const std::vector<Region>& regions) override {
     const CallSite site = SiteOf(context_, "sum of squares");
-    auto* partial = static_cast<double*>(context_.reduce_scratch);
-    double* total = partial + kReduceBlocks;
-    const int blocks = ReduceBlocks(n);
-    ForFloat(dtype, "SumSquares", [&](auto zero) {
-      using T = decltype(zero);
-      LaunchKernel("SumSquaresPartial", SumSquaresPartial<T>, blocks, kThreads, 0, context_.stream,
-                   static_cast<const T*>(data), n, partial);
-      CheckLaunch("SumSquaresPartial", site);
-    });
-    LaunchKernel("SumPartials", SumPartials, 1, 1, 0, context_.stream, partial, blocks, total);
-    CheckLaunch("SumPartials", site);
-    double* host = static_cast<double*>(host_scratch_);
-    BIGMAC_CUDA_CHECK(
-        cudaMemcpyAsync(host, total, sizeof(double), cudaMemcpyDeviceToHost, context_.stream),
-        site.where);
-    BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), site.where);
-    return *host;
+    std::vector<double> sums(regions.size(), 0.0);
+    auto* scratch = static_cast<double*>(context_.reduce_scratch);
+    const int64_t capacity = kReduceScratchBytes / static_cast<int64_t>(sizeof(double));
+    size_t first = 0;
+    while (first < regions.size()) {
+      // Regions [first, last): their totals at the start of the scratch, partials after.
+      size_t last = first;
+      int64_t partials = 0;
+      while (last < regions.size() &&
+             int64_t(last - first + 1) + partials + ReduceBlocks(regions[last].n) <= capacity) {
+        partials += ReduceBlocks(regions[last].n);
+        ++last;
+      }
+      const int64_t count = static_cast<int64_t>(last - first);
+      double* totals = scratch;
+      double* partial = scratch + count;
+      for (size_t i = first; i < last; ++i) {
+        const Region& r = regions[i];
+        const int blocks = ReduceBlocks(r.n);
+        ForFloat(r.dtype, "SumSquares", [&](auto zero) {
+          using T = decltype(zero);
+          LaunchKernel("SumSquaresPartial", SumSquaresPartial<T>, blocks, kThreads, 0,
+                       context_.stream, static_cast<const T*>(r.data), r.n, partial);
+          CheckLaunch("SumSquaresPartial", site);
+        });
+        LaunchKernel("SumPartials", SumPartials, 1, 1, 0, context_.stream, partial, blocks,
+                     totals + (i - first));
+        CheckLaunch("SumPartials", site);
+        partial += blocks;
+      }
+      double* host = HostSums(count);
+      BIGMAC_CUDA_CHECK(cudaMemcpyAsync(host, totals, count * sizeof(double),
+                                        cudaMemcpyDeviceToHost, context_.stream),
+                        site.where);
+      BIGMAC_CUDA_CHECK(cudaStreamSynchronize(context_.stream), site.where);
+      std::copy(host, host + count, sums.begin() + static_cast<int64_t>(first));
+      first = last;
+    }
+    return sums;
   }
 
   bool AllFinite(const void* data, DType dtype, int64_t n) override {
@@ -399,10 +428,24 @@ class CudaDevice : public Device {
  private:
   std::string Where(const std::string& what) const { return what + ", on " + context_.label; }
 
+  // Pinned room for `count` doubles (grown, never shrunk), for SumSquaresEach's totals.
+  double* HostSums(int64_t count) {
+    if (count > host_sums_capacity_) {
+      if (host_sums_) cudaFreeHost(host_sums_);
+      host_sums_ = nullptr;
+      BIGMAC_CUDA_CHECK(cudaMallocHost(&host_sums_, count * sizeof(double)),
+                        Where("pinned sums of squares"));
+      host_sums_capacity_ = count;
+    }
+    return static_cast<double*>(host_sums_);
+  }
+
   CudaContext context_;
   std::string gpu_name_;
   int64_t total_memory_ = 0;
-  void* host_scratch_ = nullptr;  // pinned: a double (sum of squares) and an int (finite flag)
+  void* host_scratch_ = nullptr;  // pinned: a double (unused) and an int (finite flag)
+  void* host_sums_ = nullptr;     // pinned: SumSquaresEach's totals
+  int64_t host_sums_capacity_ = 0;
 };
 
 }  // namespace

@@ -64,9 +64,19 @@ class CudaGptLayer : public layer::Layer {
   }
   float* G(int index) { return static_cast<float*>(params_[index].grad.raw()); }
 
-  Tensor New(std::vector<int64_t> shape) const { return Tensor(spec_.device, shape, kActivation); }
+  // Outputs and activations: every one is written whole by the kernel or GEMM that produces it
+  // before anything reads it (the CPU's ForOverwrite rule), so no zeroing pass. The logits'
+  // padding columns are never written nor read. The emulated device fills new allocations with
+  // NaN, so a tensor read before it is written shows in emulated_train_test's losses.
+  Tensor New(std::vector<int64_t> shape) const {
+    return Tensor::ForOverwrite(spec_.device, shape, kActivation);
+  }
   Tensor NewFloat(std::vector<int64_t> shape) const {
-    return Tensor(spec_.device, shape, DType::kF32);
+    return Tensor::ForOverwrite(spec_.device, shape, DType::kF32);
+  }
+  // Zeroed: for outputs a kernel adds into (LayerNormBackwardInput accumulates into dinp).
+  Tensor NewZeroed(std::vector<int64_t> shape) const {
+    return Tensor(spec_.device, shape, kActivation);
   }
   static T* P(Tensor& tensor) { return static_cast<T*>(tensor.raw()); }
   static const T* P(const Tensor& tensor) { return static_cast<const T*>(tensor.raw()); }

@@ -300,7 +300,7 @@ class Head : public CudaGptLayer<T> {
     Tensor dnorm = this->New({n, c});
     k::MatmulBackwardInput(site.In("logits dgrad"), Base::kActivation, dnorm.raw(),
                            s[kDLogits].raw(), this->W(kHeadWte), n, c, this->V(), padded_vocab_);
-    *dx = this->New({mb.batch, mb.seq, c});
+    *dx = this->NewZeroed({mb.batch, mb.seq, c});
     k::LayerNormBackwardInput(site, Base::P(*dx), Base::P(dnorm), Base::P(s[kX]),
                               this->W(kLnfWeight), Base::F(s[kMean]), Base::F(s[kRstd]), n, c);
     s.push_back(std::move(dnorm));

@@ -534,8 +534,36 @@ bool IsDeviceRange(const void* pointer, size_t bytes) {
   return Memory::Get().Contains(pointer, bytes);
 }
 
+namespace {
+// BIGMAC_EMULATED_COUNTERS=FILE: the process's totals as one JSON line at exit (the benchmark
+// bench/emulated_costs.sh differences runs of different lengths to get per-step costs).
+void WriteCountersAtExit() {
+  const char* path = std::getenv("BIGMAC_EMULATED_COUNTERS");
+  if (path == nullptr) return;
+  const Counters& c = GetCounters();
+  if (FILE* out = std::fopen(path, "w")) {
+    std::fprintf(out,
+                 "{\"host_synchronizations\": %lld, \"device_synchronizations\": %lld, "
+                 "\"memset_bytes\": %lld, \"host_to_device_bytes\": %lld, "
+                 "\"device_to_host_bytes\": %lld, \"kernel_launches\": %lld, "
+                 "\"gemm_calls\": %lld}\n",
+                 static_cast<long long>(c.host_synchronizations.load()),
+                 static_cast<long long>(c.device_synchronizations.load()),
+                 static_cast<long long>(c.memset_bytes.load()),
+                 static_cast<long long>(c.host_to_device_bytes.load()),
+                 static_cast<long long>(c.device_to_host_bytes.load()),
+                 static_cast<long long>(c.kernel_launches.load()),
+                 static_cast<long long>(c.gemm_calls.load()));
+    std::fclose(out);
+  }
+}
+}  // namespace
+
 Counters& GetCounters() {
-  static Counters* counters = new Counters();
+  static Counters* counters = [] {
+    std::atexit(WriteCountersAtExit);
+    return new Counters();
+  }();
   return *counters;
 }
 
