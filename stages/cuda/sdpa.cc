@@ -290,7 +290,7 @@ std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h,
     GraphFor(Direction::kBackward, b, t, h, d, site);
   } catch (const device::DeviceError& error) {
     return error.what();
-  } catch (const std::exception& error) {
+  } catch (const std::runtime_error& error) {
     // The frontend reports most refusals as statuses (a DeviceError above) but throws
     // std::runtime_error for some ("No suitable implementation for given SDPA_attributes"):
     // a refusal all the same, so the layer falls back instead of failing.

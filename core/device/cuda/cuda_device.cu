@@ -433,6 +433,7 @@ class CudaDevice : public Device {
     if (count > host_sums_capacity_) {
       if (host_sums_) cudaFreeHost(host_sums_);
       host_sums_ = nullptr;
+      host_sums_capacity_ = 0;
       BIGMAC_CUDA_CHECK(cudaMallocHost(&host_sums_, count * sizeof(double)),
                         Where("pinned sums of squares"));
       host_sums_capacity_ = count;

@@ -52,8 +52,10 @@ namespace {
 struct EventState {
   std::mutex mutex;
   std::condition_variable cv;
-  uint64_t recorded = 0;   // cudaEventRecord calls
-  uint64_t completed = 0;  // the last record that ran
+  uint64_t recorded = 0;  // cudaEventRecord calls
+  std::set<uint64_t>
+      done;  // records that ran (records on different streams may finish out of order)
+  bool Done(uint64_t generation) const { return generation == 0 || done.count(generation) > 0; }
   std::chrono::steady_clock::time_point when;
 };
 
@@ -854,8 +856,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   emu::Streams::Get().Enqueue(stream, "cudaEventRecord", [state, generation] {
     {
       std::lock_guard<std::mutex> lock(state->mutex);
-      state->completed = std::max(state->completed, generation);
-      state->when = std::chrono::steady_clock::now();
+      state->done.insert(generation);
+      if (generation == state->recorded) {
+        state->when = std::chrono::steady_clock::now();  // the time of the most recent record
+      }
     }
     state->cv.notify_all();
   });
@@ -865,7 +869,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = Ok(); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(event->state->mutex);
-  return event->state->completed >= event->state->recorded ? cudaSuccess : cudaErrorNotReady;
+  return event->state->Done(event->state->recorded) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return Fail(cudaErrorInvalidResourceHandle);
@@ -873,7 +877,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   EventState& state = *event->state;
   std::unique_lock<std::mutex> lock(state.mutex);
   const uint64_t target = state.recorded;
-  state.cv.wait(lock, [&] { return state.completed >= target; });
+  state.cv.wait(lock, [&] { return state.Done(target); });
   return Ok();
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -889,7 +893,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   }
   emu::Streams::Get().Enqueue(stream, "cudaStreamWaitEvent", [state, target] {
     std::unique_lock<std::mutex> lock(state->mutex);
-    state->cv.wait(lock, [&] { return state->completed >= target; });
+    state->cv.wait(lock, [&] { return state->Done(target); });
   });
   return Ok();
 }
@@ -899,7 +903,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   }
   for (cudaEvent_t e : {start, end}) {
     std::lock_guard<std::mutex> lock(e->state->mutex);
-    if (e->state->recorded == 0 || e->state->completed < e->state->recorded) {
+    if (e->state->recorded == 0 || !e->state->Done(e->state->recorded)) {
       return Fail(cudaErrorNotReady);
     }
   }
