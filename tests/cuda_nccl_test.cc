@@ -67,6 +67,10 @@ TEST(NcclGpu, OneRankGroupRoundTripAndAllReduce) {
   ASSERT_EQ(cudaMalloc(&send, kCount * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&recv, kCount * 2), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(send, host.data(), kCount * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  // A pageable host-to-device cudaMemcpy may return before the bytes land, and `stream` is
+  // non-blocking (unordered with the legacy stream): wait before NCCL reads them. The emulated
+  // device found this race (the round trip read NaN fill).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   Check(ncclGroupStart(), "ncclGroupStart", "the test");
   Check(ncclSend(send, kCount, ncclBfloat16, 0, comm, stream), "ncclSend", "the test");
   Check(ncclRecv(recv, kCount, ncclBfloat16, 0, comm, stream), "ncclRecv", "the test");
@@ -81,6 +85,7 @@ TEST(NcclGpu, OneRankGroupRoundTripAndAllReduce) {
   ASSERT_EQ(cudaMalloc(&data, values.size() * 4), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(data, values.data(), values.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // as above
   Check(ncclAllReduce(data, data, values.size(), ncclFloat32, ncclSum, comm, stream),
         "ncclAllReduce", "the test");
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
