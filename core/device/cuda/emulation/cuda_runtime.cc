@@ -104,6 +104,15 @@ cudaError_t Ok() {
 
 // --- Memory ----------------------------------------------------------------------------------
 
+// True when [p, p + bytes) lies inside one entry of `live` (start -> entry; `size` of an entry).
+template <typename Entry, typename Size>
+bool InsideOne(const std::map<uintptr_t, Entry>& live, uintptr_t p, size_t bytes, Size size) {
+  auto it = live.upper_bound(p);
+  if (it == live.begin()) return false;
+  --it;
+  return p + bytes <= it->first + size(it->second);
+}
+
 struct Allocation {
   size_t bytes = 0;
   char* map = nullptr;  // guard page, data pages, guard page
@@ -186,10 +195,7 @@ class Memory {
   bool Contains(const void* pointer, size_t bytes) {
     const auto p = reinterpret_cast<uintptr_t>(pointer);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.upper_bound(p);
-    if (it == live_.begin()) return false;
-    --it;
-    return p >= it->first && p + bytes <= it->first + it->second.bytes;
+    return InsideOne(live_, p, bytes, [](const Allocation& a) { return a.bytes; });
   }
 
   int64_t capacity() const { return capacity_; }
@@ -265,10 +271,7 @@ class PinnedHost {
   bool Contains(const void* pointer, size_t bytes) {
     const auto p = reinterpret_cast<uintptr_t>(pointer);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.upper_bound(p);
-    if (it == live_.begin()) return false;
-    --it;
-    return p >= it->first && p + bytes <= it->first + it->second;
+    return InsideOne(live_, p, bytes, [](size_t size) { return size; });
   }
 
  private:
