@@ -2,7 +2,8 @@
 # GPU costs counted without a GPU: per training step of configs/gpt2_124m_pp4.yaml's model at
 # pp=1 (bf16, CUDA backend) on the emulated CUDA device, the host synchronizations,
 # device-wide synchronizations, bytes memset, host-to-device and device-to-host bytes, kernel
-# launches and GEMM calls. Per step = (a run of 3 steps - a run of 2 steps), so start-up, the
+# launches and GEMM calls, without tracing (trace_steps=0: a traced step waits for its timed
+# events). Per step = (a run of 3 steps - a run of 2 steps), so start-up, the
 # first step's allocations and the evaluations cancel. The micro-batch is 1 x 64 tokens (the
 # emulated device runs every GPU thread as a fiber on the CPU): the counts of launches, GEMMs and
 # synchronizations do not depend on it; bytes scale with it.
@@ -22,7 +23,8 @@ run() {  # steps -> counters JSON
     --set parallel.num_microbatches=1 --set train.gradient_accumulation_steps=1 \
     --set model.layers_per_stage=[12] --set train.micro_batch_size=1 --set train.seq_length=64 \
     --set train.max_steps="$1" --set train.eval_interval=0 --set train.eval_batches=1 \
-    --set train.log_interval=1 --set train.output_dir="$work/run_$1" --overwrite \
+    --set train.log_interval=1 --set train.trace_steps=0 --set train.output_dir="$work/run_$1" \
+    --overwrite \
     >"$work/log_$1.txt" 2>&1 || { cat "$work/log_$1.txt" >&2; exit 1; }
 }
 run 2

@@ -456,12 +456,14 @@ void CheckEmbedding(const Gpu& gpu, int b, int t, int c, int vocab, uint32_t see
   ExpectClose(ToHost(g_out.Download()), Rounded<T>(out), kExact, "EmbeddingForward");
 
   // Each token's rows are added in row order onto the current gradient, as the CPU does, so
-  // the results are bitwise the CPU's.
+  // the results are bitwise the CPU's. The first run copies the tokens from the device; the
+  // second is handed the host's copy (as the trainer does) and must give the same bits.
   std::vector<float> first_dwte, first_dwpe;
   for (int run = 0; run < 2; ++run) {
     Buffer<float> g_dwte(dwte0), g_dwpe(dwpe0);
-    EmbeddingBackwardWeight<T>(site, g_dwte.get(), g_dwpe.get(), g_dout.get(), g_tokens.get(), b, t,
-                               c, vocab);
+    const int32_t* host_tokens = run == 0 ? nullptr : tokens.data();
+    EmbeddingBackwardWeight<T>(site, g_dwte.get(), g_dwpe.get(), g_dout.get(), g_tokens.get(),
+                               host_tokens, b, t, c, vocab);
     const std::vector<float> got_dwte = g_dwte.Download(), got_dwpe = g_dwpe.Download();
     if (run == 0) {
       ExpectClose(got_dwte, dwte, kExact, "EmbeddingBackwardWeight dwte");
@@ -497,7 +499,7 @@ TEST(CudaKernels, EmbeddingBackwardRefusesTokensOutsideTheVocabulary) {
   Buffer<float> dout(Normal(size_t(b) * t * c, gen));
   Buffer<float> dwte(Uniform(size_t(vocab) * c, gen)), dwpe(Uniform(size_t(t) * c, gen));
   EXPECT_THROW(EmbeddingBackwardWeight<float>(gpu.Site("embedding test"), dwte.get(), dwpe.get(),
-                                              dout.get(), tokens.get(), b, t, c, vocab),
+                                              dout.get(), tokens.get(), nullptr, b, t, c, vocab),
                DeviceError);
 }
 

@@ -139,14 +139,14 @@ TEST(EmulatedDevice, DynamicSharedMemoryNeedsTheOptInAboveTheDefault) {
   constexpr int kN = 16384;  // 64 KiB of floats, above the 48 KiB default
   float* out = nullptr;
   ASSERT_CUDA(cudaMalloc(&out, kN * sizeof(float)));
-  LaunchKernel("DynamicSharedKernel", DynamicSharedKernel, 1, 128, kN * sizeof(float), nullptr,
-               out, kN);
+  LaunchKernel("DynamicSharedKernel", DynamicSharedKernel, 1, 128, kN * sizeof(float), nullptr, out,
+               kN);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "launch errors are not sticky";
   ASSERT_CUDA(cudaFuncSetAttribute(DynamicSharedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    kN * sizeof(float)));
-  LaunchKernel("DynamicSharedKernel", DynamicSharedKernel, 1, 128, kN * sizeof(float), nullptr,
-               out, kN);
+  LaunchKernel("DynamicSharedKernel", DynamicSharedKernel, 1, 128, kN * sizeof(float), nullptr, out,
+               kN);
   ASSERT_CUDA(cudaGetLastError());
   std::vector<float> host(kN);
   ASSERT_CUDA(cudaMemcpy(host.data(), out, kN * sizeof(float), cudaMemcpyDeviceToHost));
@@ -306,6 +306,13 @@ TEST(EmulatedDevice, CountersCountCopiesSynchronizationsAndLaunches) {
   EXPECT_EQ(c.memset_bytes - memset, 512);
   EXPECT_EQ(c.kernel_launches - launches, 1);
   EXPECT_EQ(c.host_synchronizations - syncs, 1) << "the pinned copy itself does not wait";
+  // A second wait with nothing enqueued since costs nothing; a copy into pageable memory waits.
+  ASSERT_CUDA(cudaStreamSynchronize(nullptr));
+  EXPECT_EQ(c.host_synchronizations - syncs, 1) << "a wait on an idle stream is not counted";
+  float pageable[4];
+  ASSERT_CUDA(cudaMemcpyAsync(pageable, data, sizeof(pageable), cudaMemcpyDeviceToHost, nullptr));
+  ASSERT_CUDA(cudaStreamSynchronize(nullptr));
+  EXPECT_EQ(c.host_synchronizations - syncs, 2) << "a pageable copy and its stream wait are one";
   ASSERT_CUDA(cudaFree(data));
   ASSERT_CUDA(cudaFreeHost(pinned));
 }

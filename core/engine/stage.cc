@@ -226,7 +226,11 @@ std::string Stage::FirstNonFiniteLayer(const layer::MicroBatch& mb) {
 
 void Stage::ZeroGrads() {
   for (auto& layer : layers_) {
-    for (layer::Param* param : layer->Params()) param->grad.Zero();
+    for (layer::Param* param : layer->Params()) {
+      // A tied copy's gradient starts zeroed and is zeroed again by TiedWeight::ReduceGradient
+      // each time it is handed to the owner: zeroing it here too would be a second memset.
+      if (!param->tied_copy) param->grad.Zero();
+    }
   }
 }
 

@@ -76,7 +76,7 @@ struct BatchSlot {
         y = device_targets.data<int32_t>();
       }
     }
-    mb = {batch, seq, t, y, loss_scale, index};
+    mb = {batch, seq, t, y, loss_scale, index, tokens.data()};
   }
 
   static void CheckVocabulary(const std::vector<int32_t>& values, const char* what, int vocab,

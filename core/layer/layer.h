@@ -77,6 +77,9 @@ struct MicroBatch {
   // 1/(tokens in the global batch) makes every pp/dp split of one global batch give one gradient.
   double loss_scale = 1.0;
   int index = 0;  // the micro-batch's number within its pipeline flush (keys kept activations)
+  // The same tokens in host memory (null when the caller has none): a GPU layer that needs them
+  // on the host (the embedding backward's bucketing) then does not wait for a device copy.
+  const int32_t* host_tokens = nullptr;
 };
 
 // What a layer keeps between its forward and its backward for one micro-batch.

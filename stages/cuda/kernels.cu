@@ -868,19 +868,24 @@ void EmbeddingForward(const CallSite& site, T* out, const int32_t* tokens, const
 
 template <typename T>
 void EmbeddingBackwardWeight(const CallSite& site, float* dwte, float* dwpe, const T* dout,
-                             const int32_t* tokens, int b, int t, int c, int vocab) {
+                             const int32_t* tokens, const int32_t* host_tokens, int b, int t, int c,
+                             int vocab) {
   const int rows = b * t;
   if (rows <= 0 || c <= 0) return;
   constexpr int V = kVec<T>;
   const bool vector = c % V == 0 && Aligned(dout);
 
-  // The tokens to the host, bucketed by token with each bucket's rows in row order (a counting
+  // The tokens on the host, bucketed by token with each bucket's rows in row order (a counting
   // sort). Laid out as [bucket_token (k)] [bucket_start (k + 1)] [rows (b*t)].
-  std::vector<int32_t> host_tokens(rows);
-  BIGMAC_CUDA_CHECK(cudaMemcpyAsync(host_tokens.data(), tokens, rows * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, site.stream()),
-                    site.where);
-  BIGMAC_CUDA_CHECK(cudaStreamSynchronize(site.stream()), site.where);
+  std::vector<int32_t> copied;
+  if (host_tokens == nullptr) {
+    copied.resize(rows);
+    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(copied.data(), tokens, rows * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, site.stream()),
+                      site.where);
+    BIGMAC_CUDA_CHECK(cudaStreamSynchronize(site.stream()), site.where);
+    host_tokens = copied.data();
+  }
   std::vector<int32_t> start(int64_t{vocab} + 1, 0);
   for (int row = 0; row < rows; ++row) {
     const int32_t token = host_tokens[row];
@@ -1015,7 +1020,7 @@ void AttentionBackward(const CallSite& site, T* dqkv, const T* dout, const T* qk
   template void EmbeddingForward<T>(const CallSite&, T*, const int32_t*, const T*, const T*, int, \
                                     int, int);                                                    \
   template void EmbeddingBackwardWeight<T>(const CallSite&, float*, float*, const T*,             \
-                                           const int32_t*, int, int, int, int);                   \
+                                           const int32_t*, const int32_t*, int, int, int, int);   \
   template void CrossEntropyForwardBackward<T>(const CallSite&, T*, float*, const int32_t*, int,  \
                                                int, int64_t, double);                             \
   template void AttentionForward<T>(const CallSite&, T*, float*, const T*, int, int, int, int);   \

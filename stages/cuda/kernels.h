@@ -63,11 +63,13 @@ template <typename T>
 void EmbeddingForward(const CallSite& site, T* out, const int32_t* tokens, const T* wte,
                       const T* wpe, int b, int t, int c);
 // dwte[token] += dout rows, dwpe[position] += dout rows, deterministic: the positions of each
-// token are summed in position order (tokens are bucketed on the host, as llm.c does; this
-// copies the b*t tokens to the host and waits for the stream).
+// token are summed in position order (tokens are bucketed on the host, as llm.c does). The
+// bucketing reads `host_tokens`, the same b*t tokens in host memory, when not null; otherwise it
+// copies `tokens` to the host and waits for the stream.
 template <typename T>
 void EmbeddingBackwardWeight(const CallSite& site, float* dwte, float* dwpe, const T* dout,
-                             const int32_t* tokens, int b, int t, int c, int vocab);
+                             const int32_t* tokens, const int32_t* host_tokens, int b, int t, int c,
+                             int vocab);
 
 // The fused softmax cross-entropy over logits(n, v) with row stride ld >= v: one pass per row
 // computes the row's loss, -log softmax(logits)[target], and overwrites the row in place with

@@ -50,8 +50,8 @@ class Embedding : public CudaGptLayer<T> {
 
   void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
     k::EmbeddingBackwardWeight(this->Site("backward"), this->G(kWte), this->G(kWpe),
-                               Base::P(saved->tensors.at(0)), mb.tokens, mb.batch, mb.seq,
-                               this->C(), this->V());
+                               Base::P(saved->tensors.at(0)), mb.tokens, mb.host_tokens, mb.batch,
+                               mb.seq, this->C(), this->V());
     saved->Clear();
   }
 

@@ -42,8 +42,9 @@ struct CUstream_st {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<std::pair<std::string, std::function<void()>>> queue;
-  uint64_t enqueued = 0;   // tickets handed out
-  uint64_t completed = 0;  // ops run, in order
+  uint64_t enqueued = 0;     // tickets handed out
+  uint64_t completed = 0;    // ops run, in order
+  uint64_t host_waited = 0;  // `enqueued` when the host last waited for this stream
   bool stopping = false;
 };
 
@@ -298,7 +299,8 @@ void Serve(CUstream_st* stream) {
     }
     stream->cv.notify_all();
   }
-  delete stream;  // destroyed by cudaStreamDestroy, drained here
+  // Destroyed by cudaStreamDestroy and drained; never freed, since a host wait or another
+  // stream's legacy-order wait may still hold a ticket on it (a few hundred bytes per stream).
 }
 
 class Streams {
@@ -370,9 +372,21 @@ class Streams {
     stream->cv.notify_all();
   }
 
-  void Wait(cudaStream_t handle) {
+  // Waits for the stream's work so far. Returns whether that was a synchronization: work was
+  // enqueued since the host last waited for this stream (deterministic, unlike asking whether
+  // the work was still running; a second wait on an idle stream costs nothing).
+  bool Wait(cudaStream_t handle) {
     CUstream_st* stream = Resolve(handle);
-    WaitTicket(stream, Ticket(stream));
+    uint64_t ticket = 0;
+    bool fresh = false;
+    {
+      std::lock_guard<std::mutex> lock(stream->mutex);
+      ticket = stream->enqueued;
+      fresh = ticket > stream->host_waited;
+      stream->host_waited = ticket;
+    }
+    WaitTicket(stream, ticket);
+    return fresh;
   }
 
   void WaitAll() {
@@ -494,8 +508,7 @@ cudaError_t Copy(const char* call, void* dst, const void* src, Rows rows, cudaMe
   }
   // A device-to-host copy into pageable memory returns when it is done, as the runtime's does.
   if (kind == cudaMemcpyDeviceToHost && (synchronous || !IsPinned(dst, rows.dst_span()))) {
-    counters.host_synchronizations++;
-    Streams::Get().Wait(stream);
+    if (Streams::Get().Wait(stream)) counters.host_synchronizations++;
   }
   return Ok();
 }
@@ -819,8 +832,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!emu::Streams::Get().IsLive(stream)) return Fail(cudaErrorInvalidResourceHandle);
-  emu::GetCounters().host_synchronizations++;
-  emu::Streams::Get().Wait(stream);
+  if (emu::Streams::Get().Wait(stream)) emu::GetCounters().host_synchronizations++;
   return Ok();
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {

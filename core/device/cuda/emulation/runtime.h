@@ -45,8 +45,9 @@ bool IsDeviceRange(const void* pointer, size_t bytes);
 // What the emulated device did, since the process started (or since Reset). Read by tests and
 // bench/emulated_costs: the GPU costs that can be counted without a GPU.
 struct Counters {
-  std::atomic<int64_t> host_synchronizations{0};    // cudaStreamSynchronize, cudaEventSynchronize,
-                                                    // synchronous copies, ...
+  // cudaEventSynchronize, and cudaStreamSynchronize or a copy to pageable memory on a stream
+  // with work enqueued since the host last waited for it.
+  std::atomic<int64_t> host_synchronizations{0};
   std::atomic<int64_t> device_synchronizations{0};  // cudaDeviceSynchronize, cudaFree
   std::atomic<int64_t> memset_bytes{0};
   std::atomic<int64_t> host_to_device_bytes{0};
