@@ -3,9 +3,12 @@
 // device. Without a GPU every case reports as skipped.
 #include "core/device/cuda/cuda_device.h"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -161,6 +164,35 @@ TEST_F(CudaDeviceTest, AnAllocationOverTheLimitIsAnOomInTheCpusWords) {
   fits = Tensor();
   Tensor again(small.get(), {int64_t{8} << 20}, DType::kF32);
   EXPECT_EQ(small->allocator().system_allocations(), before);
+}
+
+// Returning the cache to the card near capacity must not wait for the device's other streams: a
+// cudaFree would wait for NCCL's, whose sends may wait for a peer that is itself waiting in
+// cudaFree (a hang). Another stream is held busy by a host function until the allocation returns.
+TEST_F(CudaDeviceTest, ReleasingTheCacheNearCapacityDoesNotWaitForOtherStreams) {
+  std::unique_ptr<device::Device> small = device::cuda::MakeCudaDevice(0, 0, int64_t{64} << 20);
+  { Tensor cached(small.get(), {int64_t{10} << 20}, DType::kF32); }  // 40 MiB, then cached
+  ASSERT_EQ(small->allocator().cached_bytes(), int64_t{40} << 20);
+  cudaStream_t busy = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking), cudaSuccess);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  const cudaHostFn_t hold = [](void* data) {
+    static_cast<std::shared_future<void>*>(data)->wait();
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(busy, hold, &released), cudaSuccess);
+  auto allocation = std::async(std::launch::async, [&] {
+    cudaSetDevice(0);
+    return Tensor(small.get(), {int64_t{12} << 20}, DType::kF32);  // 48 MiB: the cache goes back
+  });
+  const bool returned = allocation.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  release.set_value();
+  ASSERT_EQ(cudaStreamSynchronize(busy), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(busy), cudaSuccess);
+  EXPECT_TRUE(returned) << "returning the cache waited for another stream";
+  const Tensor got = allocation.get();
+  EXPECT_EQ(small->allocator().cached_bytes(), 0);
+  EXPECT_EQ(small->allocator().current_bytes(), int64_t{48} << 20);
 }
 
 TEST_F(CudaDeviceTest, AFailedCallNamesTheCallTheRankAndTheDevice) {

@@ -158,24 +158,60 @@ int64_t CardFreeMemory(int ordinal, int world_rank) {
   return static_cast<int64_t>(free_bytes);
 }
 
+// The allocator's system memory. Where the card has a stream-ordered pool (cudaMallocAsync), blocks
+// come from it on the compute stream and return to it with cudaFreeAsync on that stream, so that
+// returning the cache near capacity synchronizes nothing. A plain cudaFree waits for every stream
+// of the device, NCCL's included: a send waiting for a peer that is itself waiting in cudaFree
+// never completes, and the ranks hang. Shared by the allocator's callbacks, which outlive the
+// stream: after Detach (the device's teardown, the stream drained) blocks return with cudaFree,
+// which does not synchronize for pool memory. Attach precedes the first allocation.
+class SystemBlocks {
+ public:
+  void Attach(cudaStream_t stream, bool pools) {
+    stream_ = stream;
+    pools_ = pools;
+  }
+  void Detach() { stream_ = nullptr; }
+
+  // Null when the card is out of memory (the allocator's business: it reports OOM in the CPU's
+  // words); any other failure is a device error.
+  void* Allocate(int64_t bytes) {
+    void* pointer = nullptr;
+    const cudaError_t status = pools_
+                                   ? cudaMallocAsync(&pointer, static_cast<size_t>(bytes), stream_)
+                                   : cudaMalloc(&pointer, static_cast<size_t>(bytes));
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    Check(status, pools_ ? "cudaMallocAsync" : "cudaMalloc", "the allocator");
+    return pointer;
+  }
+  // Best effort: a failing free has nowhere to go (the allocator frees in destructors).
+  void Free(void* pointer) {
+    if (pools_ && stream_ != nullptr) {
+      cudaFreeAsync(pointer, stream_);
+    } else {
+      cudaFree(pointer);
+    }
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  bool pools_ = false;
+};
+
+memory::SystemMemory SystemMemoryOf(const std::shared_ptr<SystemBlocks>& blocks) {
+  return {[blocks](int64_t bytes) { return blocks->Allocate(bytes); },
+          [blocks](void* pointer) { blocks->Free(pointer); }};
+}
+
 class CudaDevice : public Device {
  public:
-  CudaDevice(int ordinal, int world_rank, int64_t capacity)
-      : Device("cuda:" + std::to_string(ordinal), capacity,
-               memory::SystemMemory{[](int64_t bytes) -> void* {
-                                      void* pointer = nullptr;
-                                      // Out of memory is the allocator's business (it reports OOM
-                                      // in the CPU's words); any other failure is a device error.
-                                      const cudaError_t status =
-                                          cudaMalloc(&pointer, static_cast<size_t>(bytes));
-                                      if (status == cudaErrorMemoryAllocation) {
-                                        cudaGetLastError();
-                                        return nullptr;
-                                      }
-                                      Check(status, "cudaMalloc", "the allocator");
-                                      return pointer;
-                                    },
-                                    [](void* pointer) { cudaFree(pointer); }}) {
+  CudaDevice(int ordinal, int world_rank, int64_t capacity,
+             std::shared_ptr<SystemBlocks> blocks = std::make_shared<SystemBlocks>())
+      : Device("cuda:" + std::to_string(ordinal), capacity, SystemMemoryOf(blocks)),
+        blocks_(std::move(blocks)) {
     context_.ordinal = ordinal;
     context_.label = Label(ordinal, world_rank);
     context_.device = this;
@@ -189,6 +225,10 @@ class CudaDevice : public Device {
     gpu_name_ = props.name;
     total_memory_ = static_cast<int64_t>(props.totalGlobalMem);
     BIGMAC_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking), where);
+    int pools = 0;
+    BIGMAC_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal),
+                      where);
+    blocks_->Attach(context_.stream, pools != 0);
     BIGMAC_CUDA_CHECK(cublasLtCreate(&context_.blas_lt), where);
     BIGMAC_CUDA_CHECK(cudnnCreate(&context_.dnn), where);
     BIGMAC_CUDA_CHECK(cudnnSetStream(context_.dnn, context_.stream), where);
@@ -202,6 +242,7 @@ class CudaDevice : public Device {
   ~CudaDevice() override {
     // Best effort: a failing teardown must not hide the error that ended the run.
     cudaStreamSynchronize(context_.stream);
+    blocks_->Detach();  // the blocks still cached or alive return after this, with cudaFree
     cudaFreeHost(host_scratch_);
     if (host_sums_) cudaFreeHost(host_sums_);
     cudaFree(context_.reduce_scratch);
@@ -441,6 +482,7 @@ class CudaDevice : public Device {
     return static_cast<double*>(host_sums_);
   }
 
+  std::shared_ptr<SystemBlocks> blocks_;
   CudaContext context_;
   std::string gpu_name_;
   int64_t total_memory_ = 0;

@@ -3,8 +3,10 @@
 
 // CudaDevice: one GPU of a rank. It owns a compute stream, a cuBLASLt handle with its workspace
 // (32 MiB, one per stream, as Hopper's cuBLASLt wants), a cuDNN handle bound to the stream, and
-// the allocator's system memory: cudaMalloc/cudaFree under the caching DeviceAllocator, with the
-// card's memory as its capacity (never managed memory). Every call is checked
+// the allocator's system memory: the stream-ordered pool (cudaMallocAsync/cudaFreeAsync on the
+// compute stream, so that returning the cache never synchronizes the device; cudaMalloc where the
+// card has no pool) under the caching DeviceAllocator, with the card's memory as its capacity
+// (never managed memory). Every call is checked
 // (core/device/cuda/check.h); errors name the rank and the device.
 //
 // Lifetime: created by the CLI after device selection, destroyed last (after every tensor). Only

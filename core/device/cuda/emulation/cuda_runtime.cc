@@ -118,6 +118,7 @@ struct Allocation {
   size_t bytes = 0;
   char* map = nullptr;  // guard page, data pages, guard page
   size_t map_bytes = 0;
+  bool stream_ordered = false;  // from cudaMallocAsync: cudaFree of it does not synchronize
 };
 
 int64_t ParseBytes(const char* text) {
@@ -137,7 +138,7 @@ class Memory {
     return *memory;
   }
 
-  cudaError_t Allocate(void** pointer, size_t bytes) {
+  cudaError_t Allocate(void** pointer, size_t bytes, bool stream_ordered = false) {
     *pointer = nullptr;
     if (bytes == 0) return cudaSuccess;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -149,6 +150,7 @@ class Memory {
     const size_t data_pages = RoundUp(body, page);
     Allocation a;
     a.bytes = bytes;
+    a.stream_ordered = stream_ordered;
     a.map_bytes = data_pages + 2 * page;
     void* map =
         mmap(nullptr, a.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -197,6 +199,13 @@ class Memory {
     const auto p = reinterpret_cast<uintptr_t>(pointer);
     std::lock_guard<std::mutex> lock(mutex_);
     return InsideOne(live_, p, bytes, [](const Allocation& a) { return a.bytes; });
+  }
+
+  // Whether `pointer` starts a live allocation from cudaMallocAsync.
+  bool StreamOrdered(const void* pointer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(reinterpret_cast<uintptr_t>(pointer));
+    return it != live_.end() && it->second.stream_ordered;
   }
 
   int64_t capacity() const { return capacity_; }
@@ -387,6 +396,12 @@ class Streams {
     }
     WaitTicket(stream, ticket);
     return fresh;
+  }
+
+  // Waits for the stream's work so far on the runtime's behalf (not a host synchronization).
+  void Drain(cudaStream_t handle) {
+    CUstream_st* stream = Resolve(handle);
+    WaitTicket(stream, Ticket(stream));
   }
 
   void WaitAll() {
@@ -735,6 +750,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrWarpSize:
       *value = prop.warpSize;
       break;
+    case cudaDevAttrMemoryPoolsSupported:
+      *value = 1;
+      break;
     default:
       return Fail(cudaErrorInvalidValue,
                   "cudaDeviceGetAttribute: attribute " + std::to_string(attr) + " is not emulated");
@@ -756,25 +774,46 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
 
 cudaError_t cudaFree(void* pointer) {
   if (pointer == nullptr) return Ok();  // creates the context; no synchronization needed
-  // As the real one: the whole device finishes its work first.
-  emu::GetCounters().device_synchronizations++;
-  emu::Streams::Get().WaitAll();
+  // As the real one: the whole device finishes its work first, except for memory from
+  // cudaMallocAsync, whose caller has ensured that its uses are over.
+  if (!emu::Memory::Get().StreamOrdered(pointer)) {
+    emu::GetCounters().device_synchronizations++;
+    emu::Streams::Get().WaitAll();
+  }
   if (cudaError_t e = emu::Memory::Get().Release(pointer, "cudaFree"); e != cudaSuccess) return e;
   return Ok();
 }
 
+// The stream-ordered pool: memory freed on `stream` by cudaFreeAsync is reusable by a later
+// cudaMallocAsync on the same stream without any host or device synchronization. Emulated: when
+// the capacity is reached, the stream's queued work (its frees) runs first.
 cudaError_t cudaMallocAsync(void** pointer, size_t bytes, cudaStream_t stream) {
-  (void)stream;
-  return cudaMalloc(pointer, bytes);
+  if (cudaError_t e = Ok(); e != cudaSuccess) return e;
+  if (!emu::Streams::Get().IsLive(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  if (emu::Memory::Get().Allocate(pointer, bytes, true) == cudaSuccess) return cudaSuccess;
+  cudaGetLastError();
+  emu::Streams::Get().Drain(stream);
+  return emu::Memory::Get().Allocate(pointer, bytes, true);
 }
 
 cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
   if (pointer == nullptr) return Ok();
-  if (!emu::Memory::Get().Contains(pointer, 1)) {
-    return Fail(cudaErrorInvalidValue, "cudaFreeAsync: not a live device allocation");
+  if (!emu::Streams::Get().IsLive(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  if (!emu::Memory::Get().StreamOrdered(pointer)) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaFreeAsync: " + emu::Memory::Hex(pointer) +
+                    " is not a live allocation from cudaMallocAsync (BigMac frees cudaMalloc "
+                    "memory with cudaFree only)");
   }
   emu::Streams::Get().Enqueue(stream, "cudaFreeAsync",
                               [pointer] { emu::Memory::Get().Release(pointer, "cudaFreeAsync"); });
+  return Ok();
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (cudaError_t e = Ok(); e != cudaSuccess) return e;
+  if (fn == nullptr || !emu::Streams::Get().IsLive(stream)) return Fail(cudaErrorInvalidValue);
+  emu::Streams::Get().Enqueue(stream, "cudaLaunchHostFunc", [fn, user_data] { fn(user_data); });
   return Ok();
 }
 
