@@ -195,6 +195,18 @@ TEST_F(CudaDeviceTest, ReleasingTheCacheNearCapacityDoesNotWaitForOtherStreams) 
   EXPECT_EQ(small->allocator().current_bytes(), int64_t{48} << 20);
 }
 
+TEST_F(CudaDeviceTest, UnderEmulationABlockFromTheCacheReadsAsNanAgain) {
+  if (!comm::cuda::Emulated()) GTEST_SKIP() << "the NaN fill is the emulated device's sanitizer";
+  const std::vector<float> ones(1024, 1.0f);
+  Tensor first = Tensor::ForOverwrite(gpu_.get(), {1024}, DType::kF32);
+  first.CopyFromHost(ones.data());
+  const int64_t system = gpu_->allocator().system_allocations();
+  first = Tensor();
+  const Tensor second = Tensor::ForOverwrite(gpu_.get(), {1024}, DType::kF32);
+  EXPECT_EQ(gpu_->allocator().system_allocations(), system) << "the block was not reused";
+  for (float v : Host(second)) ASSERT_TRUE(std::isnan(v)) << "a reused block kept " << v;
+}
+
 TEST_F(CudaDeviceTest, AFailedCallNamesTheCallTheRankAndTheDevice) {
   try {
     device::cuda::MakeCudaDevice(999, 3);

@@ -128,6 +128,35 @@ TEST(EmulatedDevice, WarpShufflesBallotAndAllFollowTheLaneMask) {
   RunWarpOps(16);  // one partial warp, mask of its 16 lanes
 }
 
+// The low half-warp does an exchange of its own first (a sub-mask), then the whole warp rotates
+// its values by one lane, twice in a row: each lane must read what its neighbour posted for that
+// very exchange, however many warp operations each lane did before.
+__global__ void DivergentWarpOpsKernel(int* first, int* second) {
+  const int lane = threadIdx.x % 32;
+  int v = lane * 10;
+  if (lane < 16) v += __shfl_xor_sync(0x0000ffffu, 1000, 1);
+  first[threadIdx.x] = __shfl_sync(0xffffffffu, v, (lane + 1) % 32);
+  second[threadIdx.x] = __shfl_sync(0xffffffffu, v + 1, (lane + 31) % 32);
+}
+
+TEST(EmulatedDevice, WarpExchangesAfterSubMaskOperationsReadTheirOwnRound) {
+  int *first = nullptr, *second = nullptr;
+  ASSERT_CUDA(cudaMalloc(&first, 32 * sizeof(int)));
+  ASSERT_CUDA(cudaMalloc(&second, 32 * sizeof(int)));
+  LaunchKernel("DivergentWarpOpsKernel", DivergentWarpOpsKernel, 1, 32, 0, nullptr, first, second);
+  ASSERT_CUDA(cudaGetLastError());
+  std::vector<int> got_first(32), got_second(32);
+  ASSERT_CUDA(cudaMemcpy(got_first.data(), first, sizeof(int) * 32, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(got_second.data(), second, sizeof(int) * 32, cudaMemcpyDeviceToHost));
+  auto posted = [](int lane) { return lane * 10 + (lane < 16 ? 1000 : 0); };
+  for (int lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(got_first[lane], posted((lane + 1) % 32)) << "lane " << lane;
+    EXPECT_EQ(got_second[lane], posted((lane + 31) % 32) + 1) << "lane " << lane;
+  }
+  ASSERT_CUDA(cudaFree(first));
+  ASSERT_CUDA(cudaFree(second));
+}
+
 __global__ void DynamicSharedKernel(float* out, int n) {
   BIGMAC_DYNAMIC_SHARED(float, buffer);
   for (int i = threadIdx.x; i < n; i += blockDim.x) buffer[i] = static_cast<float>(i);

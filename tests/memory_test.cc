@@ -49,6 +49,21 @@ TEST(Allocator, FreedBlocksAreReusedWithoutSystemAllocations) {
   EXPECT_EQ(allocator.peak_bytes(), 3 * kMiB + 1000 + 2 * 990);
 }
 
+TEST(Allocator, TheReusedHookSeesCachedBlocksOnly) {
+  std::vector<std::pair<void*, int64_t>> reused;
+  memory::SystemMemory system = memory::SystemMemory::Host();
+  system.reused = [&](void* pointer, int64_t bytes) { reused.emplace_back(pointer, bytes); };
+  DeviceAllocator allocator("cpu:0", 64 * kMiB, system);
+  void* a = allocator.Allocate(1000);
+  EXPECT_TRUE(reused.empty()) << "memory from the system is not a reused block";
+  allocator.Free(a);
+  EXPECT_EQ(allocator.Allocate(1000), a);
+  ASSERT_EQ(reused.size(), 1u);
+  EXPECT_EQ(reused[0].first, a);
+  EXPECT_EQ(reused[0].second, 1024);  // the whole size class
+  allocator.Free(a);
+}
+
 TEST(Allocator, TheCacheGivesWayToAnAllocationThatFitsTheCapacity) {
   DeviceAllocator allocator("cpu:0", 10 * kMiB);
   allocator.Free(allocator.Allocate(6 * kMiB));

@@ -153,7 +153,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], v
             name = copy + "_copy",
             srcs = [src],
             outs = [copy],
-            cmd = "cp $< $@",
+            # The #line keeps the .cu file's name in errors, debuggers and gcov.
+            cmd = "(echo '#line 1 \"$<\"'; cat $<) > $@",
             testonly = True,
         )
         copies.append(copy)

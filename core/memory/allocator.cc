@@ -63,6 +63,7 @@ void* DeviceAllocator::Allocate(int64_t bytes) {
     pointer = it->second.back();
     it->second.pop_back();
     cached_ -= rounded;
+    if (system_.reused) system_.reused(pointer, rounded);
   } else {
     // Live and cached memory together stay within the capacity: drop the cache if they would not.
     if (rounded > capacity_ - current_ - cached_) ReleaseCacheLocked();

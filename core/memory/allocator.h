@@ -28,6 +28,9 @@ class OutOfMemoryError : public std::runtime_error {
 struct SystemMemory {
   std::function<void*(int64_t bytes)> allocate;
   std::function<void(void* pointer)> free;
+  // Optional: called when a cached block is handed out again (the emulated CUDA device fills it
+  // with NaN, as it does new memory, so that a read of memory nobody wrote shows).
+  std::function<void(void* pointer, int64_t bytes)> reused;
   static SystemMemory Host();
 };
 

@@ -11,6 +11,10 @@
 #include <vector>
 
 #include "core/device/cuda/cuda_device.h"
+
+#ifdef BIGMAC_CUDA_EMULATION
+#include "core/device/cuda/emulation/runtime.h"
+#endif
 #include "core/device/cuda/launch.h"
 
 namespace bigmac::device::cuda {
@@ -196,14 +200,28 @@ class SystemBlocks {
     }
   }
 
+#ifdef BIGMAC_CUDA_EMULATION
+  // In stream order: after every earlier use of the block on the compute stream.
+  void Poison(void* pointer, int64_t bytes) {
+    emulation::Enqueue(stream_, "NaN fill of a reused block", [pointer, bytes] {
+      std::memset(pointer, 0xff, static_cast<size_t>(bytes));
+    });
+  }
+#endif
+
  private:
   cudaStream_t stream_ = nullptr;
   bool pools_ = false;
 };
 
 memory::SystemMemory SystemMemoryOf(const std::shared_ptr<SystemBlocks>& blocks) {
-  return {[blocks](int64_t bytes) { return blocks->Allocate(bytes); },
-          [blocks](void* pointer) { blocks->Free(pointer); }};
+  memory::SystemMemory system{[blocks](int64_t bytes) { return blocks->Allocate(bytes); },
+                              [blocks](void* pointer) { blocks->Free(pointer); }};
+#ifdef BIGMAC_CUDA_EMULATION
+  // A block from the cache reads as NaN again, as new device memory does under emulation.
+  system.reused = [blocks](void* pointer, int64_t bytes) { blocks->Poison(pointer, bytes); };
+#endif
+  return system;
 }
 
 class CudaDevice : public Device {

@@ -79,7 +79,6 @@ struct Fiber {
   ThreadCoordinates coordinates{};
   FiberState state = FiberState::kReady;
   unsigned warp_mask = 0;       // while kAtWarpBarrier: the lanes it waits for
-  uint64_t warp_syncs = 0;      // warp exchanges done: selects the exchange buffer
   const char* waiting_in = "";  // the operation it waits in, for reports
 };
 
@@ -104,6 +103,8 @@ struct BlockFailure {
 // Runs blocks on the calling OS thread. One per OS thread, reused across launches (its stacks
 // too).
 class BlockRunner {
+  struct Warp;
+
  public:
   void Run(const Launch& launch, uint3 block_idx) {
     launch_ = &launch;
@@ -157,32 +158,45 @@ class BlockRunner {
     Yield();
   }
 
+  // Each lane posts its value (and the lane it reads); the last lane to arrive resolves every
+  // lane's result before any goes on, so no later warp operation can overwrite what a lane has
+  // yet to read, whatever masks the lanes use in between.
   uint64_t Exchange(unsigned mask, uint64_t value, int source_lane, const char* operation) {
     const int lane = static_cast<int>(current_ % kWarpSize);
     Warp& warp = warps_[current_ / kWarpSize];
-    const int parity = static_cast<int>(fibers_[current_].warp_syncs & 1);
-    warp.values[parity][lane] = value;
-    WarpBarrier(mask, operation);
-    if (source_lane < 0 || source_lane >= kWarpSize || !(mask >> source_lane & 1u)) return value;
-    return warp.values[parity][source_lane];
+    warp.values[lane] = value;
+    warp.sources[lane] = source_lane;
+    WarpBarrier(mask, operation, [](Warp& w, unsigned m) {
+      for (unsigned lanes = m; lanes != 0; lanes &= lanes - 1) {
+        const int l = std::countr_zero(lanes);
+        const int from = w.sources[l];
+        const bool valid = from >= 0 && from < kWarpSize && (m >> from & 1u);
+        w.results[l] = valid ? w.values[from] : w.values[l];
+      }
+    });
+    return warp.results[lane];
   }
 
   unsigned Ballot(unsigned mask, bool predicate, const char* operation) {
     const int lane = static_cast<int>(current_ % kWarpSize);
     Warp& warp = warps_[current_ / kWarpSize];
-    const int parity = static_cast<int>(fibers_[current_].warp_syncs & 1);
-    warp.values[parity][lane] = predicate ? 1 : 0;
-    WarpBarrier(mask, operation);
-    unsigned bits = 0;
-    for (int l = 0; l < kWarpSize; ++l) {
-      if ((mask >> l & 1u) && warp.values[parity][l] != 0) bits |= 1u << l;
-    }
-    return bits;
+    warp.values[lane] = predicate ? 1 : 0;
+    WarpBarrier(mask, operation, [](Warp& w, unsigned m) {
+      unsigned bits = 0;
+      for (unsigned lanes = m; lanes != 0; lanes &= lanes - 1) {
+        const int l = std::countr_zero(lanes);
+        if (w.values[l] != 0) bits |= 1u << l;
+      }
+      for (unsigned lanes = m; lanes != 0; lanes &= lanes - 1)
+        w.results[std::countr_zero(lanes)] = bits;
+    });
+    return static_cast<unsigned>(warp.results[lane]);
   }
 
   // Released when every lane of the mask waits here with the same mask. Per-warp bit sets keep
   // an arrival O(1): the exchanges of a warp reduction arrive here 32 times per step.
-  void WarpBarrier(unsigned mask, const char* operation) {
+  using Resolve = void (*)(Warp& warp, unsigned mask);
+  void WarpBarrier(unsigned mask, const char* operation, Resolve resolve = nullptr) {
     const int lane = static_cast<int>(current_ % kWarpSize);
     Warp& warp = warps_[current_ / kWarpSize];
     Fiber& me = fibers_[current_];
@@ -198,7 +212,6 @@ class BlockRunner {
       Fail(std::string(operation) + " with mask 0x" + Hex(mask) + ": lane " +
            std::to_string(std::countr_zero(mask & warp.exited)) + " has exited");
     }
-    ++me.warp_syncs;
     if (warp.waiting == 0) warp.waiting_mask = mask;
     if (warp.waiting_mask != mask) {
       Fail(std::string(operation) + " with mask 0x" + Hex(mask) + " while lanes 0x" +
@@ -211,7 +224,8 @@ class BlockRunner {
       Yield();
       return;
     }
-    // The last to arrive releases the others and goes on at once.
+    // The last to arrive resolves the operation, releases the others and goes on at once.
+    if (resolve != nullptr) resolve(warp, mask);
     const int warp_base = static_cast<int>(current_ - lane);
     for (unsigned others = mask & ~(1u << lane); others != 0; others &= others - 1) {
       fibers_[warp_base + std::countr_zero(others)].state = FiberState::kReady;
@@ -225,11 +239,13 @@ class BlockRunner {
 
  private:
   struct Warp {
-    uint64_t values[2][kWarpSize] = {};
-    unsigned existing = 0;      // the lanes this block has in the warp
-    unsigned exited = 0;        // lanes that have returned
-    unsigned waiting = 0;       // lanes at the warp barrier
-    unsigned waiting_mask = 0;  // the mask they wait with
+    uint64_t values[kWarpSize] = {};   // posted by each lane at a shuffle or ballot
+    int sources[kWarpSize] = {};       // the lane each reads (a shuffle)
+    uint64_t results[kWarpSize] = {};  // resolved by the last lane to arrive
+    unsigned existing = 0;             // the lanes this block has in the warp
+    unsigned exited = 0;               // lanes that have returned
+    unsigned waiting = 0;              // lanes at the warp barrier
+    unsigned waiting_mask = 0;         // the mask they wait with
   };
 
   static std::string Hex(unsigned v) {
