@@ -14,7 +14,11 @@ base=${BIGMAC_COVERAGE_OUTPUT_BASE:-$HOME/.cache/bigmac-coverage}
 bz=(bazel --output_base="$base")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
 scope='(stages/cuda|core/device/cuda|stages/gpt/cuda|core/comm/nccl)/[^/]*\.(cc|cu)$'
-flags=(--symlink_prefix=/ "--per_file_copt=.*($scope|_emulated_.*\.cc$)@--coverage,-O0"
+# Compiles run unsandboxed so that gcc's .gcno notes stay next to the objects (they are no
+# declared output), and tests too, so that their .gcda counts stay; the extra define keys those
+# compiles apart from ones that left no notes.
+flags=(--symlink_prefix=/ --strategy=CppCompile=local --strategy=TestRunner=local
+  "--per_file_copt=.*($scope|_emulated_.*\.cc$)@--coverage,-O0,-DBIGMAC_GCOV_NOTES"
   --linkopt=--coverage --test_output=errors)
 mapfile -t tests < <("${bz[@]}" query 'attr(name, "emulated", tests(//tests/...))' 2>/dev/null)
 execroot=$("${bz[@]}" info "${flags[@]}" execution_root 2>/dev/null)
@@ -26,22 +30,34 @@ status=0
 grep -E "^//tests:" "$base.log" || tail -20 "$base.log"
 
 python3 - "$execroot" "$bin" "$scope" "$verbose" <<'PY'
-import gzip, json, os, re, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile
 execroot, bin_dir, scope, verbose = sys.argv[1:5]
 scope = re.compile(scope)
 hits = {}      # file -> {line: count}
 kernels = {}   # file -> set of lines inside __global__ functions
 work = tempfile.mkdtemp()
+# Each test writes its .gcda counts under its runfiles tree (the objects' relative paths), while
+# gcc left the .gcno notes beside the objects: pair them in a scratch directory, one at a time.
 for root, _, names in os.walk(bin_dir):
     for name in names:
         if not name.endswith(".gcda"):
             continue
-        subprocess.run(["gcov", "-j", "-o", root, os.path.join(root, name)], cwd=work,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for out in os.listdir(work):
-            with gzip.open(os.path.join(work, out)) as f:
-                report = json.load(f)
-            os.remove(os.path.join(work, out))
+        gcda = os.path.join(root, name)
+        rel = gcda.split(".runfiles/bigmac/", 1)[-1] if ".runfiles/bigmac/" in gcda else \
+            os.path.relpath(gcda, execroot)
+        gcno = os.path.join(execroot, rel[:-len(".gcda")] + ".gcno")
+        if not os.path.exists(gcno):
+            continue
+        for stale in os.listdir(work):
+            os.remove(os.path.join(work, stale))
+        shutil.copy(gcda, os.path.join(work, "object.gcda"))
+        shutil.copy(gcno, os.path.join(work, "object.gcno"))
+        out = subprocess.run(["gcov", "-j", "-t", "-o", work, os.path.join(work, "object.gcda")],
+                             cwd=execroot, capture_output=True, text=True).stdout
+        for text_line in out.splitlines():
+            if not text_line.startswith("{"):
+                continue
+            report = json.loads(text_line)
             for entry in report["files"]:
                 path = os.path.normpath(entry["file"])
                 if os.path.isabs(path):
