@@ -10,16 +10,17 @@
 #include "core/util/simd.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "stages/cpu/math.h"
+#include "stages/numerics.h"
 
 namespace bigmac::sdk::cpu {
 namespace {
 
+using ::bigmac::stages::kGeluCubic;
+using ::bigmac::stages::kLayerNormEpsilon;
 using internal::Exp;
 using internal::Gemm;
 using internal::SoftmaxBackwardInPlace;
 using internal::SoftmaxInPlace;
-
-constexpr double kLayerNormEps = 1e-5;
 
 // This OpenMP thread's share [begin, end) of `columns`, in contiguous blocks.
 std::pair<int, int> ThreadColumns(int columns) {
@@ -89,7 +90,7 @@ BIGMAC_SIMD_CLONES void LayerNormForward(T* out, T* mean, T* rstd, const T* inp,
 #pragma omp simd reduction(+ : var)
     for (int i = 0; i < c; ++i) var += (x[i] - m) * (x[i] - m);
     var /= c;
-    const T s = T(1) / std::sqrt(var + T(kLayerNormEps));
+    const T s = T(1) / std::sqrt(var + T(kLayerNormEpsilon));
     T* o = out + int64_t{row} * c;
     for (int i = 0; i < c; ++i) o[i] = (x[i] - m) * s * w[i] + b[i];
     mean[row] = m;
@@ -233,7 +234,7 @@ BIGMAC_SIMD_CLONES void GeluForward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
-    const T u = k * (x + T(0.044715) * x * x * x);
+    const T u = k * (x + T(kGeluCubic) * x * x * x);
     out[i] = x / (T(1) + Exp(T(-2) * u));
   }
 }
@@ -245,9 +246,9 @@ BIGMAC_SIMD_CLONES void GeluBackward(T* dinp, const T* inp, const T* dout, int64
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
-    const T u = k * (x + T(0.044715) * x * x * x);
+    const T u = k * (x + T(kGeluCubic) * x * x * x);
     const T s = T(1) / (T(1) + Exp(T(-2) * u));
-    const T grad = s + T(2) * x * s * (T(1) - s) * k * (T(1) + T(3 * 0.044715) * x * x);
+    const T grad = s + T(2) * x * s * (T(1) - s) * k * (T(1) + T(3 * kGeluCubic) * x * x);
     dinp[i] = grad * dout[i];
   }
 }

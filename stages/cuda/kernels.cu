@@ -24,6 +24,7 @@
 #include "core/device/cuda/context.h"
 #include "core/device/cuda/launch.h"
 #include "stages/cuda/kernels.h"
+#include "stages/numerics.h"
 
 namespace bigmac::stages::cuda {
 namespace {
@@ -33,7 +34,8 @@ using device::cuda::CheckLaunch;
 using device::cuda::kReduceScratchBytes;
 using device::cuda::LaunchKernel;
 
-constexpr float kLayerNormEps = 1e-5f;  // as the CPU's kLayerNormEps
+constexpr float kLayerNormEps = static_cast<float>(::bigmac::stages::kLayerNormEpsilon);
+constexpr float kGeluCubic = static_cast<float>(::bigmac::stages::kGeluCubic);
 constexpr int kWarp = 32;
 
 // ---------------------------------------------------------------------------------------------
@@ -269,7 +271,7 @@ void Map2(const char* name, const CallSite& site, T* out, const T* a, const T* b
 struct GeluOp {
   float k;
   __device__ float operator()(float x) const {
-    const float u = k * (x + 0.044715f * x * x * x);
+    const float u = k * (x + kGeluCubic * x * x * x);
     return x / (1.0f + expf(-2.0f * u));
   }
 };
@@ -278,9 +280,9 @@ struct GeluOp {
 struct GeluBackwardOp {
   float k;
   __device__ float operator()(float x, float dout) const {
-    const float u = k * (x + 0.044715f * x * x * x);
+    const float u = k * (x + kGeluCubic * x * x * x);
     const float s = 1.0f / (1.0f + expf(-2.0f * u));
-    constexpr float k3 = static_cast<float>(3 * 0.044715);
+    constexpr float k3 = static_cast<float>(3 * ::bigmac::stages::kGeluCubic);
     const float grad = s + 2.0f * x * s * (1.0f - s) * k * (1.0f + k3 * x * x);
     return grad * dout;
   }
