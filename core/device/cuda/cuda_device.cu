@@ -254,14 +254,14 @@ class CudaDevice : public Device {
     // capacity was measured after they were taken.
     BIGMAC_CUDA_CHECK(cudaMalloc(&context_.blas_workspace, kBlasWorkspaceBytes), where);
     BIGMAC_CUDA_CHECK(cudaMalloc(&context_.reduce_scratch, kReduceScratchBytes), where);
-    BIGMAC_CUDA_CHECK(cudaMallocHost(&host_scratch_, sizeof(double) + sizeof(int)), where);
+    BIGMAC_CUDA_CHECK(cudaMallocHost(&host_flag_, sizeof(int)), where);
   }
 
   ~CudaDevice() override {
     // Best effort: a failing teardown must not hide the error that ended the run.
     cudaStreamSynchronize(context_.stream);
     blocks_->Detach();  // the blocks still cached or alive return after this, with cudaFree
-    cudaFreeHost(host_scratch_);
+    cudaFreeHost(host_flag_);
     if (host_sums_) cudaFreeHost(host_sums_);
     cudaFree(context_.reduce_scratch);
     cudaFree(context_.blas_workspace);
@@ -461,7 +461,7 @@ class CudaDevice : public Device {
         launch(static_cast<const T*>(data));
       });
     }
-    int* host = reinterpret_cast<int*>(static_cast<char*>(host_scratch_) + sizeof(double));
+    int* host = static_cast<int*>(host_flag_);
     BIGMAC_CUDA_CHECK(
         cudaMemcpyAsync(host, flag, sizeof(int), cudaMemcpyDeviceToHost, context_.stream),
         site.where);
@@ -504,8 +504,8 @@ class CudaDevice : public Device {
   CudaContext context_;
   std::string gpu_name_;
   int64_t total_memory_ = 0;
-  void* host_scratch_ = nullptr;  // pinned: a double (unused) and an int (finite flag)
-  void* host_sums_ = nullptr;     // pinned: SumSquaresEach's totals
+  void* host_flag_ = nullptr;  // pinned: AllFinite's int flag
+  void* host_sums_ = nullptr;  // pinned: SumSquaresEach's totals
   int64_t host_sums_capacity_ = 0;
 };
 

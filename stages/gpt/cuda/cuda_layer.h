@@ -66,9 +66,9 @@ class CudaGptLayer : public layer::Layer {
 
   // Outputs and activations: every one is written whole by the kernel or GEMM that produces it
   // before anything reads it (the CPU's ForOverwrite rule), so no zeroing pass. The logits'
-  // padding columns are never written nor read. The emulated device fills new cudaMalloc blocks
-  // with NaN (a first step that reads such a tensor fails), but the caching allocator hands
-  // freed blocks back unfilled: emulated_train_test's comparison with the CPU is the check.
+  // padding columns are never written nor read. The emulated device fills new blocks, and blocks
+  // the caching allocator hands out again, with NaN: a kernel that reads what nobody wrote fails
+  // emulated_train_test's comparison with the CPU.
   Tensor New(std::vector<int64_t> shape) const {
     return Tensor::ForOverwrite(spec_.device, shape, kActivation);
   }
