@@ -62,8 +62,8 @@ struct Model {
     stage->SyncTiedCopies();
   }
 
-  std::string Save(const std::string& root, int64_t step = 1) {
-    return checkpoint::Save(root, step, *resolved, stage->State(), adamw, *comm, 2).dir;
+  std::string Save(const std::string& root, int64_t step = 1, const util::FaultPlan& faults = {}) {
+    return checkpoint::Save(root, step, *resolved, stage->State(), adamw, *comm, 2, "", faults).dir;
   }
   int64_t Load(const std::string& step_dir) {
     return checkpoint::Load(step_dir, *resolved, stage->State(), adamw, *comm);
@@ -297,9 +297,10 @@ TEST(SaveReport, CarriesAWritersErrorToEveryRank) {
   Model model(1);
   const std::string root = FreshRoot("report");
   model.Save(root, 1);
-  setenv("BIGMAC_TEST_FAIL_CHECKPOINT", "2", 1);
+  util::FaultPlan full_disk;
+  full_disk.fail_checkpoint_step = 2;
   try {
-    model.Save(root, 2);
+    model.Save(root, 2, full_disk);
     FAIL() << "the injected full disk must fail the save";
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find(
@@ -307,7 +308,6 @@ TEST(SaveReport, CarriesAWritersErrorToEveryRank) {
               std::string::npos)
         << e.what();
   }
-  unsetenv("BIGMAC_TEST_FAIL_CHECKPOINT");
   EXPECT_FALSE(fs::exists(root + "/step_000002"));
   EXPECT_TRUE(fs::exists(root + "/step_000001"));
 }

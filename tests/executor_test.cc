@@ -90,34 +90,33 @@ TEST(Executor, ASecondReceiveForTheSameMicroBatchAndStageThrows) {
 
 TEST(Executor, Bf16ActivationsTravelAsBf16) {
   TwoStages two(/*bf16=*/true);
-  const int64_t before = two.comm->activation_bytes_sent();
+  const int64_t before = two.comm->links().activation_bytes_sent();
   two.Run(kForwardBackward);
   // One activation and one gradient of 2x8x16, two bytes each.
-  EXPECT_EQ(two.comm->activation_bytes_sent() - before, 2 * (2 * 8 * 16 * 2));
+  EXPECT_EQ(two.comm->links().activation_bytes_sent() - before, 2 * (2 * 8 * 16 * 2));
   TwoStages fp32;
   fp32.Run(kForwardBackward);
-  EXPECT_EQ(fp32.comm->activation_bytes_sent(), 2 * (2 * 8 * 16 * 4));
+  EXPECT_EQ(fp32.comm->links().activation_bytes_sent(), 2 * (2 * 8 * 16 * 4));
 }
 
 // One rank of a two-replica data-parallel group with identical replicas: a reduction doubles its
 // tensor, but only once it is tested or waited for (as if it were still in flight before). Records
 // every reduction it starts: its size, and whether the stage still held activations then (that
 // is, whether the backward was still running).
-class FakeDpComm : public comm::LocalPipelineComm {
+class FakeDpGroup : public comm::LocalGroup {
  public:
-  explicit FakeDpComm(const engine::Stage* stage) : stage_(stage) {}
-  int dp_size() const override { return 2; }
-  void AllReduceSumDp(memory::Tensor* tensor) override { Double(tensor); }
-  int StartAllReduceSumDp(memory::Tensor* tensor, const std::string& what) override {
+  explicit FakeDpGroup(const engine::Stage* stage) : LocalGroup("dp"), stage_(stage) {}
+  int size() const override { return 2; }
+  int StartAllReduce(memory::Tensor* tensor, comm::ReduceOp, const std::string& what) override {
     started.push_back({tensor->numel(), stage_->in_flight() > 0, what});
     in_flight_.push_back(tensor);
     return static_cast<int>(in_flight_.size()) - 1;
   }
-  bool TestAllReduce(int handle) override {
+  bool Test(int handle) override {
     Complete(handle);
     return true;
   }
-  void WaitAllReduces() override {
+  void WaitAll() override {
     for (size_t i = 0; i < in_flight_.size(); ++i) Complete(static_cast<int>(i));
     in_flight_.clear();
   }
@@ -143,6 +142,17 @@ class FakeDpComm : public comm::LocalPipelineComm {
   std::vector<memory::Tensor*> in_flight_;
 };
 
+// The local transport with a FakeDpGroup for its dp group.
+struct FakeDpComm {
+  explicit FakeDpComm(const engine::Stage* stage) {
+    auto group = std::make_unique<FakeDpGroup>(stage);
+    dp = group.get();
+    transport = comm::MakeLocalPipelineComm(std::move(group));
+  }
+  FakeDpGroup* dp;  // owned by transport
+  std::unique_ptr<comm::PipelineComm> transport;
+};
+
 // Every owned gradient of the stage, flattened in OwnedParams order.
 std::vector<float> Gradients(engine::Stage& stage) {
   std::vector<float> all;
@@ -158,7 +168,7 @@ std::vector<float> Gradients(engine::Stage& stage) {
 struct DpRun {
   std::vector<float> reduced;
   std::vector<float> local;  // after the flush, before the tail
-  std::vector<FakeDpComm::Started> started;
+  std::vector<FakeDpGroup::Started> started;
   int overlapped = 0;
   size_t buckets = 0;
 };
@@ -171,7 +181,8 @@ DpRun RunWithDp(bool overlap, int64_t bucket_bytes) {
       "F0@s0 SendAct0@s0>r0 RecvAct0@s1<r0 F0@s1 B0@s1 SendGrad0@s1>r0 RecvGrad0@s0<r0 B0@s0 ";
   std::string mb1 = mb0;
   for (size_t at; (at = mb1.find("0@")) != std::string::npos;) mb1[at] = '1';
-  engine::Executor executor(two.stage.get(), &comm, spec, 16, schedule::ParseActions(mb0 + mb1),
+  engine::Executor executor(two.stage.get(), comm.transport.get(), spec, 16,
+                            schedule::ParseActions(mb0 + mb1),
                             schedule::ParseActions("ReduceTied ReduceDp OptimizerStep"));
   executor.set_dp_reduce({overlap, bucket_bytes});
   two.stage->ZeroGrads();
@@ -179,7 +190,7 @@ DpRun RunWithDp(bool overlap, int64_t bucket_bytes) {
   DpRun run;
   run.local = Gradients(*two.stage);  // serial: nothing is reduced before the tail
   executor.RunTail([&] { run.reduced = Gradients(*two.stage); });
-  run.started = comm.started;
+  run.started = comm.dp->started;
   run.overlapped = executor.dp_reducer().started_early();
   run.buckets = executor.dp_reducer().buckets().size();
   return run;
@@ -187,7 +198,6 @@ DpRun RunWithDp(bool overlap, int64_t bucket_bytes) {
 
 TEST(DpReduce, BucketsFollowReverseLayerOrderWithTheTiedWeightLast) {
   TwoStages two;
-  FakeDpComm comm(two.stage.get());
   // 1 byte: every parameter is a bucket of its own.
   const std::vector<engine::DpBucket> each = engine::MakeDpBuckets(*two.stage, 1);
   const std::vector<engine::Stage::NamedParam> owned = two.stage->OwnedParams();

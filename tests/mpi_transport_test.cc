@@ -70,13 +70,13 @@ int ChildSends(comm::MpiWorld& world) {
     memory::Tensor tensor(two.cpu.get(), {n}, memory::DType::kF32);
     for (int64_t i = 0; i < n; ++i) tensor.data<float>()[i] = static_cast<float>(i % 1000);
     const auto start = Clock::now();
-    two.comm->Send(std::move(tensor), 1, comm::ActivationTag(1, 0), "SendAct0@s0>r1");
+    two.comm->links().Send(std::move(tensor), 1, comm::ActivationTag(1, 0), "SendAct0@s0>r1");
     std::printf("RESULT send_ms=%.3f\n", MsSince(start));
-    two.comm->FinishSends();
+    two.comm->links().FinishSends();
     std::printf("RESULT delivered_ms=%.3f\n", MsSince(start));
   } else {
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const memory::Tensor got = two.comm->Receive(
+    const memory::Tensor got = two.comm->links().Receive(
         0, comm::ActivationTag(1, 0), {n}, memory::DType::kF32, two.cpu.get(), "RecvAct0@s1<r0");
     bool same = true;
     for (int64_t i = 0; i < n; ++i) same = same && got.data<float>()[i] == float(i % 1000);
@@ -89,7 +89,7 @@ int ChildSends(comm::MpiWorld& world) {
 // for it: started at once, not complete when first tested, exact once waited for.
 int ChildReduce(comm::MpiWorld& world) {
   TwoRanks two(world, 1, 2, 30);
-  comm::PipelineComm& comm = *two.comm;
+  comm::Group& dp = two.comm->dp();
   const int r = two.rank;
   const int64_t n = 300000;
   memory::Tensor f32(two.cpu.get(), {n}, memory::DType::kF32);
@@ -101,17 +101,17 @@ int ChildReduce(comm::MpiWorld& world) {
     bf16.data<memory::BFloat16>()[i] = memory::ToBFloat16(float(i) + 0.5f * r);
   if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
   const auto start = Clock::now();
-  const int a = comm.StartAllReduceSumDp(&f32, "bucket 1 of 3");
-  const int b = comm.StartAllReduceSumDp(&f64, "bucket 2 of 3");
-  const int c = comm.StartAllReduceSumDp(&bf16, "bucket 3 of 3");
+  const int a = dp.StartAllReduce(&f32, comm::ReduceOp::kSum, "bucket 1 of 3");
+  const int b = dp.StartAllReduce(&f64, comm::ReduceOp::kSum, "bucket 2 of 3");
+  const int c = dp.StartAllReduce(&bf16, comm::ReduceOp::kSum, "bucket 3 of 3");
   std::printf("RESULT handles=%d,%d,%d\n", a, b, c);
   std::printf("RESULT start_ms=%.3f\n", MsSince(start));
-  if (r == 0) std::printf("RESULT complete_at_once=%d\n", comm.TestAllReduce(a) ? 1 : 0);
+  if (r == 0) std::printf("RESULT complete_at_once=%d\n", dp.Test(a) ? 1 : 0);
   // Rank 1 polls its bf16 reduction to completion (the result comes back through Test).
   if (r == 1) {
-    while (!comm.TestAllReduce(c)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    while (!dp.Test(c)) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  comm.WaitAllReduces();
+  dp.WaitAll();
   std::printf("RESULT waited_ms=%.3f\n", MsSince(start));
   bool exact = true;
   for (int64_t i = 0; i < n; ++i) exact = exact && f32.data<float>()[i] == 0.75f * float(i % 97);
@@ -120,8 +120,8 @@ int ChildReduce(comm::MpiWorld& world) {
     exact = exact && memory::ToFloat(bf16.data<memory::BFloat16>()[i]) == 2 * float(i) + 0.5f;
   std::printf("RESULT exact=%d\n", exact ? 1 : 0);
   // A second round numbers its handles from 0 again.
-  std::printf("RESULT next_handle=%d\n", comm.StartAllReduceSumDp(&f64, "again"));
-  comm.WaitAllReduces();
+  std::printf("RESULT next_handle=%d\n", dp.StartAllReduce(&f64, comm::ReduceOp::kSum, "again"));
+  dp.WaitAll();
   return 0;
 }
 
@@ -131,13 +131,14 @@ int ChildDeadline(comm::MpiWorld& world) {
   memory::Tensor tensor(two.cpu.get(), {1000}, memory::DType::kF32);
   tensor.Zero();
   if (two.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
-  two.comm->StartAllReduceSumDp(&tensor, "ReduceDp: all-reduce of bucket 2 of 4 (block 1/mlp)");
+  two.comm->dp().StartAllReduce(&tensor, comm::ReduceOp::kSum,
+                                "ReduceDp: all-reduce of bucket 2 of 4 (block 1/mlp)");
   try {
-    two.comm->WaitAllReduces();
+    two.comm->dp().WaitAll();
     std::printf("RESULT deadline=0\n");
   } catch (const comm::DeadlineError& error) {
     std::printf("RESULT deadline=1\nRESULT message=%s\n", error.what());
-    two.comm->WaitAllReduces();  // rank 1 has joined by now: both finish cleanly
+    two.comm->dp().WaitAll();  // rank 1 has joined by now: both finish cleanly
   }
   return 0;
 }
@@ -152,7 +153,7 @@ float Piece(int r, int64_t i) {
 // bitwise; the all-gather brings every rank's shard, whatever the other elements held.
 int ChildShards(comm::MpiWorld& world) {
   TwoRanks four(world, 1, 4, 30);
-  comm::PipelineComm& comm = *four.comm;
+  comm::Group& dp = four.comm->dp();
   const int r = four.rank;
   const int64_t n = 4 * 1001;
   const int64_t odd = n - 3;
@@ -171,11 +172,11 @@ int ChildShards(comm::MpiWorld& world) {
   const comm::ShardRange own = comm::DpShardOf(n, 4, r);
   for (int64_t i = 0; i < n; ++i)
     gathered.data<float>()[i] = own.begin <= i && i < own.end ? ordered(i) : std::nanf("");
-  comm.StartReduceScatterSumDp(&scattered, "reduce-scatter");
-  comm.StartAllReduceSumDp(&reduced, "all-reduce");
-  comm.StartAllReduceSumDp(&reduced_odd, "all-reduce of an odd numel");
-  comm.StartAllGatherDp(&gathered, "all-gather");
-  comm.WaitAllReduces();
+  dp.StartReduceScatter(&scattered, "reduce-scatter");
+  dp.StartAllReduce(&reduced, comm::ReduceOp::kSum, "all-reduce");
+  dp.StartAllReduce(&reduced_odd, comm::ReduceOp::kSum, "all-reduce of an odd numel");
+  dp.StartAllGather(&gathered, "all-gather");
+  dp.WaitAll();
   bool rs = true, ar = true, ag = true;
   for (int64_t i = own.begin; i < own.end; ++i) rs = rs && scattered.data<float>()[i] == ordered(i);
   for (int64_t i = 0; i < n; ++i) ar = ar && reduced.data<float>()[i] == ordered(i);

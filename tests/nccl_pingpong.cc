@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cli/fault_env.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
 #include "core/comm/mpi_pipeline_comm.h"
@@ -105,7 +106,7 @@ std::string Hex(uint64_t value) {
 }
 
 std::string Staging(const comm::PipelineComm& transport, device::Device* device) {
-  const auto* mpi = dynamic_cast<const comm::MpiPipelineComm*>(&transport);
+  const auto* mpi = dynamic_cast<const comm::MpiLinks*>(&transport.links());
   if (mpi == nullptr) return "";
   return " staging_buffers=" + std::to_string(mpi->staging_buffers()) + " (" +
          (device->host_staging_pinned() ? "pinned" : "pageable") + ", " +
@@ -139,17 +140,22 @@ int Skip(const comm::MpiWorld& world, const std::string& why) {
 int Run(const comm::MpiWorld& world, const Options& options) {
   const int rank = world.rank();
   const int peer = 1 - rank;
-  const int cuda_devices = options.backend == "cuda" ? comm::cuda::DeviceCount() : 0;
-  if (options.backend == "cuda" && cuda_devices == 0) return Skip(world, "no CUDA device visible");
-  if (options.backend == "cuda" && options.transport == "nccl" && cuda_devices < world.local_size())
+  const util::FaultPlan faults = cli::FaultPlanFromEnvironment();  // BIGMAC_TEST_MAX_MESSAGE_BYTES
+  device::Backend backend = device::Backend::kCpu;
+  if (!device::ParseBackend(options.backend, &backend))
+    return Finish(world, false, "pingpong: --backend " + options.backend + ": not cpu or cuda");
+  const bool cuda = backend == device::Backend::kCuda;
+  const int cuda_devices = cuda ? comm::cuda::DeviceCount() : 0;
+  if (cuda && cuda_devices == 0) return Skip(world, "no CUDA device visible");
+  if (cuda && options.transport == "nccl" && cuda_devices < world.local_size())
     return Skip(world, "transport=nccl needs 2 GPUs: " + std::to_string(cuda_devices) +
                            " visible, and NCCL refuses two ranks on one GPU");
   const char* share_env = std::getenv(comm::kShareDevicesEnv);
   const bool share = options.share_gpus || (share_env && std::string(share_env) == "1");
   comm::DevicePlacement placement;
   std::string error;
-  if (!comm::ChooseDevice(options.backend, world.local_rank(), world.local_size(), cuda_devices,
-                          share, &placement, &error)) {
+  if (!comm::ChooseDevice(backend, world.local_rank(), world.local_size(), cuda_devices, share,
+                          &placement, &error)) {
     return Finish(world, false, "pingpong: rank " + std::to_string(rank) + ": " + error);
   }
   comm::TransportRequest request;
@@ -161,14 +167,13 @@ int Run(const comm::MpiWorld& world, const Options& options) {
     return Finish(world, false, "pingpong: rank " + std::to_string(rank) + ": " + error);
 
   std::unique_ptr<device::Device> device =
-      placement.backend == "cuda" ? device::cuda::MakeCudaDevice(placement.index, rank)
-                                  : device::MakeCpuDevice(placement.index, int64_t{4} << 30);
+      cuda ? device::cuda::MakeCudaDevice(placement.index, rank)
+           : device::MakeCpuDevice(placement.index, int64_t{4} << 30);
   const double spin = 2e-3;
   bool ok = true;
-  std::string report =
-      "pingpong: rank " + std::to_string(rank) + " " + choice.ToString() +
-      " device=" + placement.ToString() +
-      (placement.backend == "cuda" ? " (" + device::cuda::Describe(device.get()) + ")" : "");
+  std::string report = "pingpong: rank " + std::to_string(rank) + " " + choice.ToString() +
+                       " device=" + placement.ToString() +
+                       (cuda ? " (" + device::cuda::Describe(device.get()) + ")" : "");
   if (rank == 0 && choice.kind == comm::TransportKind::kNccl)
     report += " nccl=" + std::to_string(comm::NcclVersion());
 
@@ -176,27 +181,27 @@ int Run(const comm::MpiWorld& world, const Options& options) {
   const comm::Topology pipeline(2, 2, 1, 1);
   comm::GroupComms pipeline_comms = comm::GroupComms::Create(pipeline, rank);
   {
-    std::unique_ptr<comm::PipelineComm> transport =
-        comm::MakePipelineComm(choice.kind, pipeline, rank, pipeline_comms, device.get(),
-                               options.deadline, spin, options.stage_host);
+    std::unique_ptr<comm::PipelineComm> transport = comm::MakePipelineComm(
+        choice.kind, pipeline, rank, pipeline_comms, device.get(), options.deadline, spin,
+        options.stage_host, faults.max_message_bytes);
     const std::vector<int64_t> shape = {options.elements};
     const std::vector<char> original = Pattern(DType::kBF16, options.elements, 7);
     const uint64_t expected = Checksum(original);
     Tensor ball = rank == 0 ? Upload(device.get(), shape, DType::kBF16, original) : Tensor();
-    transport->AllOk(true);
+    transport->world().AllOk(true);
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < options.iterations; ++i) {
       if (rank == 0) {
-        transport->Send(std::move(ball), peer, 1, "ping " + std::to_string(i));
-        ball = transport->Receive(peer, 2, shape, DType::kBF16, device.get(),
-                                  "pong " + std::to_string(i));
+        transport->links().Send(std::move(ball), peer, 1, "ping " + std::to_string(i));
+        ball = transport->links().Receive(peer, 2, shape, DType::kBF16, device.get(),
+                                          "pong " + std::to_string(i));
       } else {
-        Tensor got = transport->Receive(peer, 1, shape, DType::kBF16, device.get(),
-                                        "ping " + std::to_string(i));
-        transport->Send(std::move(got), peer, 2, "pong " + std::to_string(i));
+        Tensor got = transport->links().Receive(peer, 1, shape, DType::kBF16, device.get(),
+                                                "ping " + std::to_string(i));
+        transport->links().Send(std::move(got), peer, 2, "pong " + std::to_string(i));
       }
     }
-    transport->FinishSends();
+    transport->links().FinishSends();
     device->Synchronize();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -232,8 +237,8 @@ int Run(const comm::MpiWorld& world, const Options& options) {
       receives.push_back(
           {peer, 100 + k, s, dtype, device.get(), "exchange message " + std::to_string(k)});
     }
-    std::vector<Tensor> received = transport->Exchange(std::move(sends), receives);
-    transport->FinishSends();
+    std::vector<Tensor> received = transport->links().Exchange(std::move(sends), receives);
+    transport->links().FinishSends();
     int right = 0;
     for (size_t j = 0; j < received.size(); ++j) {
       const int k = static_cast<int>(j);
@@ -250,9 +255,9 @@ int Run(const comm::MpiWorld& world, const Options& options) {
   const comm::Topology data_parallel(2, 1, 2, 1);
   comm::GroupComms dp_comms = comm::GroupComms::Create(data_parallel, rank);
   {
-    std::unique_ptr<comm::PipelineComm> transport =
-        comm::MakePipelineComm(choice.kind, data_parallel, rank, dp_comms, device.get(),
-                               options.deadline, spin, options.stage_host);
+    std::unique_ptr<comm::PipelineComm> transport = comm::MakePipelineComm(
+        choice.kind, data_parallel, rank, dp_comms, device.get(), options.deadline, spin,
+        options.stage_host, faults.max_message_bytes);
     const int64_t n = std::min<int64_t>(options.elements, int64_t{1} << 16);
     std::vector<float> f32(n);
     std::vector<memory::BFloat16> bf16(n);
@@ -267,11 +272,12 @@ int Run(const comm::MpiWorld& world, const Options& options) {
     device->Synchronize();
     // The f32 sum blocking; the bf16 one non-blocking, as the overlapped backward starts it
     // (tested once, then waited for).
-    transport->AllReduceSumDp(&a);
-    const int handle = transport->StartAllReduceSumDp(&b, "the ping-pong's bf16 sum");
+    transport->dp().AllReduce(&a, comm::ReduceOp::kSum, "the ping-pong's f32 sum");
+    const int handle =
+        transport->dp().StartAllReduce(&b, comm::ReduceOp::kSum, "the ping-pong's bf16 sum");
     transport->Progress();
-    transport->TestAllReduce(handle);
-    transport->WaitAllReduces();
+    transport->dp().Test(handle);
+    transport->dp().WaitAll();
     a.CopyToHost(f32.data());
     b.CopyToHost(bf16.data());
     int64_t wrong = 0;
@@ -285,6 +291,47 @@ int Run(const comm::MpiWorld& world, const Options& options) {
         " | all-reduce: " + std::to_string(2 * n) + " sums, " + std::to_string(wrong) + " wrong";
   }
   dp_comms.Free();
+
+  // 4. The tensor-parallel pair: a max all-reduce (the vocab-parallel cross-entropy's), the host
+  // sum of the gradient norm and the gather of a checkpoint's slices, through the transport's tp
+  // group (on NCCL: one more NCCL group).
+  const comm::Topology tensor_parallel(2, 1, 1, 2);
+  comm::GroupComms tp_comms = comm::GroupComms::Create(tensor_parallel, rank);
+  {
+    std::unique_ptr<comm::PipelineComm> transport = comm::MakePipelineComm(
+        choice.kind, tensor_parallel, rank, tp_comms, device.get(), options.deadline, spin,
+        options.stage_host, faults.max_message_bytes);
+    comm::Group& tp = transport->tp();
+    const int64_t n = 4099;
+    std::vector<float> values(n);
+    for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>((i * 37 + 11 * rank) % 101);
+    Tensor local(device.get(), {n}, DType::kF32);
+    local.CopyFromHost(values.data());
+    device->Synchronize();
+    Tensor maximum = local.Clone();
+    tp.AllReduce(&maximum, comm::ReduceOp::kMax, "the ping-pong's tp max");
+    const std::vector<Tensor> slices = tp.AllGather(local, "the ping-pong's tp slices");
+    const double norm = tp.Sum(rank + 1.5, "the ping-pong's tp sum");
+    std::vector<float> got(n);
+    maximum.CopyToHost(got.data());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float mine = static_cast<float>((i * 37) % 101);
+      const float theirs = static_cast<float>((i * 37 + 11) % 101);
+      if (got[i] != std::max(mine, theirs)) ++wrong;
+    }
+    for (int r = 0; r < static_cast<int>(slices.size()); ++r) {
+      std::vector<float> slice(n);
+      slices[r].CopyToHost(slice.data());
+      for (int64_t i = 0; i < n; ++i)
+        wrong += slice[i] != static_cast<float>((i * 37 + 11 * r) % 101);
+    }
+    if (slices.size() != 2 || norm != 4.0 || tp.size() != 2 || tp.rank() != rank) ++wrong;
+    ok = ok && wrong == 0;
+    report += " | tp group: " + std::to_string(n) + " maxima, 2 slices, a sum, " +
+              std::to_string(wrong) + " wrong";
+  }
+  tp_comms.Free();
   pipeline_comms.Free();
   return Finish(world, ok, report);
 }

@@ -72,20 +72,20 @@ TEST(Topology, RankLineNamesCoordsAndStages) {
 TEST(Device, CpuUsesTheLocalRank) {
   DevicePlacement placement;
   std::string error;
-  ASSERT_TRUE(ChooseDevice("cpu", 3, 8, 0, false, &placement, &error));
+  ASSERT_TRUE(ChooseDevice(device::Backend::kCpu, 3, 8, 0, false, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cpu:3");
 }
 
 TEST(Device, CudaNeedsOneDevicePerLocalRank) {
   DevicePlacement placement;
   std::string error;
-  ASSERT_TRUE(ChooseDevice("cuda", 1, 2, 8, false, &placement, &error));
+  ASSERT_TRUE(ChooseDevice(device::Backend::kCuda, 1, 2, 8, false, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cuda:1");
-  ASSERT_TRUE(ChooseDevice("cuda", 7, 8, 8, false, &placement, &error));
+  ASSERT_TRUE(ChooseDevice(device::Backend::kCuda, 7, 8, 8, false, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cuda:7");
-  EXPECT_FALSE(ChooseDevice("cuda", 0, 4, 0, false, &placement, &error));
+  EXPECT_FALSE(ChooseDevice(device::Backend::kCuda, 0, 4, 0, false, &placement, &error));
   EXPECT_NE(error.find("no CUDA device is visible"), std::string::npos) << error;
-  EXPECT_FALSE(ChooseDevice("cuda", 5, 8, 4, false, &placement, &error));
+  EXPECT_FALSE(ChooseDevice(device::Backend::kCuda, 5, 8, 4, false, &placement, &error));
   EXPECT_NE(error.find("8 local ranks but 4 visible CUDA devices"), std::string::npos) << error;
   EXPECT_NE(error.find("BIGMAC_SHARE_DEVICES=1"), std::string::npos) << error;
 }
@@ -93,9 +93,9 @@ TEST(Device, CudaNeedsOneDevicePerLocalRank) {
 TEST(Device, SharingIsExplicitAndRoundRobin) {
   DevicePlacement placement;
   std::string error;
-  ASSERT_TRUE(ChooseDevice("cuda", 5, 8, 4, true, &placement, &error));
+  ASSERT_TRUE(ChooseDevice(device::Backend::kCuda, 5, 8, 4, true, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cuda:1 (shared)");
-  ASSERT_TRUE(ChooseDevice("cuda", 2, 4, 4, true, &placement, &error));
+  ASSERT_TRUE(ChooseDevice(device::Backend::kCuda, 2, 4, 4, true, &placement, &error));
   EXPECT_EQ(placement.ToString(), "cuda:2") << "enough devices: not shared";
 }
 

@@ -17,7 +17,7 @@ TransportRequest Request(const std::string& requested, const std::string& backen
   TransportRequest request;
   request.requested = requested;
   request.source = requested == "auto" ? "default" : "launch: BIGMAC_TRANSPORT";
-  request.backend = backend;
+  device::ParseBackend(backend, &request.backend);
   request.backend_source = "--set";
   request.ranks_on_device = on_device;
   request.max_ranks_on_device = most;
@@ -105,6 +105,7 @@ TEST(StagedTransport, PingPongExchangeAndAllReduceOnTheCpuDevice) {
   EXPECT_NE(out.find("ping-pong: 50 round trips of 200000 bytes bf16"), std::string::npos) << out;
   EXPECT_NE(out.find(" ok | exchange: 4/4 checksums ok"), std::string::npos) << out;
   EXPECT_NE(out.find("all-reduce: 131072 sums, 0 wrong"), std::string::npos) << out;
+  EXPECT_NE(out.find("tp group: 4099 maxima, 2 slices, a sum, 0 wrong"), std::string::npos) << out;
   EXPECT_NE(out.find("pingpong: PASS"), std::string::npos) << out;
   // 100 ping-pong messages and 8 exchanged reuse a few buffers instead of taking one each.
   std::smatch match;

@@ -4,13 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/checkpoint/crc32.h"
@@ -269,291 +272,345 @@ std::string LayerFileName(int layer_id, int num_layers) {
 
 namespace {
 
-// The full value and AdamW moments of each of `owned` (empty moments before the first step)
-// from this rank's slices: collective over the tp group for a sliced parameter.
-std::vector<std::vector<memory::Tensor>> GatherFull(const std::vector<const layer::Param*>& owned,
-                                                    const std::vector<layer::TpShard>& shards,
-                                                    const optim::AdamW& adamw,
-                                                    comm::PipelineComm& comm) {
-  std::vector<std::vector<memory::Tensor>> full(owned.size());
-  for (size_t p = 0; p < owned.size(); ++p) {
-    const memory::Tensor* tensors[3] = {&owned[p]->value, adamw.FirstMoment(owned[p]),
-                                        adamw.SecondMoment(owned[p])};
-    for (const memory::Tensor* tensor : tensors) {
-      full[p].push_back(tensor ? GatherTpSlices(*tensor, shards[p], comm) : memory::Tensor());
-    }
-  }
-  return full;
+// Which replica writes layer `layer_id`'s file: replica layer_id mod dp.
+bool WritesLayer(int layer_id, const comm::Group& dp) {
+  const int replicas = dp.size();
+  return ((layer_id % replicas) + replicas) % replicas == dp.rank();
 }
 
-}  // namespace
-
-// One layer's file under tensor parallelism: every tp rank of the writing replica takes part in
-// gathering the full tensors (values and moments) from the slices; its tp rank 0 writes them.
-// Returns the bytes this rank wrote.
-namespace {
-int64_t WriteGatheredLayer(const std::string& tmp_dir, const std::string& file,
-                           const ModelState& state, int layer_id,
-                           const std::vector<const layer::Param*>& owned,
-                           const std::vector<layer::TpShard>& shards, const optim::AdamW& adamw,
-                           comm::PipelineComm& comm, bool crash, bool fail, Manifest* fragment) {
-  const std::vector<std::vector<memory::Tensor>> full = GatherFull(owned, shards, adamw, comm);
-  if (comm.tp_rank() != 0) return 0;
-  std::string data;
-  size_t total = 0;
-  for (const auto& tensors : full) total += 3 * tensors[0].bytes();
-  data.reserve(total);
-  uint32_t file_crc = 0;
-  for (size_t p = 0; p < owned.size(); ++p) {
-    const layer::Param* param = owned[p];
-    if (param->value.dtype() != memory::DType::kF32) {
-      throw CheckpointError(tmp_dir + "/" + file + ": " + ParamName(state, layer_id, *param) +
-                            " is " + memory::DTypeName(param->value.dtype()) +
-                            "; checkpoints hold " + kMasterDType + " master weights only");
-    }
-    for (int k = 0; k < 3; ++k) {
-      const memory::Tensor* moment = full[p][k].empty() ? nullptr : &full[p][k];
-      const int64_t bytes = full[p][0].bytes();
-      TensorEntry* entry = fragment->add_tensors();
-      entry->set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
-      entry->set_layer_id(layer_id);
-      entry->set_file(file);
-      entry->set_offset(static_cast<int64_t>(data.size()));
-      entry->set_bytes(bytes);
-      for (int64_t extent : full[p][0].shape()) entry->add_shape(extent);
-      entry->set_dtype(kMasterDType);
-      if (moment) {
-        const size_t at = data.size();
-        data.resize(at + bytes);
-        moment->CopyToHost(data.data() + at);  // device memory through the host
-      } else {
-        data.append(bytes, '\0');  // no step taken yet: zero moments
-      }
-      entry->set_crc32(Crc32(data.data() + entry->offset(), bytes));
-      file_crc = Crc32Combine(file_crc, entry->crc32(), bytes);
-    }
-  }
-  WriteFileSynced(tmp_dir + "/" + file, data, crash, fail);
-  LayerFile* layer_file = fragment->add_files();
-  layer_file->set_layer_id(layer_id);
-  layer_file->set_file(file);
-  layer_file->set_bytes(static_cast<int64_t>(data.size()));
-  layer_file->set_crc32(file_crc);
-  layer_file->set_writer_rank(comm.world_rank());
-  return static_cast<int64_t>(data.size());
+// Checkpoints hold f32 masters: anything else in the model is refused, naming `where` and the
+// parameter.
+void CheckMaster(const std::string& where, const ModelState& state, int layer_id,
+                 const layer::Param& param) {
+  if (param.value.dtype() == memory::DType::kF32) return;
+  throw CheckpointError(where + ": " + ParamName(state, layer_id, param) + " is " +
+                        memory::DTypeName(param.value.dtype()) +
+                        " in this model; checkpoints hold " + kMasterDType +
+                        " master weights only");
 }
-}  // namespace
 
-SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
-               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
-               int keep_last, const std::string& tokenizer) {
-  const auto start = std::chrono::steady_clock::now();
-  const int num_layers = config.values().model().num_layers();
-  const std::string final_dir = root + "/" + StepDirName(step);
-  const std::string tmp_dir = root + "/.tmp_" + StepDirName(step);
-  const bool is_root = comm.world_rank() == 0;
+// Runs `work` on this rank, then agrees with every rank: if any failed, every rank throws
+// CheckpointError, with its own error or, where its work succeeded, `elsewhere`; `suffix` ends
+// both. Collective over `world`.
+void RunAndAgree(comm::Group& world, const std::function<void()>& work,
+                 const std::string& elsewhere, const std::string& suffix = "") {
   std::string error;
-
-  if (is_root) {
-    try {
-      fs::create_directories(root);
-      fs::remove_all(tmp_dir);
-      fs::create_directories(tmp_dir);
-    } catch (const std::exception& e) {
-      error = root + ": cannot prepare " + tmp_dir + ": " + e.what();
-    }
-  }
-  if (!comm.AllOk(error.empty())) {
-    throw CheckpointError(error.empty() ? "checkpoint step " + std::to_string(step) +
-                                              ": rank 0 could not prepare " + tmp_dir
-                                        : error);
-  }
-
-  // Testing hook (docs/checkpoint.md): BIGMAC_TEST_CRASH_IN_CHECKPOINT=<step> kills the writer of
-  // that step's first file half-way through.
-  const char* crash_step = std::getenv("BIGMAC_TEST_CRASH_IN_CHECKPOINT");
-  bool crash = crash_step && std::atoll(crash_step) == step;
-  // BIGMAC_TEST_FAIL_CHECKPOINT=<step> makes that step's file writes fail half-way (a full disk).
-  const char* fail_step = std::getenv("BIGMAC_TEST_FAIL_CHECKPOINT");
-  const bool fail = fail_step && std::atoll(fail_step) == step;
-  // This rank's layers, grouped by layer_id; replica layer_id mod dp writes each. Under ZeRO-1
-  // (AdamW slice state) every replica writes its slices of the moments into that one file too,
-  // and the writer checksums the file once all have written.
-  Manifest fragment;
-  int64_t bytes_written = 0;
-  std::vector<LayerFile> read_back;  // the writer's ZeRO-1 files, checksummed after the barrier
   try {
-    for (const LayerParams& layer : state.layers) {
-      const int layer_id = layer.layer_id;
-      std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
-      std::vector<layer::TpShard> shards;
-      for (size_t i = 0; i < layer.params.size(); ++i) {
-        if (layer.params[i]->tied_copy) continue;
-        owned.push_back(layer.params[i]);
-        shards.push_back(layer.shards.empty() ? layer::TpShard{} : layer.shards[i]);
-      }
-      if (owned.empty()) continue;
-      if (comm.tp_size() > 1) {
-        // Tensor parallel (ZeRO-1 is refused with tp > 1 at start-up): full tensors gathered from
-        // the tp slices; the writing replica's tp rank 0 writes.
-        if (((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() == comm.dp_rank()) {
-          bytes_written +=
-              WriteGatheredLayer(tmp_dir, LayerFileName(layer_id, num_layers), state, layer_id,
-                                 owned, shards, adamw, comm, crash, fail, &fragment);
-        }
-        continue;
-      }
-      const bool writer =
-          ((layer_id % comm.dp_size()) + comm.dp_size()) % comm.dp_size() == comm.dp_rank();
-      const bool sliced = std::any_of(owned.begin(), owned.end(), [&](const layer::Param* p) {
-        return adamw.HasSliceState(p);
-      });
-      if (!writer && !sliced) continue;
-      const std::string file = LayerFileName(layer_id, num_layers);
-      std::vector<TensorEntry> entries;
-      int64_t total = 0;
-      for (const layer::Param* param : owned) {
-        if (param->value.dtype() != memory::DType::kF32) {
-          throw CheckpointError(tmp_dir + "/" + file + ": " + ParamName(state, layer_id, *param) +
-                                " is " + memory::DTypeName(param->value.dtype()) +
-                                "; checkpoints hold " + kMasterDType + " master weights only");
-        }
-        for (int k = 0; k < 3; ++k) {
-          TensorEntry& entry = entries.emplace_back();
-          entry.set_name(ParamName(state, layer_id, *param) + "#" + kKinds[k]);
-          entry.set_layer_id(layer_id);
-          entry.set_file(file);
-          entry.set_offset(total);
-          entry.set_bytes(param->value.bytes());
-          for (int64_t extent : param->value.shape()) entry.add_shape(extent);
-          entry.set_dtype(kMasterDType);
-          total += param->value.bytes();
-        }
-      }
-      LayerFile layer_file;
-      layer_file.set_layer_id(layer_id);
-      layer_file.set_file(file);
-      layer_file.set_bytes(total);
-      layer_file.set_writer_rank(comm.world_rank());
-      if (sliced) {
-        bytes_written +=
-            WriteOwnedPieces(tmp_dir + "/" + file, total, entries, owned, adamw, writer, fail);
-        if (writer) {
-          for (TensorEntry& entry : entries) *fragment.add_tensors() = std::move(entry);
-          read_back.push_back(std::move(layer_file));
-        }
-        continue;
-      }
-      std::string data(static_cast<size_t>(total), '\0');
-      uint32_t file_crc = 0;
-      for (size_t i = 0; i < entries.size(); ++i) {
-        const layer::Param* param = owned[i / 3];
-        const memory::Tensor* tensors[3] = {&param->value, adamw.FirstMoment(param),
-                                            adamw.SecondMoment(param)};
-        // (No moments before the first step: zeros.) Device memory through the host.
-        if (tensors[i % 3]) tensors[i % 3]->CopyToHost(data.data() + entries[i].offset());
-        entries[i].set_crc32(Crc32(data.data() + entries[i].offset(), entries[i].bytes()));
-        file_crc = Crc32Combine(file_crc, entries[i].crc32(), entries[i].bytes());
-        *fragment.add_tensors() = std::move(entries[i]);
-      }
-      WriteFileSynced(tmp_dir + "/" + file, data, crash, fail);
-      layer_file.set_crc32(file_crc);
-      *fragment.add_files() = std::move(layer_file);
-      bytes_written += static_cast<int64_t>(data.size());
-    }
+    work();
   } catch (const std::exception& e) {
     error = e.what();
   }
-  // Every piece is on disk before the writers checksum their ZeRO-1 files (a failure is reported
-  // by the rank it happened on).
-  if (comm.AllOk(error.empty())) {
-    try {
-      ChecksumWrittenFiles(tmp_dir, read_back, &fragment);
-    } catch (const std::exception& e) {
-      error = e.what();
+  if (!world.AllOk(error.empty()))
+    throw CheckpointError((error.empty() ? elsewhere : error) + suffix);
+}
+
+// One layer file this rank has a part in, and how it is written.
+struct LayerFilePlan {
+  int layer_id = 0;
+  std::string file;
+  std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
+  std::vector<layer::TpShard> shards;
+  bool writer = false;    // this replica writes the file
+  bool gathered = false;  // tensor parallel: full tensors gathered from the tp slices
+  bool pieces = false;    // ZeRO-1: every replica writes its slices of the moments
+};
+
+// 1. The layer files of this rank's layers that it takes part in: replica layer_id mod dp writes
+// each; under tensor parallelism every tp rank of that replica gathers and its tp rank 0 writes
+// (ZeRO-1 is refused with tp > 1 at start-up); under ZeRO-1 (AdamW slice state) every replica
+// writes its slices of the moments into that one file too.
+std::vector<LayerFilePlan> PlanLayerFiles(const ModelState& state, const optim::AdamW& adamw,
+                                          const comm::PipelineComm& comm, int num_layers) {
+  std::vector<LayerFilePlan> plans;
+  for (const LayerParams& layer : state.layers) {
+    LayerFilePlan plan;
+    plan.layer_id = layer.layer_id;
+    plan.file = LayerFileName(layer.layer_id, num_layers);
+    for (size_t i = 0; i < layer.params.size(); ++i) {
+      if (layer.params[i]->tied_copy) continue;
+      plan.owned.push_back(layer.params[i]);
+      plan.shards.push_back(layer.shards.empty() ? layer::TpShard{} : layer.shards[i]);
+    }
+    if (plan.owned.empty()) continue;
+    plan.writer = WritesLayer(layer.layer_id, comm.dp());
+    plan.gathered = comm.tp().size() > 1;
+    plan.pieces = !plan.gathered &&
+                  std::any_of(plan.owned.begin(), plan.owned.end(),
+                              [&](const layer::Param* p) { return adamw.HasSliceState(p); });
+    if (plan.writer || plan.pieces) plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+// The tensor entries of a layer file: value, exp_avg and exp_avg_sq of each parameter, packed
+// in that order from offset 0, each of the full shape `shapes[p]`. Their CRCs are set later.
+std::vector<TensorEntry> LayerEntries(const LayerFilePlan& plan, const ModelState& state,
+                                      const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<TensorEntry> entries;
+  int64_t offset = 0;
+  for (size_t p = 0; p < plan.owned.size(); ++p) {
+    const int64_t bytes = F32Bytes(shapes[p]);
+    for (const char* kind : kKinds) {
+      TensorEntry& entry = entries.emplace_back();
+      entry.set_name(ParamName(state, plan.layer_id, *plan.owned[p]) + "#" + kind);
+      entry.set_layer_id(plan.layer_id);
+      entry.set_file(plan.file);
+      entry.set_offset(offset);
+      entry.set_bytes(bytes);
+      for (int64_t extent : shapes[p]) entry.add_shape(extent);
+      entry.set_dtype(kMasterDType);
+      offset += bytes;
     }
   }
+  return entries;
+}
 
+// What Save's writes share: where, and the fault plan's injections.
+struct WriteContext {
+  std::string tmp_dir;
+  const ModelState& state;
+  const optim::AdamW& adamw;
+  comm::PipelineComm& comm;
+  bool crash = false;  // the first file write dies half-way (the fault plan)
+  bool fail = false;   // file writes fail half-way (the fault plan)
+};
+
+// A layer file written whole from full tensors (value, exp_avg, exp_avg_sq per parameter; a null
+// moment, before the first step, is written as zeros): its entries and the file go into
+// `fragment`. Returns the bytes written.
+int64_t WriteWholeFile(const WriteContext& context, const LayerFilePlan& plan,
+                       const std::vector<std::array<const memory::Tensor*, 3>>& tensors,
+                       Manifest* fragment) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& three : tensors) shapes.push_back(three[0]->shape());
+  std::vector<TensorEntry> entries = LayerEntries(plan, context.state, shapes);
+  const int64_t total = entries.empty() ? 0 : entries.back().offset() + entries.back().bytes();
+  std::string data(static_cast<size_t>(total), '\0');
+  uint32_t file_crc = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    // Device memory through the host.
+    if (const memory::Tensor* tensor = tensors[i / 3][i % 3])
+      tensor->CopyToHost(data.data() + entries[i].offset());
+    entries[i].set_crc32(Crc32(data.data() + entries[i].offset(), entries[i].bytes()));
+    file_crc = Crc32Combine(file_crc, entries[i].crc32(), entries[i].bytes());
+    *fragment->add_tensors() = std::move(entries[i]);
+  }
+  WriteFileSynced(context.tmp_dir + "/" + plan.file, data, context.crash, context.fail);
+  LayerFile* layer_file = fragment->add_files();
+  layer_file->set_layer_id(plan.layer_id);
+  layer_file->set_file(plan.file);
+  layer_file->set_bytes(total);
+  layer_file->set_crc32(file_crc);
+  layer_file->set_writer_rank(context.comm.world().rank());
+  return total;
+}
+
+// 2. One layer file, as planned: whole from this rank's tensors; gathered from the tp slices
+// (every tp rank of the writing replica gathers, its tp rank 0 writes); or this rank's ZeRO-1
+// pieces, whose file the writer checksums once every replica has written (added to `read_back`).
+// Returns the bytes this rank wrote.
+int64_t WriteLayerFile(const WriteContext& context, const LayerFilePlan& plan, Manifest* fragment,
+                       std::vector<LayerFile>* read_back) {
+  const std::string path = context.tmp_dir + "/" + plan.file;
+  for (const layer::Param* param : plan.owned)
+    CheckMaster(path, context.state, plan.layer_id, *param);
+  const optim::AdamW& adamw = context.adamw;
+  if (plan.gathered) {
+    std::vector<std::array<memory::Tensor, 3>> full(plan.owned.size());
+    for (size_t p = 0; p < plan.owned.size(); ++p) {
+      const memory::Tensor* own[3] = {&plan.owned[p]->value, adamw.FirstMoment(plan.owned[p]),
+                                      adamw.SecondMoment(plan.owned[p])};
+      for (int k = 0; k < 3; ++k) {
+        if (own[k]) full[p][k] = GatherTpSlices(*own[k], plan.shards[p], context.comm.tp());
+      }
+    }
+    if (context.comm.tp().rank() != 0) return 0;
+    std::vector<std::array<const memory::Tensor*, 3>> tensors;
+    for (const auto& three : full) {
+      tensors.push_back({&three[0], three[1].empty() ? nullptr : &three[1],
+                         three[2].empty() ? nullptr : &three[2]});
+    }
+    return WriteWholeFile(context, plan, tensors, fragment);
+  }
+  if (plan.pieces) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const layer::Param* param : plan.owned) shapes.push_back(param->value.shape());
+    std::vector<TensorEntry> entries = LayerEntries(plan, context.state, shapes);
+    const int64_t total = entries.empty() ? 0 : entries.back().offset() + entries.back().bytes();
+    const int64_t written =
+        WriteOwnedPieces(path, total, entries, plan.owned, adamw, plan.writer, context.fail);
+    if (plan.writer) {
+      for (TensorEntry& entry : entries) *fragment->add_tensors() = std::move(entry);
+      LayerFile& layer_file = read_back->emplace_back();
+      layer_file.set_layer_id(plan.layer_id);
+      layer_file.set_file(plan.file);
+      layer_file.set_bytes(total);
+      layer_file.set_writer_rank(context.comm.world().rank());
+    }
+    return written;
+  }
+  std::vector<std::array<const memory::Tensor*, 3>> tensors;
+  for (const layer::Param* param : plan.owned)
+    tensors.push_back({&param->value, adamw.FirstMoment(param), adamw.SecondMoment(param)});
+  return WriteWholeFile(context, plan, tensors, fragment);
+}
+
+// 3. Every rank's report (its fragment of the manifest, or its error) gathered on rank 0, and
+// merged there into the manifest; throws the first rank's error. Collective over the world.
+Manifest GatherReports(comm::Group& world, int64_t step, Manifest fragment,
+                       const std::string& error) {
   SaveReport report;
-  report.set_rank(comm.world_rank());
+  report.set_rank(world.rank());
   if (error.empty()) {
     *report.mutable_fragment() = std::move(fragment);
   } else {
     report.set_error(error);
   }
-  const std::vector<std::string> reports = comm.GatherToRoot(report.SerializeAsString());
-  const double total_bytes = comm.SumToRoot(double(bytes_written));
-  if (is_root) {
-    try {
-      Manifest manifest;
-      for (size_t rank = 0; rank < reports.size(); ++rank) {
-        SaveReport part;
-        if (!part.ParseFromString(reports[rank])) {
-          throw CheckpointError("checkpoint step " + std::to_string(step) + ": rank " +
-                                std::to_string(rank) + " sent an unreadable save report");
+  const std::vector<std::string> reports = world.GatherToRoot(report.SerializeAsString());
+  Manifest manifest;
+  for (size_t rank = 0; rank < reports.size(); ++rank) {
+    SaveReport part;
+    if (!part.ParseFromString(reports[rank])) {
+      throw CheckpointError("checkpoint step " + std::to_string(step) + ": rank " +
+                            std::to_string(rank) + " sent an unreadable save report");
+    }
+    if (part.has_error()) throw CheckpointError(part.error());
+    manifest.MergeFrom(part.fragment());
+  }
+  return manifest;
+}
+
+// 4. Rank 0: the manifest completed and written into the temporary directory, which is then
+// renamed into place and named by `latest`. A checkpoint of the same step from an abandoned run
+// is moved aside, not deleted, until the new one is in place and `latest` names it.
+void CommitManifest(const std::string& root, int64_t step, const std::string& tmp_dir,
+                    const config::ResolvedConfig& config, const std::string& tokenizer,
+                    Manifest manifest) {
+  manifest.set_format_version(kFormatVersion);
+  manifest.set_step(step);
+  manifest.set_next_step(step);
+  *manifest.mutable_config() = config.values();
+  manifest.set_pp(config.pp);
+  manifest.set_dp(config.dp);
+  for (int count : config.partition.LayersPerStage()) manifest.add_layers_per_stage(count);
+  manifest.set_partition_policy(partition::PolicyName(config.policy));
+  manifest.set_seed(config.values().train().seed());
+  manifest.set_master_dtype(kMasterDType);
+  if (!tokenizer.empty()) manifest.set_tokenizer(tokenizer);
+  for (const std::string& plugin : config.values().plugins()) {
+    std::error_code ignored;  // a path the OS refuses stays as written
+    const fs::path absolute = fs::weakly_canonical(plugin, ignored);
+    manifest.add_plugin_paths(absolute.empty() ? plugin : absolute.string());
+  }
+  WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(manifest, &text);
+  WriteFileSynced(tmp_dir + "/manifest.txt", text);  // for people; manifest.pb is authoritative
+  FsyncPath(tmp_dir, true);
+  const std::string final_dir = root + "/" + StepDirName(step);
+  const std::string replaced = root + "/.replaced_" + StepDirName(step);
+  if (fs::exists(final_dir)) {
+    fs::remove_all(replaced);
+    fs::rename(final_dir, replaced);
+  }
+  fs::rename(tmp_dir, final_dir);
+  FsyncPath(root, true);
+  WriteFileSynced(root + "/" + kLatest + ".tmp", StepDirName(step) + "\n");
+  fs::rename(root + "/" + kLatest + ".tmp", root + "/" + kLatest);
+  FsyncPath(root, true);
+  fs::remove_all(replaced);
+}
+
+// 5. Rank 0: the newest `keep_last` checkpoints of this run's history are kept, those up to
+// `step`. Directories of later steps belong to an abandoned run that this one resumed before;
+// they are left alone (and replaced when this run reaches them).
+void Prune(const std::string& root, int64_t step, int keep_last) {
+  std::vector<std::string> steps;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name <= StepDirName(step))
+      steps.push_back(name);
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + keep_last < steps.size(); ++i) fs::remove_all(root + "/" + steps[i]);
+}
+
+}  // namespace
+
+SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
+               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
+               int keep_last, const std::string& tokenizer, const util::FaultPlan& faults) {
+  const auto start = std::chrono::steady_clock::now();
+  comm::Group& world = comm.world();
+  const bool is_root = world.rank() == 0;
+  WriteContext context{root + "/.tmp_" + StepDirName(step), state, adamw, comm};
+  RunAndAgree(
+      world,
+      [&] {
+        if (!is_root) return;
+        try {
+          fs::create_directories(root);
+          fs::remove_all(context.tmp_dir);
+          fs::create_directories(context.tmp_dir);
+        } catch (const std::exception& e) {
+          throw CheckpointError(root + ": cannot prepare " + context.tmp_dir + ": " + e.what());
         }
-        if (part.has_error()) throw CheckpointError(part.error());
-        manifest.MergeFrom(part.fragment());
-      }
-      manifest.set_format_version(kFormatVersion);
-      manifest.set_step(step);
-      manifest.set_next_step(step);
-      *manifest.mutable_config() = config.values();
-      manifest.set_pp(config.pp);
-      manifest.set_dp(config.dp);
-      for (int count : config.partition.LayersPerStage()) manifest.add_layers_per_stage(count);
-      manifest.set_partition_policy(partition::PolicyName(config.policy));
-      manifest.set_seed(config.values().train().seed());
-      manifest.set_master_dtype(kMasterDType);
-      if (!tokenizer.empty()) manifest.set_tokenizer(tokenizer);
-      for (const std::string& plugin : config.values().plugins()) {
-        std::error_code ignored;  // a path the OS refuses stays as written
-        const fs::path absolute = fs::weakly_canonical(plugin, ignored);
-        manifest.add_plugin_paths(absolute.empty() ? plugin : absolute.string());
-      }
-      WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
-      std::string text;
-      google::protobuf::TextFormat::PrintToString(manifest, &text);
-      WriteFileSynced(tmp_dir + "/manifest.txt", text);  // for people; manifest.pb is authoritative
-      FsyncPath(tmp_dir, true);
-      // A checkpoint of the same step from an abandoned run is moved aside, not deleted, until
-      // the new one is in place and `latest` names it.
-      const std::string replaced = root + "/.replaced_" + StepDirName(step);
-      if (fs::exists(final_dir)) {
-        fs::remove_all(replaced);
-        fs::rename(final_dir, replaced);
-      }
-      fs::rename(tmp_dir, final_dir);
-      FsyncPath(root, true);
-      WriteFileSynced(root + "/" + kLatest + ".tmp", StepDirName(step) + "\n");
-      fs::rename(root + "/" + kLatest + ".tmp", root + "/" + kLatest);
-      FsyncPath(root, true);
-      fs::remove_all(replaced);
-      // Keep the newest keep_last checkpoints of this run's history: those up to this step.
-      // Directories of later steps belong to an abandoned run that this one resumed before; they
-      // are left alone (and replaced when this run reaches them).
-      std::vector<std::string> steps;
-      for (const auto& entry : fs::directory_iterator(root)) {
-        const std::string name = entry.path().filename().string();
-        if (entry.is_directory() && name.rfind("step_", 0) == 0 && name <= StepDirName(step))
-          steps.push_back(name);
-      }
-      std::sort(steps.begin(), steps.end());
-      for (size_t i = 0; i + keep_last < steps.size(); ++i) fs::remove_all(root + "/" + steps[i]);
+      },
+      "checkpoint step " + std::to_string(step) + ": rank 0 could not prepare " + context.tmp_dir);
+
+  // The fault plan (docs/checkpoint.md): the writer of this step's first file dies half-way
+  // through it, or every file write fails half-way (a full disk).
+  context.crash = faults.crash_in_checkpoint_step == step;
+  context.fail = faults.fail_checkpoint_step == step;
+  Manifest fragment;
+  int64_t bytes_written = 0;
+  std::vector<LayerFile> read_back;  // the writer's ZeRO-1 files, checksummed after the barrier
+  std::string error;
+  try {
+    const int num_layers = config.values().model().num_layers();
+    for (const LayerFilePlan& plan : PlanLayerFiles(state, adamw, comm, num_layers))
+      bytes_written += WriteLayerFile(context, plan, &fragment, &read_back);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every piece is on disk before the writers checksum their ZeRO-1 files (a failure is reported
+  // by the rank it happened on).
+  if (world.AllOk(error.empty())) {
+    try {
+      ChecksumWrittenFiles(context.tmp_dir, read_back, &fragment);
     } catch (const std::exception& e) {
       error = e.what();
-      std::error_code ignored;
-      fs::remove_all(tmp_dir, ignored);
     }
   }
-  if (!comm.AllOk(error.empty())) {
-    throw CheckpointError(error.empty() ? "checkpoint step " + std::to_string(step) +
-                                              " failed on another rank; the "
-                                              "previous checkpoint is intact"
-                                        : error + "; the previous checkpoint is intact");
+  std::optional<Manifest> manifest;
+  try {
+    manifest = GatherReports(world, step, std::move(fragment), error);
+  } catch (const CheckpointError& e) {
+    if (is_root) error = e.what();
   }
+  const double total_bytes =
+      world.SumToRoot(double(bytes_written), "the bytes of the checkpoint, summed on rank 0");
+  RunAndAgree(
+      world,
+      [&] {
+        if (!is_root) {
+          if (!error.empty()) throw CheckpointError(error);
+          return;
+        }
+        try {
+          if (!error.empty()) throw CheckpointError(error);
+          CommitManifest(root, step, context.tmp_dir, config, tokenizer, std::move(*manifest));
+          Prune(root, step, keep_last);
+        } catch (const std::exception&) {
+          std::error_code ignored;
+          fs::remove_all(context.tmp_dir, ignored);
+          throw;
+        }
+      },
+      "checkpoint step " + std::to_string(step) + " failed on another rank",
+      "; the previous checkpoint is intact");
   SaveStats stats;
-  stats.dir = final_dir;
+  stats.dir = root + "/" + StepDirName(step);
   stats.bytes = static_cast<int64_t>(total_bytes);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
@@ -724,7 +781,6 @@ VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& m
 
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
              const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm) {
-  std::string error;
   int64_t next_step = 0;
   // What this rank read, applied once every rank has read all it needs.
   struct Loaded {
@@ -733,72 +789,68 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
     bool optimizer_state;
   };
   std::vector<Loaded> loaded;
-  try {
-    const Manifest manifest = ReadManifest(step_dir, config.values());
-    next_step = manifest.next_step();
-    std::map<std::string, int> layer_of;  // tensor name -> layer_id, to find a tied copy's owner
-    for (const TensorEntry& entry : manifest.tensors()) layer_of[entry.name()] = entry.layer_id();
-    // Each parameter's tensors and the layer file they are read from: its own layer's, or for a
-    // tied copy the value in its owner's file (stored once, loaded without a duplicate).
-    struct Wanted {
-      layer::Param* param;
-      int layer_id;
-      std::string name;  // without the #kind
-      bool optimizer_state;
-      layer::TpShard shard;  // the file holds the full tensor; this rank takes its slice
-    };
-    std::vector<Wanted> wanted;
-    std::vector<int> layer_order;
-    std::map<int, std::vector<ExpectedTensor>> expected;
-    for (const LayerParams& layer : state.layers) {
-      for (size_t i = 0; i < layer.params.size(); ++i) {
-        layer::Param* param = layer.params[i];
-        layer::TpShard shard;
-        if (!layer.shards.empty()) shard = layer.shards[i];
-        if (shard.full_shape.empty()) shard.full_shape = param->value.shape();
-        if (param->value.dtype() != memory::DType::kF32) {
-          throw CheckpointError(step_dir + ": " + ParamName(state, layer.layer_id, *param) +
-                                " is " + memory::DTypeName(param->value.dtype()) +
-                                " in this model; checkpoints hold " + kMasterDType + " masters");
+  // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
+  RunAndAgree(
+      comm.world(),
+      [&] {
+        const Manifest manifest = ReadManifest(step_dir, config.values());
+        next_step = manifest.next_step();
+        std::map<std::string, int>
+            layer_of;  // tensor name -> layer_id, to find a tied copy's owner
+        for (const TensorEntry& entry : manifest.tensors())
+          layer_of[entry.name()] = entry.layer_id();
+        // Each parameter's tensors and the layer file they are read from: its own layer's, or for a
+        // tied copy the value in its owner's file (stored once, loaded without a duplicate).
+        struct Wanted {
+          layer::Param* param;
+          int layer_id;
+          std::string name;  // without the #kind
+          bool optimizer_state;
+          layer::TpShard shard;  // the file holds the full tensor; this rank takes its slice
+        };
+        std::vector<Wanted> wanted;
+        std::vector<int> layer_order;
+        std::map<int, std::vector<ExpectedTensor>> expected;
+        for (const LayerParams& layer : state.layers) {
+          for (size_t i = 0; i < layer.params.size(); ++i) {
+            layer::Param* param = layer.params[i];
+            layer::TpShard shard;
+            if (!layer.shards.empty()) shard = layer.shards[i];
+            if (shard.full_shape.empty()) shard.full_shape = param->value.shape();
+            CheckMaster(step_dir, state, layer.layer_id, *param);
+            Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true, shard};
+            if (param->tied_copy) {
+              auto owner = layer_of.find(param->tied_owner + "#value");
+              w = {param, owner == layer_of.end() ? layer.layer_id : owner->second,
+                   param->tied_owner, false, shard};
+            }
+            if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
+            for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k)
+              expected[w.layer_id].push_back({w.name + "#" + kKinds[k], shard.full_shape});
+            wanted.push_back(std::move(w));
+          }
         }
-        Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true, shard};
-        if (param->tied_copy) {
-          auto owner = layer_of.find(param->tied_owner + "#value");
-          w = {param, owner == layer_of.end() ? layer.layer_id : owner->second, param->tied_owner,
-               false, shard};
+        std::map<int, VerifiedLayerFile> files;
+        for (int layer_id : layer_order)
+          files[layer_id] = VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
+        for (const Wanted& w : wanted) {
+          const VerifiedLayerFile& file = files.at(w.layer_id);
+          auto read = [&](const char* kind) {
+            memory::Tensor tensor(w.param->value.device(), w.shard.full_shape,
+                                  w.param->value.dtype());
+            const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
+            tensor.CopyFromHost(file.bytes.data() + entry.offset());
+            return TpSliceOf(tensor, w.shard);
+          };
+          Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(), w.optimizer_state};
+          if (w.optimizer_state) {
+            l.m = read(kKinds[1]);
+            l.v = read(kKinds[2]);
+          }
+          loaded.push_back(std::move(l));
         }
-        if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
-        for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k)
-          expected[w.layer_id].push_back({w.name + "#" + kKinds[k], shard.full_shape});
-        wanted.push_back(std::move(w));
-      }
-    }
-    // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
-    std::map<int, VerifiedLayerFile> files;
-    for (int layer_id : layer_order)
-      files[layer_id] = VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
-    for (const Wanted& w : wanted) {
-      const VerifiedLayerFile& file = files.at(w.layer_id);
-      auto read = [&](const char* kind) {
-        memory::Tensor tensor(w.param->value.device(), w.shard.full_shape, w.param->value.dtype());
-        const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
-        tensor.CopyFromHost(file.bytes.data() + entry.offset());
-        return TpSliceOf(tensor, w.shard);
-      };
-      Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(), w.optimizer_state};
-      if (w.optimizer_state) {
-        l.m = read(kKinds[1]);
-        l.v = read(kKinds[2]);
-      }
-      loaded.push_back(std::move(l));
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  if (!comm.AllOk(error.empty())) {
-    throw CheckpointError(error.empty() ? step_dir + ": another rank could not load its layers"
-                                        : error);
-  }
+      },
+      step_dir + ": another rank could not load its layers");
   for (Loaded& l : loaded) {
     l.param->value.CopyFrom(l.value);
     if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));

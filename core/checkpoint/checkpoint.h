@@ -11,6 +11,7 @@
 #include "core/checkpoint/checkpoint.pb.h"
 #include "core/checkpoint/model_state.h"
 #include "core/comm/pipeline_comm.h"
+#include "core/util/fault_plan.h"
 #include "core/config/resolve.h"
 #include "core/optim/adamw.h"
 
@@ -56,10 +57,11 @@ struct SaveStats {
 // them; rank 0 writes the manifest, fsyncs, renames the directory into place, fsyncs `root`,
 // then replaces the `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A
 // failure anywhere leaves the previous checkpoints untouched and throws CheckpointError on every
-// rank. `tokenizer` (rank 0's) goes into the manifest.
+// rank. `tokenizer` (rank 0's) goes into the manifest. `faults`: what a reliability test injects.
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
                const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
-               int keep_last, const std::string& tokenizer = "");
+               int keep_last, const std::string& tokenizer = "",
+               const util::FaultPlan& faults = {});
 
 // "auto": the step directory `root/latest` names, or "" if there is none yet. Anything else is a
 // step directory, or a checkpoint root with a `latest` pointer. Throws CheckpointError.

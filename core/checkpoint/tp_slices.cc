@@ -5,9 +5,10 @@
 namespace bigmac::checkpoint {
 
 memory::Tensor GatherTpSlices(const memory::Tensor& local, const layer::TpShard& shard,
-                              comm::PipelineComm& comm) {
+                              comm::Group& tp) {
   if (!shard.sliced()) return local.Clone();
-  const std::vector<memory::Tensor> slices = comm.AllGatherTp(local);
+  const std::vector<memory::Tensor> slices =
+      tp.AllGather(local, "gathering tensor-parallel slices " + local.ShapeString());
   memory::Tensor full(local.device(), shard.full_shape, local.dtype());
   const int64_t element = memory::DTypeSize(local.dtype());
   std::vector<char> full_host(full.bytes()), slice_host(local.bytes());

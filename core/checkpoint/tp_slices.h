@@ -5,16 +5,16 @@
 // a tp rank holds (core/layer/tp_layer.h TpShard). The returned tensors are new, on the
 // argument's device.
 
-#include "core/comm/pipeline_comm.h"
+#include "core/comm/group.h"
 #include "core/layer/tp_layer.h"
 #include "core/memory/tensor.h"
 
 namespace bigmac::checkpoint {
 
-// The full tensor assembled from every tp rank's `local` slice, on every rank of the group
+// The full tensor assembled from every tp rank's `local` slice, on every rank of the group `tp`
 // (collective over it when the shard is sliced; a copy when replicated).
 memory::Tensor GatherTpSlices(const memory::Tensor& local, const layer::TpShard& shard,
-                              comm::PipelineComm& comm);
+                              comm::Group& tp);
 
 // This rank's slice of `full` (padding rows zero).
 memory::Tensor TpSliceOf(const memory::Tensor& full, const layer::TpShard& shard);

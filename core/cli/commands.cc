@@ -18,6 +18,8 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/failure.h"
+#include "core/cli/fault_env.h"
 #include "core/cli/model_config.h"
 #include "core/cli/startup_checks.h"
 #include "core/comm/cuda/cuda_probe.h"
@@ -158,7 +160,7 @@ void PrintLines(const std::vector<std::string>& lines) {
 // Runs the trainer and maps its failures to exit codes (docs/exit_codes.md).
 int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipeline,
                 const engine::TrainOptions& options) {
-  const std::string rank = "bigmac: rank " + std::to_string(pipeline.world_rank()) + ": ";
+  const std::string rank = "bigmac: rank " + std::to_string(pipeline.world().rank()) + ": ";
   try {
     const engine::TrainResult result = engine::Train(resolved, pipeline, options);
     if (result.output_failures.empty()) return kExitOk;
@@ -169,56 +171,26 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
                  "[output] warning above); training and its checkpoints completed\n",
                  rank.c_str(), kExitOutput, result.output_failures.size());
     return kExitOutput;
-  } catch (const memory::OutOfMemoryError& error) {
-    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
-    return kExitOutOfMemory;
-  } catch (const std::bad_alloc&) {
-    // Host buffers (batches, staging) come from the system, not the device allocator.
+  } catch (...) {
     const config::Train& train = resolved.values().train();
-    std::fprintf(stderr,
-                 "%sout of memory: a host allocation failed (std::bad_alloc); "
-                 "train.micro_batch_size=%d x train.seq_length=%d tokens per micro-batch\n",
-                 rank.c_str(), train.micro_batch_size(), train.seq_length());
-    return kExitOutOfMemory;
-  } catch (const engine::NumericalError& error) {
-    // With several ranks, rank 0 has already reported for all of them.
-    if (!error.reported()) std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
-    return kExitNumerical;
-  } catch (const data::DataError& error) {
-    std::fprintf(stderr, "%sbad data: %s\n", rank.c_str(), error.what());
-    return kExitBadData;
-  } catch (const comm::DeadlineError& error) {
-    std::fprintf(stderr, "%s%s; stopping the job\n", rank.c_str(), error.what());
-    return kExitTimeout;
-  } catch (const checkpoint::CheckpointError& error) {
-    std::fprintf(stderr, "%scheckpoint: %s\n", rank.c_str(), error.what());
-    return kExitCheckpoint;
-  } catch (const device::DeviceError& error) {
-    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
-    return kExitDevice;
-  } catch (const comm::TransportError& error) {
-    std::fprintf(stderr, "%s%s\n", rank.c_str(), error.what());
-    return kExitFailure;
-  } catch (const std::filesystem::filesystem_error& error) {
-    std::fprintf(stderr, "%s%s: %s\n", rank.c_str(), error.path1().c_str(),
-                 error.code().message().c_str());
-    return kExitOutput;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "%sinternal error: %s\n", rank.c_str(), error.what());
-    return kExitFailure;
+    return ReportCurrentFailure(
+        rank, "train.micro_batch_size=" + std::to_string(train.micro_batch_size()) +
+                  " x train.seq_length=" + std::to_string(train.seq_length()) +
+                  " tokens per micro-batch");
   }
 }
 
 // Settings the config schema accepts (the dry-run and `plan` show their layouts) that training does
 // not implement yet. Each is named with its value and what works instead.
-std::vector<std::string> UnsupportedForTraining(const config::Config& values) {
+std::vector<std::string> UnsupportedForTraining(const config::ResolvedConfig& resolved) {
+  const config::Config& values = resolved.values();
   std::vector<std::string> missing;
-  if (values.device().backend() == "cuda") {
+  if (resolved.backend == ::bigmac::device::Backend::kCuda) {
     if (values.parallel().tp_size() != 1) {
       missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
                         " with device.backend=cuda: tensor parallelism runs on the CPU backend "
-                        "only (rule: tp_size > 1 needs device.backend=cpu until the NCCL "
-                        "transport implements PipelineComm::AllReduceTp)");
+                        "only (rule: tp_size > 1 needs device.backend=cpu until the CUDA layers "
+                        "have tensor-parallel slices; the tp layers are CPU code)");
     }
     for (std::string& problem : stages::gpt::cuda::CudaModelProblems(config::ModelDimsOf(values)))
       missing.push_back(std::move(problem));
@@ -230,15 +202,12 @@ std::vector<std::string> UnsupportedForTraining(const config::Config& values) {
 // device.memory_limit when that is set).
 std::unique_ptr<::bigmac::device::Device> MakeRankDevice(const comm::DevicePlacement& placement,
                                                          int world_rank, int ranks_on_node,
-                                                         const std::string& memory_limit) {
-  if (placement.backend == "cuda") {
-    int64_t limit = 0;
-    std::string unused;
-    if (!memory_limit.empty()) memory::ParseByteSize(memory_limit, &limit, &unused);
-    return ::bigmac::device::cuda::MakeCudaDevice(placement.index, world_rank, limit);
+                                                         int64_t memory_limit_bytes) {
+  if (placement.backend == ::bigmac::device::Backend::kCuda) {
+    return ::bigmac::device::cuda::MakeCudaDevice(placement.index, world_rank, memory_limit_bytes);
   }
   return ::bigmac::device::MakeCpuDevice(placement.index,
-                                         memory::CpuCapacity(memory_limit, ranks_on_node));
+                                         memory::CpuCapacity(memory_limit_bytes, ranks_on_node));
 }
 
 // OpenMP and BLAS threads per rank: the node's cores shared by its ranks (spinning threads of
@@ -543,9 +512,10 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   comm::MpiWorld world(argc, argv);
   util::InstallStopSignalHandlers();
   util::SetStopAtOnce(true);
-  // Testing hook (docs/exit_codes.md): BIGMAC_TEST_STALL_STARTUP=1 waits here for a signal, as a
-  // start-up blocked on a slow file system would.
-  if (const char* stall = std::getenv("BIGMAC_TEST_STALL_STARTUP"); stall && *stall == '1') {
+  // The reliability tests' faults (docs/exit_codes.md), read once. A stalled start-up waits here
+  // for a signal, as one blocked on a slow file system would.
+  const util::FaultPlan faults = FaultPlanFromEnvironment();
+  if (faults.stall_startup) {
     while (true) pause();
   }
   // Load and check locally: nothing is allocated and nothing is communicated until all agree.
@@ -584,7 +554,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
 
   // Decided from the (agreed) config alone, so every rank stops together without communicating.
   if (!options.dry_run) {
-    if (const std::vector<std::string> missing = UnsupportedForTraining(resolved->values());
+    if (const std::vector<std::string> missing = UnsupportedForTraining(*resolved);
         !missing.empty()) {
       if (world.rank() == 0)
         PrintProblems("bigmac: this configuration cannot train with this build", missing);
@@ -593,10 +563,10 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     }
   }
   world.DiscoverNode();
-  const std::string& backend = resolved->values().device().backend();
   comm::DevicePlacement device;
   std::string device_error;
-  const int cuda_devices = backend == "cuda" ? comm::cuda::DeviceCount() : 0;
+  const int cuda_devices =
+      resolved->backend == ::bigmac::device::Backend::kCuda ? comm::cuda::DeviceCount() : 0;
   const char* share = std::getenv(comm::kShareDevicesEnv);
   std::string launcher;
   if (std::string problem = comm::CheckLocalRank(
@@ -604,9 +574,9 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
           [](const char* name) { return std::getenv(name); }, &launcher);
       !problem.empty()) {
     problems = {"host " + world.host() + ": " + problem};
-  } else if (!comm::ChooseDevice(backend, world.local_rank(), world.local_size(), cuda_devices,
-                                 share != nullptr && std::string(share) == "1", &device,
-                                 &device_error)) {
+  } else if (!comm::ChooseDevice(resolved->backend, world.local_rank(), world.local_size(),
+                                 cuda_devices, share != nullptr && std::string(share) == "1",
+                                 &device, &device_error)) {
     problems = {"host " + world.host() + ": " + device_error};
   }
   if (int code = AllRanksAgree(world, "device placement", problems, resolved->hash)) return code;
@@ -631,15 +601,15 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
       "host=" + world.host() + " local_rank=" + std::to_string(world.local_rank()) + "/" +
       std::to_string(world.local_size()) + (launcher.empty() ? "" : " (= " + launcher + "'s)") +
       " device=" + device.ToString();
-  if (device.backend == "cuda") {
+  if (device.backend == ::bigmac::device::Backend::kCuda) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     placement += std::string(" CUDA_VISIBLE_DEVICES=") + (visible ? visible : "(unset)");
   }
-  if (device.backend == "cpu") {
-    placement += " capacity=" +
-                 memory::FormatMiB(memory::CpuCapacity(resolved->values().device().memory_limit(),
-                                                       world.local_size())) +
-                 " gemm=" + sdk::cpu::FloatGemmLibrary();
+  if (device.backend == ::bigmac::device::Backend::kCpu) {
+    placement +=
+        " capacity=" +
+        memory::FormatMiB(memory::CpuCapacity(resolved->memory_limit_bytes, world.local_size())) +
+        " gemm=" + sdk::cpu::FloatGemmLibrary();
   }
   placement += " " + transport.ToString();
   const std::vector<std::string> rank_lines = world.GatherToRoot(
@@ -673,8 +643,8 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   // The rank's device, chosen above; it outlives the training run and the transport.
   std::unique_ptr<::bigmac::device::Device> rank_device;
   try {
-    rank_device = MakeRankDevice(device, world.rank(), world.local_size(),
-                                 resolved->values().device().memory_limit());
+    rank_device =
+        MakeRankDevice(device, world.rank(), world.local_size(), resolved->memory_limit_bytes);
   } catch (const ::bigmac::device::DeviceError& error) {
     problems = {error.what()};
   }
@@ -686,7 +656,8 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   try {
     pipeline = comm::MakePipelineComm(
         transport.kind, topology, world.rank(), comms, rank_device.get(),
-        resolved->values().train().comm_timeout_seconds(), core_each ? 2e-3 : 50e-6);
+        resolved->values().train().comm_timeout_seconds(), core_each ? 2e-3 : 50e-6,
+        /*stage_host_tensors=*/false, faults.max_message_bytes);
   } catch (const ::bigmac::device::DeviceError& error) {
     problems = {error.what()};
   } catch (const comm::DeadlineError& error) {
@@ -695,12 +666,12 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   }
   if (int code = AllRanksAgree(world, "transport set-up", problems, resolved->hash, transport_code))
     return code;
-  if (device.backend == "cuda") {
-    const std::vector<std::string> lines = world.GatherToRoot(
-        "[device] rank " + std::to_string(world.rank()) + ": " +
-        ::bigmac::device::cuda::Describe(rank_device.get()) + "; " +
-        stages::gpt::cuda::CudaLayoutSummary(config::ModelDimsOf(resolved->values()),
-                                             resolved->values().precision().dtype() == "bf16"));
+  if (device.backend == ::bigmac::device::Backend::kCuda) {
+    const std::vector<std::string> lines =
+        world.GatherToRoot("[device] rank " + std::to_string(world.rank()) + ": " +
+                           ::bigmac::device::cuda::Describe(rank_device.get()) + "; " +
+                           stages::gpt::cuda::CudaLayoutSummary(
+                               config::ModelDimsOf(resolved->values()), resolved->bf16));
     if (world.rank() == 0) PrintLines(lines);
   }
   engine::TrainOptions train_options;
@@ -708,6 +679,7 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
   train_options.ranks_on_node = world.local_size();
   train_options.dump_dir = options.dump_dir;
   train_options.resume = options.resume;
+  train_options.faults = faults;
   train_options.log = [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);

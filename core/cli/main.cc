@@ -9,17 +9,15 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "core/cli/blas_core.h"
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/failure.h"
 #include "core/cli/model_config.h"
 #include "core/config/environment.h"
-#include "core/data/error.h"
-#include "core/util/output_file.h"
 #include "plugins/sdk/cpu_kernels.h"
 
 namespace {
@@ -78,33 +76,14 @@ const CLI::Validator kUnsigned64(
 const CLI::Validator kMilliseconds =
     FiniteIn(0, kMaxMilliseconds, "number of milliseconds in [0, 1e9]");
 
-// Runs a command; no exception reaches std::terminate. A filesystem failure names the path
-// and the OS's reason (docs/exit_codes.md, code 8); an unusable data file, the file (code 5).
+// Runs a command; no exception reaches std::terminate: each becomes its exit code and message
+// (core/cli/failure.h, docs/exit_codes.md).
 int Guarded(const std::function<int()>& command) {
-  using namespace bigmac::cli;
   try {
     return command();
-  } catch (const bigmac::util::OutputError& error) {
-    std::fprintf(stderr, "bigmac: %s\n", error.what());
-    return kExitOutput;
-  } catch (const std::filesystem::filesystem_error& error) {
-    std::string paths = error.path1().string();
-    if (!error.path2().empty()) paths += " -> " + error.path2().string();
-    std::fprintf(stderr, "bigmac: %s: %s (%s)\n", paths.c_str(), error.code().message().c_str(),
-                 error.what());
-    return kExitOutput;
-  } catch (const bigmac::data::DataError& error) {
-    // A data file any command reads (a tokenizer, shards), wherever it is found: its name and
-    // the problem, never "internal error".
-    return ReportFailure(error.what(), kExitBadData);
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "bigmac: out of memory: a host allocation failed (std::bad_alloc); lower the "
-                 "sizes in the command or the config\n");
-    return kExitOutOfMemory;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "bigmac: internal error: %s\n", error.what());
-    return kExitFailure;
+  } catch (...) {
+    return bigmac::cli::ReportCurrentFailure("bigmac: ",
+                                             "lower the sizes in the command or the config");
   }
 }
 

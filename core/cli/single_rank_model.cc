@@ -89,7 +89,7 @@ void LoadModelPlugins(const config::ResolvedConfig& resolved, const std::vector<
 SingleRankModel BuildSingleRankModel(config::ResolvedConfig resolved) {
   SingleRankModel model{std::move(resolved), nullptr, nullptr, ""};
   const config::Config& cfg = model.resolved.values();
-  model.device = device::MakeCpuDevice(0, memory::CpuCapacity("", 1));
+  model.device = device::MakeCpuDevice(0, memory::CpuCapacity(0, 1));
   engine::StageOptions options;
   options.dims = config::ModelDimsOf(cfg);
   options.device = model.device.get();

@@ -15,16 +15,12 @@ bool ParseInt(const char* text, int* value) {
 
 }  // namespace
 
-bool ChooseDevice(const std::string& backend, int local_rank, int local_size, int cuda_device_count,
+bool ChooseDevice(device::Backend backend, int local_rank, int local_size, int cuda_device_count,
                   bool share_devices, DevicePlacement* placement, std::string* error) {
   placement->backend = backend;
   placement->index = local_rank;
   placement->shared = false;
-  if (backend == "cpu") return true;
-  if (backend != "cuda") {
-    *error = "device.backend=" + backend + " is not a known backend (cpu, cuda)";
-    return false;
-  }
+  if (backend == device::Backend::kCpu) return true;
   if (cuda_device_count < 1) {
     *error =
         "device.backend=cuda but no CUDA device is visible (check the node's GPUs, the "

@@ -4,16 +4,19 @@
 #include <functional>
 #include <string>
 
+#include "core/device/device.h"
+
 namespace bigmac::comm {
 
 // The device a rank computes on, chosen from its local rank (its index among the ranks on its
 // node).
 struct DevicePlacement {
-  std::string backend;  // "cpu" or "cuda"
+  device::Backend backend = device::Backend::kCpu;
   int index = 0;        // cuda: device ordinal among the visible devices; cpu: the local rank
   bool shared = false;  // cuda: other local ranks use this device too (BIGMAC_SHARE_DEVICES=1)
+  // "cuda:1", "cuda:0 (shared)", "cpu:3".
   std::string ToString() const {
-    return backend + ":" + std::to_string(index) + (shared ? " (shared)" : "");
+    return device::BackendName(backend) + ":" + std::to_string(index) + (shared ? " (shared)" : "");
   }
 };
 
@@ -28,7 +31,7 @@ inline constexpr char kShareDevicesEnv[] = "BIGMAC_SHARE_DEVICES";
 // a launch-layer mistake (too many ranks per node, or CUDA_VISIBLE_DEVICES too short) and `error`
 // says so, unless `share_devices` (then local rank r uses device r mod count). Returns false on
 // error.
-bool ChooseDevice(const std::string& backend, int local_rank, int local_size, int cuda_device_count,
+bool ChooseDevice(device::Backend backend, int local_rank, int local_size, int cuda_device_count,
                   bool share_devices, DevicePlacement* placement, std::string* error);
 
 // The local rank MPI found (MPI_Comm_split_type) against what the launcher says: mpirun's

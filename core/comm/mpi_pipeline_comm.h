@@ -1,19 +1,95 @@
 #ifndef BIGMAC_CORE_COMM_MPI_PIPELINE_COMM_H_
 #define BIGMAC_CORE_COMM_MPI_PIPELINE_COMM_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/comm/mpi_world.h"
 #include "core/comm/pipeline_comm.h"
+#include "core/comm/staging_pool.h"
 
 namespace bigmac::comm {
 
-// A message's header as the MPI transport sends it ahead of the data: the tag it came with, the
-// dtype and the shape.
+// The transport over MPI and host memory (docs/transport.md), in three parts that share one
+// MpiEngine: the pipeline's MpiLinks, and an MpiGroup per group. Sends are MPI_Isend of a small
+// header (dtype, shape) and the data; receives probe with a deadline, then check the header.
+// Device tensors are staged through host buffers from their device (Device::AllocateHostStaging:
+// pinned on CUDA), reused from message to message; `stage_host_tensors` stages host tensors the
+// same way (the CPU tests of the staged path). MPI progresses only inside its calls, so every
+// wait and every Progress moves all sends and collectives in flight along. The communicators and
+// the devices must outlive the transport. Call from the thread that initialised MPI.
+//
+// It also serves the NCCL transport (core/comm/nccl), which moves only the payloads itself: the
+// headers with their checks and tag matching, the waits with the deadline, and the host helpers
+// stay here. `max_message_bytes` (0: 1 GiB) is the largest MPI message a payload is cut into; the
+// fault plan's smaller one lets tests exercise the split without 2 GiB tensors.
+std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
+                                                  const GroupComms& comms, double deadline_seconds,
+                                                  double spin_seconds = 200e-6,
+                                                  bool stage_host_tensors = false,
+                                                  int64_t max_message_bytes = 0);
+
+constexpr int kMessageHeaderWords = 8;  // magic, dtype, ndim, 4 dims, numel
+
+// What the parts of one MPI transport share: the waits with their deadline, the sends in flight
+// (every wait frees those delivered) and the staging buffers. A wait polls (yielding the core)
+// for `spin_seconds` before it starts to sleep: long when every rank has a core of its own (a
+// message is seen within microseconds), short when ranks share cores. `deadline_seconds` bounds
+// every wait. Shared by the parts (std::shared_ptr); outlives them.
+class MpiEngine {
+ public:
+  // `who` prefixes deadline messages: "pp 1, dp 0".
+  MpiEngine(std::string who, double deadline_seconds, double spin_seconds, bool stage_host_tensors);
+  MpiEngine(const MpiEngine&) = delete;
+  MpiEngine& operator=(const MpiEngine&) = delete;
+  ~MpiEngine();
+
+  // One send in flight: its header, the tensor it owns (or its host staging copy) and the
+  // requests of the header and the data messages.
+  struct Send {
+    std::array<int64_t, kMessageHeaderWords> header{};
+    memory::Tensor tensor;
+    StagingPool::Buffer staging;
+    std::vector<MPI_Request> requests;
+    int world_peer = -1;
+  };
+  // A new send, in flight until its requests complete.
+  Send& AddSend();
+  size_t sends_in_flight() const { return sends_.size(); }
+  // The world ranks of the peers whose sends are still in flight.
+  std::vector<int> PendingPeers() const;
+  // Frees the buffers of delivered sends.
+  void Reap();
+
+  // Polls `ready` until it returns true or the deadline passes (DeadlineError naming `what`),
+  // reaping sends in between. For the first spin seconds it yields between polls (a message due
+  // now is seen within microseconds, and a rank sharing the core still gets it); then it sleeps,
+  // backing off to 200 us, so a long wait leaves the CPU to the ranks it waits for. (A fixed
+  // back-off to 1 ms cost up to 1 ms per receive: bench/NOTES.md.)
+  void Wait(const std::string& what, const std::function<bool()>& ready);
+  // Waits for a non-blocking MPI operation, with the deadline.
+  void Complete(MPI_Request* request, const std::string& what);
+
+  // Device memory always goes through host buffers; host memory when the tests ask for it.
+  bool Staged(const device::Device* device) const;
+  StagingPool& staging() { return staging_; }
+
+ private:
+  std::string who_;
+  double deadline_;
+  double spin_;
+  bool stage_host_;
+  StagingPool staging_;  // before sends_, whose buffers return to it
+  std::list<Send> sends_;
+};
+
+// A message's header as the MPI links send it ahead of the data: the tag it came with, the dtype
+// and the shape.
 struct MessageHeader {
   int tag = 0;
   memory::DType dtype = memory::DType::kF32;
@@ -21,43 +97,96 @@ struct MessageHeader {
   int64_t numel = 0;
 };
 
-// PipelineComm over MPI and host memory. Sends are MPI_Isend of a buffer holding a small header
-// (dtype, shape) and the data; receives probe with a deadline (backing off so that an
-// oversubscribed CPU node is not starved by polling), then check the header. A wait polls
-// (yielding the core) for `spin_seconds` before it starts to sleep: long when every rank has a
-// core of its own (a message is seen within microseconds), short when ranks share cores.
-// `deadline_seconds` bounds every wait. Data-parallel sums are MPI_Iallreduce on the dp
-// communicator (one per started tensor); MPI progresses them whenever this transport is called
-// (any test, probe or wait), so the executor's polls between layers move them along. Device
-// tensors are staged through host buffers from
-// their device (Device::AllocateHostStaging: pinned on CUDA), reused from message to message;
-// `stage_host_tensors` stages host tensors the same way (the CPU tests of the staged path).
-// The communicators and the devices must outlive this object.
-//
-// It also serves a transport that moves only the payloads itself (NCCL, core/comm/nccl): the
-// headers with their checks and tag matching, the waits with the deadline, and the collectives
-// on doubles and strings stay here.
-class MpiPipelineComm : public PipelineComm {
+// The pipeline's links over the pp communicator. A payload goes out after its header as messages
+// of at most `max_message_bytes` (MPI counts are ints), same tag, matched in order.
+class MpiLinks : public PeerLinks {
  public:
+  MpiLinks(std::shared_ptr<MpiEngine> engine, MPI_Comm pp, const Topology& topology, int world_rank,
+           int64_t max_message_bytes);
+  void Send(memory::Tensor tensor, int peer, int tag, const std::string& what) override;
+  memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
+                         device::Device* device, const std::string& what) override;
+  void FinishSends() override;
+  void Progress() override { engine_->Reap(); }
+
   // Posts the header of `tensor` alone (non-blocking; no data follows over MPI).
-  virtual void SendHeader(const memory::Tensor& tensor, int peer, int tag) = 0;
+  void SendHeader(const memory::Tensor& tensor, int peer, int tag);
   // The next header pp rank `peer` sent, whatever its tag (MPI keeps one sender's messages to one
   // receiver in order: the order an NCCL receiver must follow). Waits up to the deadline: throws
   // DeadlineError naming `what`, or TransportError for a message that is not a header.
-  virtual MessageHeader ReceiveNextHeader(int peer, const std::string& what) = 0;
-  // Polls `ready` until it returns true (progressing sends in between), up to the deadline:
-  // throws DeadlineError naming `what`.
-  virtual void Wait(const std::string& what, const std::function<bool()>& ready) = 0;
+  MessageHeader ReceiveNextHeader(int peer, const std::string& what);
   // The staging buffers taken from the devices so far (they are reused), and their bytes.
-  virtual int64_t staging_buffers() const = 0;
-  virtual int64_t staging_bytes() const = 0;
+  int64_t staging_buffers() const { return engine_->staging().buffers(); }
+  int64_t staging_bytes() const { return engine_->staging().bytes(); }
+  int PeerWorldRank(int pp_peer) const;
+
+ private:
+  MpiEngine::Send& PostHeader(const memory::Tensor& tensor, int peer, int tag);
+  // Waits (with the deadline) until a message from pp rank `peer` with `tag` (or MPI_ANY_TAG)
+  // can be received.
+  MPI_Status Probe(int peer, int tag, const std::string& from);
+
+  std::shared_ptr<MpiEngine> engine_;
+  MPI_Comm pp_;
+  Topology topology_;
+  Coords coords_;
+  int64_t max_message_bytes_;
 };
 
-std::unique_ptr<MpiPipelineComm> MakeMpiPipelineComm(const Topology& topology, int world_rank,
-                                                     const GroupComms& comms,
-                                                     double deadline_seconds,
-                                                     double spin_seconds = 200e-6,
-                                                     bool stage_host_tensors = false);
+// A group over an MPI communicator. With `ordered_sums` (the dp group), a sum is a reduce-scatter
+// followed by an all-gather, and a reduce-scatter is an all-to-all of the shards followed by a
+// local sum in rank order, ((g0 + g1) + g2) + g3: the sums do not depend on MPI's choice of
+// algorithm (which changes with the message size), and the all-reduce and ZeRO-1's reduce-scatter
+// give bitwise the same sums. Without, an all-reduce is MPI_Iallreduce (the tp group's). Tensor
+// collectives run on host memory (device tensors and bf16 are staged, bf16 widened to f32);
+// they progress whenever the engine waits or Progress is called. `comm` outlives the group.
+class MpiGroup : public Group {
+ public:
+  MpiGroup(std::shared_ptr<MpiEngine> engine, MPI_Comm comm, std::string name, bool ordered_sums);
+  ~MpiGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  int StartAllReduce(memory::Tensor* tensor, ReduceOp op, const std::string& what) override;
+  int StartReduceScatter(memory::Tensor* tensor, const std::string& what) override;
+  int StartAllGather(memory::Tensor* tensor, const std::string& what) override;
+  bool Test(int handle) override;
+  void WaitAll() override;
+  void Progress() override;
+  std::vector<memory::Tensor> AllGather(const memory::Tensor& tensor,
+                                        const std::string& what) override;
+  bool AllOk(bool ok) override;
+  std::vector<std::string> GatherToRoot(const std::string& text) override;
+  std::vector<std::vector<int>> AllGatherInts(const std::vector<int>& values,
+                                              const std::string& what) override;
+
+ protected:
+  double ReduceValue(double value, ReduceOp op, bool to_root, const std::string& what) override;
+  MpiEngine& engine() const { return *engine_; }
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  struct Collective;
+  int Start(int kind, memory::Tensor* tensor, ReduceOp op, const std::string& what);
+  void StartGather(Collective* c, MPI_Comm comm);
+  void StartSecondHalves();
+  template <typename T>
+  void CombineShard(Collective* c);
+  bool Advance(Collective* c);
+
+  std::shared_ptr<MpiEngine> engine_;
+  MPI_Comm comm_;
+  std::string name_;
+  bool ordered_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::unique_ptr<Collective>> started_;  // since the last WaitAll
+  size_t next_gather_ = 0;  // the first all-reduce whose second half may not be started
+  // The ordered all-reduces' second halves start when their first halves complete, which may be in
+  // a different order than other collectives on `comm`: they get a communicator of their own.
+  MPI_Comm gather_comm_ = MPI_COMM_NULL;
+};
 
 }  // namespace bigmac::comm
 

@@ -109,13 +109,13 @@ bool ChooseJobTransport(const MpiWorld& world, TransportRequest request,
                         TransportChoice* choice, std::string* error) {
   request.backend = placement.backend;
   request.ranks_on_device =
-      placement.backend == "cuda"
+      placement.backend == device::Backend::kCuda
           ? RanksOnDevice(world.local_rank(), world.local_size(), cuda_device_count)
           : 1;
   request.max_ranks_on_device = 1;
   for (int64_t n : world.AllGather(request.ranks_on_device))
     request.max_ranks_on_device = std::max<int>(request.max_ranks_on_device, n);
-  request.device = placement.backend + ":" + std::to_string(placement.index);
+  request.device = device::BackendName(placement.backend) + ":" + std::to_string(placement.index);
   return ChooseTransport(request, choice, error);
 }
 

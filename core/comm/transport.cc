@@ -20,13 +20,13 @@ std::string TransportChoice::ToString() const {
 
 bool ChooseTransport(const TransportRequest& request, TransportChoice* choice, std::string* error) {
   const std::string setting = "device.transport=" + request.requested + " (" + request.source + ")";
-  const std::string backend =
-      "device.backend=" + request.backend + " (" + request.backend_source + ")";
+  const std::string backend = "device.backend=" + device::BackendName(request.backend) + " (" +
+                              request.backend_source + ")";
   if (request.requested != "auto" && request.requested != "nccl" && request.requested != "mpi") {
     *error = setting + " is not one of: auto, nccl, mpi";
     return false;
   }
-  if (request.backend != "cuda") {
+  if (request.backend != device::Backend::kCuda) {
     if (request.requested == "nccl") {
       *error = setting + " needs device.backend=cuda, but " + backend +
                " (rule: NCCL moves GPU memory; the cpu backend's tensors travel over MPI: set "

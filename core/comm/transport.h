@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "core/device/device.h"
+
 namespace bigmac::comm {
 
 // How a rank's tensors travel (docs/transport.md):
@@ -29,7 +31,7 @@ struct TransportChoice {
 struct TransportRequest {
   std::string requested = "auto";  // device.transport (launch layer): auto, nccl or mpi
   std::string source = "default";  // its provenance, for errors: "launch: BIGMAC_TRANSPORT"
-  std::string backend = "cpu";     // device.backend: cpu or cuda
+  device::Backend backend = device::Backend::kCpu;  // device.backend
   std::string backend_source = "default";
   int ranks_on_device = 1;        // local ranks on this rank's GPU (1: its own)
   int max_ranks_on_device = 1;    // the same, the largest over every rank of the job

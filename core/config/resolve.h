@@ -7,13 +7,18 @@
 
 #include "core/config/batch.h"
 #include "core/config/loader.h"
+#include "core/device/device.h"
 #include "core/layer/layer.h"
 #include "core/partition/partition.h"
+#include "core/schedule/constraints.h"
 
 namespace bigmac::config {
 
 // The effective configuration: loaded values plus everything derived from them and the launch.
 // Only a configuration that passed every start-up check becomes one.
+// train.nan_policy: on a non-finite gradient, stop (exit 4) or skip the step's update.
+enum class NanPolicy { kStop, kSkip };
+
 struct ResolvedConfig {
   LoadedConfig loaded;  // values and sources; derived keys carry Source::kDerived
   int world_size = 1;
@@ -26,6 +31,13 @@ struct ResolvedConfig {
   partition::Policy policy = partition::Policy::kSpreadFirst;
   std::vector<std::string> block_types;  // per block (layer_id 0..num_layers-1)
   uint64_t hash = 0;                     // of the effective values; ranks compare it
+  // The validated strings, typed once: no consumer parses them again.
+  schedule::Kind schedule = schedule::Kind::k1F1B;  // parallel.schedule
+  device::Backend backend = device::Backend::kCpu;  // device.backend
+  bool bf16 = false;                        // precision.dtype is bf16 (fp16 is refused; else fp32)
+  int64_t dp_bucket_bytes = 0;              // parallel.dp_bucket_size
+  int64_t memory_limit_bytes = 0;           // device.memory_limit; 0 when unset
+  NanPolicy nan_policy = NanPolicy::kStop;  // train.nan_policy
 
   const Config& values() const { return loaded.values; }
   const Provenance& sources() const { return loaded.sources; }

@@ -59,13 +59,13 @@ std::vector<DpBucket> MakeDpBuckets(Stage& stage, int64_t bucket_bytes) {
   return buckets;
 }
 
-DpReducer::DpReducer(Stage* stage, comm::PipelineComm* comm, const DpReduceOptions& options,
+DpReducer::DpReducer(Stage* stage, comm::Group* dp, const DpReduceOptions& options,
                      int microbatches_per_flush)
     : stage_(stage),
-      comm_(comm),
+      dp_(dp),
       options_(options),
       microbatches_(microbatches_per_flush),
-      active_(comm->dp_size() > 1) {
+      active_(dp->size() > 1) {
   if (!active_) return;
   if (options_.bucket_bytes <= 0)
     throw std::invalid_argument("dp all-reduce: the bucket size must be positive");
@@ -77,7 +77,7 @@ DpReducer::DpReducer(Stage* stage, comm::PipelineComm* comm, const DpReduceOptio
   for (const DpBucket& b : buckets_)
     // Padded with zeros to a multiple of dp: the shape ZeRO-1's collectives need, and the one
     // the transport's all-reduce works on without a staging copy.
-    flat_numel_.push_back(PaddedNumel(b.numel, comm->dp_size()));
+    flat_numel_.push_back(PaddedNumel(b.numel, dp->size()));
   in_flight_.resize(buckets_.size());
   layers_left_.resize(buckets_.size());
 }
@@ -155,8 +155,8 @@ void DpReducer::Start(size_t bucket) {
       " of bucket " + std::to_string(bucket + 1) + " of " + std::to_string(buckets_.size()) + " (" +
       b.params.front().name + (b.params.size() > 1 ? " .. " + b.params.back().name : "") + ", " +
       std::to_string(b.numel) + " elements) over the data-parallel group";
-  f.handle = options_.shard ? comm_->StartReduceScatterSumDp(&f.flat, what)
-                            : comm_->StartAllReduceSumDp(&f.flat, what);
+  f.handle = options_.shard ? dp_->StartReduceScatter(&f.flat, what)
+                            : dp_->StartAllReduce(&f.flat, comm::ReduceOp::kSum, what);
   if (!tail_) ++started_early_;
 }
 
@@ -167,7 +167,7 @@ void DpReducer::Complete(size_t bucket) {
   const int64_t element = memory::DTypeSize(b.dtype);
   if (options_.shard) {
     // Only this rank's shard holds sums; the rest of each gradient is left as it was.
-    for (const ParamSlice& slice : ShardSlices(b, comm_->dp_size(), comm_->dp_rank())) {
+    for (const ParamSlice& slice : ShardSlices(b, dp_->size(), dp_->rank())) {
       device->CopyDeviceToDevice(
           static_cast<char*>(slice.named.param->grad.raw()) + slice.begin * element,
           static_cast<const char*>(f.flat.raw()) + slice.flat_offset * element,
@@ -195,7 +195,7 @@ void DpReducer::Complete(size_t bucket) {
 
 void DpReducer::Progress() {
   for (size_t b = 0; b < next_; ++b) {
-    if (!in_flight_[b].done && comm_->TestAllReduce(in_flight_[b].handle)) Complete(b);
+    if (!in_flight_[b].done && dp_->Test(in_flight_[b].handle)) Complete(b);
   }
 }
 
@@ -212,7 +212,7 @@ void DpReducer::Finish() {
   }
   StartReady();
   Progress();  // what has completed already, with the time it was seen
-  comm_->WaitAllReduces();
+  dp_->WaitAll();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!in_flight_[b].done) Complete(b);
   }

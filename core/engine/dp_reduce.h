@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/comm/pipeline_comm.h"
+#include "core/comm/group.h"
 #include "core/engine/stage.h"
 #include "core/metrics/timeline.h"
 
@@ -47,16 +47,16 @@ struct DpReduceOptions {
 // layer's weight gradients (WeightGradientDone, called from the stage's hook); a layer is final
 // once every micro-batch of the flush has added its part, a bucket once all its layers are (a tied
 // bucket after TiedReduced). With overlap on, a final bucket's gradients are copied into a flat
-// buffer and its all-reduce is started right away (StartAllReduceSumDp), and every later weight
+// buffer and its all-reduce is started right away (Group::StartAllReduce), and every later weight
 // gradient polls the transport so that MPI moves it along; ReduceDp (Finish) starts whatever is
 // left, waits for all (with the transport's deadline) and copies the sums back. With overlap off
 // the same buckets start in Finish: the same counts and the same reductions, so the same sums,
 // bitwise. Each bucket's span, from its start to the observed completion, goes to the timeline's
-// communication track. Inactive (nothing to do) when dp = 1. The stage, the transport and the
+// communication track. Inactive (nothing to do) when dp = 1. The stage, the dp group and the
 // timeline outlive it.
 class DpReducer {
  public:
-  DpReducer(Stage* stage, comm::PipelineComm* comm, const DpReduceOptions& options,
+  DpReducer(Stage* stage, comm::Group* dp, const DpReduceOptions& options,
             int microbatches_per_flush);
 
   void BeginLastFlush();
@@ -87,7 +87,7 @@ class DpReducer {
   void Complete(size_t bucket);
 
   Stage* stage_;
-  comm::PipelineComm* comm_;
+  comm::Group* dp_;
   DpReduceOptions options_;
   int microbatches_;
   bool active_;

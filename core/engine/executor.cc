@@ -56,8 +56,8 @@ Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
 
 Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
                    int hidden_size)
-    : Executor(stage, comm, spec, hidden_size, schedule::BuildRankActions(spec, comm->pp_rank()),
-               schedule::BuildStepTail(spec, comm->pp_rank())) {}
+    : Executor(stage, comm, spec, hidden_size, schedule::BuildRankActions(spec, comm->pp().rank()),
+               schedule::BuildStepTail(spec, comm->pp().rank())) {}
 
 Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
                    int hidden_size, std::vector<Action> flush, std::vector<Action> tail)
@@ -81,7 +81,7 @@ void Executor::set_timeline(metrics::Timeline* timeline) {
 }
 
 void Executor::set_dp_reduce(const DpReduceOptions& options) {
-  dp_reducer_ = std::make_unique<DpReducer>(stage_, comm_, options, spec_.microbatches);
+  dp_reducer_ = std::make_unique<DpReducer>(stage_, &comm_->dp(), options, spec_.microbatches);
   dp_reducer_->set_timeline(timeline_);
 }
 
@@ -189,7 +189,7 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
         throw std::logic_error("executor: " + Describe(a) + " is not communication");
     }
   }
-  std::vector<Tensor> received = comm_->Exchange(std::move(sends), receives);
+  std::vector<Tensor> received = comm_->links().Exchange(std::move(sends), receives);
   for (size_t i = 0; i < received.size(); ++i) Deliver(*receive_actions[i], std::move(received[i]));
 }
 
@@ -227,7 +227,7 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
       stage_->BackwardWeightStage(a.stage, batch(a.microbatch));
       break;
     case Op::kReduceTied:
-      for (TiedWeight& tie : stage_->tied()) tie.ReduceGradient(comm_);
+      for (TiedWeight& tie : stage_->tied()) tie.ReduceGradient(&comm_->links());
       dp_reducer_->TiedReduced();
       break;
     case Op::kReduceDp:
@@ -242,14 +242,14 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
 }
 
 void Executor::SendTiedWeight() {
-  for (TiedWeight& tie : stage_->tied()) tie.SyncValue(comm_);
+  for (TiedWeight& tie : stage_->tied()) tie.SyncValue(&comm_->links());
 }
 
 double Executor::Evaluate(const layer::MicroBatch& mb) {
   loss_.Zero();
   // Micro-batch mb.index, so that its messages carry their own tags.
   Run(
-      schedule::BuildForwardOnlyActions(spec_, comm_->pp_rank(), mb.index),
+      schedule::BuildForwardOnlyActions(spec_, comm_->pp().rank(), mb.index),
       [&](int) -> const layer::MicroBatch& { return mb; }, [] {}, /*keep=*/false,
       /*record=*/false);
   return loss_.Scalar();
@@ -259,7 +259,7 @@ Tensor Executor::ForwardOutput(const layer::MicroBatch& mb) {
   capture_output_ = true;
   output_ = Tensor();
   Run(
-      schedule::BuildForwardOnlyActions(spec_, comm_->pp_rank(), mb.index),
+      schedule::BuildForwardOnlyActions(spec_, comm_->pp().rank(), mb.index),
       [&](int) -> const layer::MicroBatch& { return mb; }, [] {}, /*keep=*/false,
       /*record=*/false);
   capture_output_ = false;

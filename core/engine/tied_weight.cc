@@ -13,25 +13,25 @@ TiedWeight::TiedWeight(std::string name, layer::Param* owner, layer::Param* copy
       copy_rank_(copy_rank) {}
 
 namespace {
-comm::PipelineComm& Need(comm::PipelineComm* comm, const std::string& what) {
-  if (comm == nullptr) throw std::logic_error(what + ": owner and copy are on different ranks");
-  return *comm;
+comm::PeerLinks& Need(comm::PeerLinks* links, const std::string& what) {
+  if (links == nullptr) throw std::logic_error(what + ": owner and copy are on different ranks");
+  return *links;
 }
 }  // namespace
 
-void TiedWeight::ReduceGradient(comm::PipelineComm* comm) {
+void TiedWeight::ReduceGradient(comm::PeerLinks* links) {
   if (local()) {
     owner_->grad.device()->AddInto(owner_->grad.raw(), copy_->grad.raw(), owner_->grad.dtype(),
                                    owner_->grad.numel());
     copy_->grad.Zero();
   } else if (copy_) {
-    Need(comm, name_)
+    Need(links, name_)
         .Send(copy_->grad.Clone(), owner_rank_, comm::kTiedGradientTag,
               "tied gradient of " + name_);
     copy_->grad.Zero();
   } else if (owner_) {
     const memory::Tensor grad =
-        Need(comm, name_)
+        Need(links, name_)
             .Receive(copy_rank_, comm::kTiedGradientTag, owner_->grad.shape(), owner_->grad.dtype(),
                      owner_->grad.device(), "ReduceTied gradient of " + name_);
     owner_->grad.device()->AddInto(owner_->grad.raw(), grad.raw(), owner_->grad.dtype(),
@@ -39,15 +39,15 @@ void TiedWeight::ReduceGradient(comm::PipelineComm* comm) {
   }
 }
 
-void TiedWeight::SyncValue(comm::PipelineComm* comm) {
+void TiedWeight::SyncValue(comm::PeerLinks* links) {
   if (local()) {
     copy_->value.CopyFrom(owner_->value);
   } else if (owner_) {
-    Need(comm, name_)
+    Need(links, name_)
         .Send(owner_->value.Clone(), copy_rank_, comm::kTiedWeightTag, "tied weight " + name_);
   } else if (copy_) {
     const memory::Tensor value =
-        Need(comm, name_)
+        Need(links, name_)
             .Receive(owner_rank_, comm::kTiedWeightTag, copy_->value.shape(), copy_->value.dtype(),
                      copy_->value.device(), "OptimizerStep updated " + name_ + " from its owner");
     copy_->value.CopyFrom(value);

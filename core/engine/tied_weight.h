@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "core/comm/pipeline_comm.h"
+#include "core/comm/peer_links.h"
 #include "core/layer/layer.h"
 
 namespace bigmac::engine {
@@ -27,9 +27,9 @@ class TiedWeight {
   layer::Param* copy() const { return copy_; }
   bool local() const { return owner_ && copy_; }
 
-  // `comm` may be null when the weight is local (or not on this rank at all).
-  void ReduceGradient(comm::PipelineComm* comm);
-  void SyncValue(comm::PipelineComm* comm);
+  // `links` may be null when the weight is local (or not on this rank at all).
+  void ReduceGradient(comm::PeerLinks* links);
+  void SyncValue(comm::PeerLinks* links);
 
  private:
   std::string name_;

@@ -10,6 +10,7 @@
 #include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
 #include "core/device/device.h"
+#include "core/util/fault_plan.h"
 
 namespace bigmac::engine {
 
@@ -33,6 +34,7 @@ struct TrainOptions {
   std::string dump_dir;   // if set: final weights per layer_id and per-step losses, to compare runs
   std::string resume;     // "auto", a checkpoint step directory or root, or "" (start fresh)
   std::function<void(const std::string&)> log = [](const std::string&) {};  // called on rank 0
+  util::FaultPlan faults;  // what the reliability tests inject (nothing by default)
 };
 
 struct TrainResult {

@@ -24,11 +24,11 @@ std::vector<ParamSlice> ShardSlices(const DpBucket& bucket, int dp_size, int dp_
   return slices;
 }
 
-ZeroShards::ZeroShards(const std::vector<DpBucket>& buckets, comm::PipelineComm* comm,
+ZeroShards::ZeroShards(const std::vector<DpBucket>& buckets, comm::Group* dp,
                        device::Device* device)
-    : buckets_(buckets), comm_(comm), device_(device) {
+    : buckets_(buckets), dp_(dp), device_(device) {
   for (const DpBucket& bucket : buckets_) {
-    bucket_slices_.push_back(ShardSlices(bucket, comm->dp_size(), comm->dp_rank()));
+    bucket_slices_.push_back(ShardSlices(bucket, dp->size(), dp->rank()));
     slices_.insert(slices_.end(), bucket_slices_.back().begin(), bucket_slices_.back().end());
   }
 }
@@ -69,7 +69,8 @@ double ZeroShards::SumSquares(std::string* bad) const {
 double ZeroShards::DpSum(double value) const {
   memory::Tensor sum(device_, {1}, memory::DType::kF64);
   sum.CopyFromHost(&value);
-  comm_->AllReduceSumDp(&sum);
+  dp_->AllReduce(&sum, comm::ReduceOp::kSum,
+                 "ReduceDp: all-reduce of gradients over the data-parallel group");
   return sum.Scalar();
 }
 
@@ -80,8 +81,7 @@ void ZeroShards::AllGatherValues() {
     device::Device* device = bucket.params.front().param->value.device();
     const memory::DType dtype = bucket.params.front().param->value.dtype();
     const int64_t element = memory::DTypeSize(dtype);
-    flats.emplace_back(device, std::vector<int64_t>{PaddedNumel(bucket.numel, comm_->dp_size())},
-                       dtype);
+    flats.emplace_back(device, std::vector<int64_t>{PaddedNumel(bucket.numel, dp_->size())}, dtype);
     for (const ParamSlice& slice : bucket_slices_[b]) {
       device->CopyDeviceToDevice(
           static_cast<char*>(flats.back().raw()) + slice.flat_offset * element,
@@ -92,13 +92,13 @@ void ZeroShards::AllGatherValues() {
   // Started together, in bucket order on every rank, before any is waited for.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const DpBucket& bucket = buckets_[b];
-    comm_->StartAllGatherDp(
-        &flats[b], "OptimizerStep: all-gather of the updated bucket " + std::to_string(b + 1) +
-                       " of " + std::to_string(buckets_.size()) + " (" +
-                       bucket.params.front().name + ", " + std::to_string(bucket.numel) +
-                       " elements) over the data-parallel group");
+    dp_->StartAllGather(&flats[b],
+                        "OptimizerStep: all-gather of the updated bucket " + std::to_string(b + 1) +
+                            " of " + std::to_string(buckets_.size()) + " (" +
+                            bucket.params.front().name + ", " + std::to_string(bucket.numel) +
+                            " elements) over the data-parallel group");
   }
-  comm_->WaitAllReduces();
+  dp_->WaitAll();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     int64_t offset = 0;
     for (const Stage::NamedParam& named : buckets_[b].params) {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/comm/pipeline_comm.h"
+#include "core/comm/group.h"
 #include "core/engine/dp_reduce.h"
 #include "core/engine/stage.h"
 #include "core/optim/adamw.h"
@@ -40,11 +40,10 @@ std::vector<ParamSlice> ShardSlices(const DpBucket& bucket, int dp_size, int dp_
 // This rank's shards of a stage's buckets and what is done with them after the reduce-scatter
 // (DpReducer with DpReduceOptions::shard): the slice state of AdamW, the gradient norm of the
 // owned elements, and the all-gather of the updated masters. The stage's parameters, the
-// transport and the device outlive it.
+// dp group and the device outlive it.
 class ZeroShards {
  public:
-  ZeroShards(const std::vector<DpBucket>& buckets, comm::PipelineComm* comm,
-             device::Device* device);
+  ZeroShards(const std::vector<DpBucket>& buckets, comm::Group* dp, device::Device* device);
 
   // Slice state in `adamw` for every bucketed parameter (empty where this rank owns none of it).
   void InitState(optim::AdamW* adamw) const;
@@ -66,7 +65,7 @@ class ZeroShards {
   std::vector<DpBucket> buckets_;
   std::vector<std::vector<ParamSlice>> bucket_slices_;  // per bucket
   std::vector<ParamSlice> slices_;                      // all of them, in bucket order
-  comm::PipelineComm* comm_;
+  comm::Group* dp_;
   device::Device* device_;
 };
 

@@ -121,10 +121,8 @@ void DeviceAllocator::ResetPeak() {
   peak_ = current_;
 }
 
-int64_t CpuCapacity(const std::string& limit, int ranks_on_node) {
-  int64_t bytes = 0;
-  std::string error;
-  if (!limit.empty() && ParseByteSize(limit, &bytes, &error)) return bytes;
+int64_t CpuCapacity(int64_t limit_bytes, int ranks_on_node) {
+  if (limit_bytes > 0) return limit_bytes;
   const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   return physical / std::max(1, ranks_on_node);
 }

@@ -88,9 +88,9 @@ class DeviceAllocator {
 // sets `error` for anything else, or a value <= 0.
 bool ParseByteSize(const std::string& text, int64_t* bytes, std::string* error);
 
-// The capacity a rank gets: `limit` if it is a valid size, otherwise (empty) on CPU the host's
-// physical memory divided among the `ranks_on_node`.
-int64_t CpuCapacity(const std::string& limit, int ranks_on_node);
+// The capacity a CPU rank gets: `limit_bytes` when it is set (> 0), otherwise the host's physical
+// memory divided among the `ranks_on_node`.
+int64_t CpuCapacity(int64_t limit_bytes, int ranks_on_node);
 
 // "1.50 MiB".
 std::string FormatMiB(int64_t bytes);

@@ -51,7 +51,7 @@ LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats) 
   const int b = cfg.train().micro_batch_size();
   const int t = cfg.train().seq_length();
   const std::unique_ptr<device::Device> device =
-      device::MakeCpuDevice(0, memory::CpuCapacity(cfg.device().memory_limit(), 1));
+      device::MakeCpuDevice(0, memory::CpuCapacity(config.memory_limit_bytes, 1));
   // A model of one block: its embedding, block and head are timed one at a time.
   partition::PartitionSpec spec;
   spec.num_layers = 1;
@@ -123,8 +123,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
   constexpr double kMiB = 1024.0 * 1024.0;
   const double microbatches_per_step = cfg.train().gradient_accumulation_steps();
 
-  schedule::Kind kind = schedule::Kind::k1F1B;
-  schedule::ParseKind(cfg.parallel().schedule(), &kind);
+  const schedule::Kind kind = config.schedule;
   const int pp = config.pp;
   const int v = cfg.parallel().virtual_stages();
   const int m = config.batch.num_microbatches;

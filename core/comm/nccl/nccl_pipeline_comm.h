@@ -4,16 +4,17 @@
 // The NCCL transport (docs/transport.md). No CUDA or NCCL header here: the CLI includes it.
 //
 // What goes where:
-//   MPI (an MpiPipelineComm it owns): every message's header (dtype, shape) with its tag and the
-//     dtype/shape check, every wait's deadline, and the collectives on doubles, ints and strings;
-//     the NCCL unique ids.
+//   MPI (the MPI transport's parts: core/comm/mpi_pipeline_comm.h): every message's header
+//     (dtype, shape) with its tag and the dtype/shape check, every wait's deadline, the world and
+//     pp groups, and every group's host helpers (doubles, ints, strings; the NCCL groups derive
+//     from MpiGroup); the NCCL unique ids.
 //   NCCL: the tensor payloads, device to device. Each direction of each pipeline link (to and from
 //     every neighbour, and between the first and the last stage: the wrap of interleaved
 //     schedules and the tied weight) has a communicator of two ranks and a stream of its own, so
-//     its operations never wait behind another link's; the data-parallel group has one
-//     communicator and stream (AllReduceSumDp). Communicators are non-blocking
-//     (ncclConfig_t.blocking = 0): creation and every enqueue return at once and are polled under
-//     the deadline, so a hang is reported, and can be aborted.
+//     its operations never wait behind another link's; the data-parallel and the
+//     tensor-parallel groups each have one communicator and stream (their tensor collectives).
+//     Communicators are non-blocking (ncclConfig_t.blocking = 0): creation and every enqueue return
+//     at once and are polled under the deadline, so a hang is reported, and can be aborted.
 //
 // Why a communicator per direction: NCCL's sends are rendezvous (a send holds its communicator's
 // queue until the receive is posted), where MPI's are buffered, and the schedules are proven
@@ -36,9 +37,9 @@
 // are then read in order and must name the expected tag, dtype and shape, or the communicators are
 // aborted and a TransportError names both.
 //
-// AllReduceSumDp: ncclAllReduce (sum) in place on the dp stream; bf16 is summed in f32 as over
-// MPI. NCCL's result is deterministic run to run for the same ranks, topology, NCCL version and
-// count (fixed ring/tree order); it may differ in the last bits from MPI's sum and from other
+// A group's all-reduce: ncclAllReduce in place on the group's stream; bf16 is reduced in f32 as
+// over MPI. NCCL's result is deterministic run to run for the same ranks, topology, NCCL version
+// and count (fixed ring/tree order); it may differ in the last bits from MPI's sum and from other
 // topologies. With dp = 2 both are a + b: bitwise equal.
 
 #include <memory>
@@ -52,20 +53,21 @@ namespace bigmac::comm {
 
 // Needs `device` to be the rank's CUDA device (it outlives the transport), one GPU per rank, and
 // every rank of the job calling it at the same point (communicator creation is collective over
-// the pp group's links, then the dp group). Throws device::DeviceError when NCCL or CUDA fails, and
-// DeadlineError when creation does not finish within `deadline_seconds`.
+// the pp group's links, then the dp group, then the tp group). Throws device::DeviceError when NCCL
+// or CUDA fails, and DeadlineError when creation does not finish within `deadline_seconds`.
 std::unique_ptr<PipelineComm> MakeNcclPipelineComm(const Topology& topology, int world_rank,
                                                    const GroupComms& comms, device::Device* device,
                                                    double deadline_seconds, double spin_seconds);
 
 // The transport `kind` names: kMpi and kMpiStaged are MakeMpiPipelineComm (device tensors staged
-// through pinned host buffers; `stage_host_tensors` stages host ones too, for tests), kNccl is
+// through pinned host buffers; `stage_host_tensors` stages host ones too, for tests;
+// `max_message_bytes` as there), kNccl is
 // MakeNcclPipelineComm.
 std::unique_ptr<PipelineComm> MakePipelineComm(TransportKind kind, const Topology& topology,
                                                int world_rank, const GroupComms& comms,
                                                device::Device* device, double deadline_seconds,
-                                               double spin_seconds,
-                                               bool stage_host_tensors = false);
+                                               double spin_seconds, bool stage_host_tensors = false,
+                                               int64_t max_message_bytes = 0);
 
 // The linked NCCL's version (ncclGetVersion: 22809 for 2.28.9), 0 if unknown. No GPU needed.
 int NcclVersion();

@@ -1,0 +1,104 @@
+#ifndef BIGMAC_CORE_ENGINE_RUN_REPORT_H_
+#define BIGMAC_CORE_ENGINE_RUN_REPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/comm/pipeline_comm.h"
+#include "core/config/resolve.h"
+#include "core/device/device.h"
+#include "core/engine/executor.h"
+#include "core/engine/stage.h"
+#include "core/engine/trainer.h"
+#include "core/engine/zero_shard.h"
+#include "core/metrics/event_writer.h"
+#include "core/metrics/timeline.h"
+#include "core/optim/adamw.h"
+#include "core/util/output_file.h"
+
+namespace bigmac::engine {
+
+// What one optimizer step produced, as the trainer hands it to its report.
+struct StepOutcome {
+  double loss = 0;  // rank 0: mean per token over the global batch
+  double norm = 0;
+  double lr = 0;
+  bool skipped = false;
+  int skipped_steps = 0;  // in the run so far
+  double ms = 0;
+  int64_t activation_bytes = 0;  // sent by this rank during the step
+  int64_t tp_bytes = 0;          // put into tp all-reduces by this rank during the step
+  double tp_ms = 0;              // spent in them
+  double peak = 0;               // rank 0: the largest allocator peak of any rank
+};
+
+// The pp stages this rank hosts, "0,4".
+std::string StageList(const Stage& stage);
+
+// What the report reads of the run. Every object is the trainer's and outlives the report;
+// `zero` may be null (no ZeRO-1).
+struct RunView {
+  const config::ResolvedConfig& resolved;
+  comm::PipelineComm& comm;
+  const TrainOptions& options;
+  device::Device* device;
+  Stage& stage;
+  const Executor& executor;
+  const optim::AdamW& adamw;
+  const ZeroShards* zero;
+  const metrics::Timeline& timeline;
+};
+
+// The run's reporting, an observer of each step's outcome that changes nothing in the run: the
+// progress line, metrics.jsonl and TensorBoard (rank 0), the [memory] and [stage] summaries, the
+// trace, and --dump. Its calls that gather are collective over the world: call them on every rank.
+class RunReport {
+ public:
+  explicit RunReport(const RunView& view);
+  RunReport(const RunReport&) = delete;
+  RunReport& operator=(const RunReport&) = delete;
+
+  // A line on rank 0's log.
+  void Log(const std::string& line) const;
+  // A run output that failed after start-up: warned at once, and the run exits 8 at the end.
+  void OutputFailed(const std::string& problem);
+  const std::vector<std::string>& output_failures() const { return output_failures_; }
+
+  // The model line (parameters over the pipeline, data, flushes) and the precision line.
+  void Model(const std::string& data_description);
+  // Rank 0: metrics.jsonl and the TensorBoard events under train.output_dir, the config as text.
+  void Open(int start_step);
+  // The progress line, every train.log_interval steps (`step` is 0-based).
+  void Progress(int step, const StepOutcome& outcome);
+  // metrics.jsonl and TensorBoard; the step's line carries val_loss when it was evaluated.
+  void Metrics(int step, const StepOutcome& outcome, std::optional<double> val_loss);
+  void ValLoss(int step, double loss);
+  void Sample(int step, const std::string& text);
+  // The [memory] and [stage] lines of every rank, after `steps_run` steps.
+  void Summary(const TrainResult& result, int steps_run);
+  // trace.json (rank 0) and, with --dump, the weights per layer_id and rank 0's losses.
+  void TraceAndDump(const std::vector<double>& train_losses);
+
+ private:
+  // metrics.jsonl and the events file: their first failure, once each.
+  void CheckRecordFiles();
+  // The [memory] line's optimizer bytes, sharded or not.
+  std::string OptimizerMemory() const;
+
+  RunView view_;
+  const config::Config& cfg_;
+  const bool root_;
+  const double tokens_per_step_;
+  std::unique_ptr<util::RecordFile> metrics_file_;  // rank 0: metrics.jsonl
+  std::unique_ptr<metrics::EventWriter> events_;    // rank 0, beside metrics.jsonl
+  bool metrics_failure_reported_ = false, events_failure_reported_ = false;
+  std::vector<std::string> output_failures_;
+};
+
+}  // namespace bigmac::engine
+
+#endif  // BIGMAC_CORE_ENGINE_RUN_REPORT_H_
