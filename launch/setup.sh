@@ -23,8 +23,8 @@ packages=(
   libboost-context-dev   # fibers for the emulated CUDA device (core/device/cuda/emulation)
   python3                # launch/count_tests.py reads the gtest XML
   patchelf               # launch/bundle.sh: RUNPATH $ORIGIN/../lib in the bundle's programs
-  iproute2               # launch/two_hosts.sh: `ip netns`, veth pairs (tests/two_hosts_test)
-  slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/slurm_test: a real Slurm
+  iproute2               # launch/two_hosts.sh: `ip netns`, veth pairs (tests/mpi/two_hosts_test)
+  slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge   # tests/mpi/slurm_test: a real Slurm
 )
 # Extras for the commands outside the test command (launch/setup.sh --fuzz --bench).
 bench=0
@@ -57,7 +57,7 @@ if [[ ! -x "$cuda_home/bin/nvcc" ]]; then
   exit 1
 fi
 
-# TensorBoard's own event-file reader for tests/tensorboard_test (PyPI `tensorboard`, pinned), for
+# TensorBoard's own event-file reader for tests/mpi/tensorboard_test (PyPI `tensorboard`, pinned), for
 # the python3 on PATH; Debian's own Python refuses pip without --break-system-packages.
 tensorboard_version=2.21.0
 if [[ "$(python3 -c 'import tensorboard; print(tensorboard.__version__)' 2>/dev/null)" != "$tensorboard_version" ]]; then

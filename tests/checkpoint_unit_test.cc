@@ -15,7 +15,7 @@
 #include "core/comm/pipeline_comm.h"
 #include "core/config/loader.h"
 #include "core/config/resolve.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
 #include "tests/testing/run.h"
@@ -36,12 +36,12 @@ struct Model {
         config::LoadConfig(testutil::Runfile("configs/tiny.yaml"), overrides), 1, "test"));
     const config::Config& cfg = resolved->values();
     cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
-    engine::StageOptions options;
+    engine::RankModelOptions options;
     options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
                     cfg.model().num_layers(), cfg.train().seq_length()};
     options.device = cpu.get();
     options.seed = seed;
-    stage = std::make_unique<engine::Stage>(options, resolved->partition, 0);
+    stage = std::make_unique<engine::RankModel>(options, resolved->partition, 0);
     comm = comm::MakeLocalPipelineComm();
   }
 
@@ -71,7 +71,7 @@ struct Model {
 
   std::unique_ptr<config::ResolvedConfig> resolved;
   std::unique_ptr<device::Device> cpu;
-  std::unique_ptr<engine::Stage> stage;
+  std::unique_ptr<engine::RankModel> stage;
   std::unique_ptr<comm::PipelineComm> comm;
   optim::AdamW adamw{optim::AdamWOptions{}};
 };

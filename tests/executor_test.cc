@@ -11,7 +11,7 @@
 #include "core/comm/pipeline_comm.h"
 #include "core/device/device.h"
 #include "core/engine/dp_reduce.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/partition/partition.h"
 #include "tests/testing/expect.h"
 
@@ -23,7 +23,7 @@ namespace {
 struct TwoStages {
   std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 28);
   std::unique_ptr<comm::PipelineComm> comm = comm::MakeLocalPipelineComm();
-  std::unique_ptr<engine::Stage> stage;
+  std::unique_ptr<engine::RankModel> stage;
   std::vector<int32_t> tokens, targets;
   layer::MicroBatch mb;
 
@@ -31,11 +31,11 @@ struct TwoStages {
     partition::PartitionSpec spec;
     spec.num_layers = 2;
     spec.virtual_stages = 2;
-    engine::StageOptions options;
+    engine::RankModelOptions options;
     options.dims = {32, 16, 2, 2, 8};
     options.device = cpu.get();
     options.bf16 = bf16;
-    stage = std::make_unique<engine::Stage>(options, partition::MakePartition(spec), 0);
+    stage = std::make_unique<engine::RankModel>(options, partition::MakePartition(spec), 0);
     tokens.resize(2 * 8);
     targets.resize(2 * 8);
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -105,7 +105,7 @@ TEST(Executor, Bf16ActivationsTravelAsBf16) {
 // is, whether the backward was still running).
 class FakeDpGroup : public comm::LocalGroup {
  public:
-  explicit FakeDpGroup(const engine::Stage* stage) : LocalGroup("dp"), stage_(stage) {}
+  explicit FakeDpGroup(const engine::RankModel* stage) : LocalGroup("dp"), stage_(stage) {}
   int size() const override { return 2; }
   int StartAllReduce(memory::Tensor* tensor, comm::ReduceOp, const std::string& what) override {
     started.push_back({tensor->numel(), stage_->in_flight() > 0, what});
@@ -138,13 +138,13 @@ class FakeDpGroup : public comm::LocalGroup {
     Double(in_flight_[handle]);
     in_flight_[handle] = nullptr;
   }
-  const engine::Stage* stage_;
+  const engine::RankModel* stage_;
   std::vector<memory::Tensor*> in_flight_;
 };
 
 // The local transport with a FakeDpGroup for its dp group.
 struct FakeDpComm {
-  explicit FakeDpComm(const engine::Stage* stage) {
+  explicit FakeDpComm(const engine::RankModel* stage) {
     auto group = std::make_unique<FakeDpGroup>(stage);
     dp = group.get();
     transport = comm::MakeLocalPipelineComm(std::move(group));
@@ -154,9 +154,9 @@ struct FakeDpComm {
 };
 
 // Every owned gradient of the stage, flattened in OwnedParams order.
-std::vector<float> Gradients(engine::Stage& stage) {
+std::vector<float> Gradients(engine::RankModel& stage) {
   std::vector<float> all;
-  for (const engine::Stage::NamedParam& named : stage.OwnedParams()) {
+  for (const engine::RankModel::NamedParam& named : stage.OwnedParams()) {
     const float* g = named.param->grad.data<float>();
     all.insert(all.end(), g, g + named.param->grad.numel());
   }
@@ -200,7 +200,7 @@ TEST(DpReduce, BucketsFollowReverseLayerOrderWithTheTiedWeightLast) {
   TwoStages two;
   // 1 byte: every parameter is a bucket of its own.
   const std::vector<engine::DpBucket> each = engine::MakeDpBuckets(*two.stage, 1);
-  const std::vector<engine::Stage::NamedParam> owned = two.stage->OwnedParams();
+  const std::vector<engine::RankModel::NamedParam> owned = two.stage->OwnedParams();
   ASSERT_EQ(each.size(), owned.size());
   EXPECT_EQ(each.front().params.front().name, "head/lnf.weight");
   EXPECT_EQ(each.back().params.front().name, "embedding/wte");

@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/layer/layer.h"
 #include "plugins/sdk/init.h"
 
@@ -40,12 +40,12 @@ TEST(GradCheck, WholeModelWithTiedEmbedding) {
   partition::PartitionSpec pspec;
   pspec.num_layers = Dims().num_layers;
   const partition::Partition partition = partition::MakePartition(pspec);
-  engine::StageOptions options;
+  engine::RankModelOptions options;
   options.dims = Dims();
   options.dtype = DType::kF64;
   options.device = cpu.get();
   options.seed = 11;
-  engine::Stage stage(options, partition, 0);
+  engine::RankModel stage(options, partition, 0);
   Batch batch = MakeBatch(2, 6, options.dims.vocab_size);
   stage.ZeroGrads();
   stage.ForwardBackward(batch.mb);

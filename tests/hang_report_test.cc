@@ -220,7 +220,7 @@ TEST(Progress, TheDeadlineHandlerAddsToTheMessage) {
 }
 
 // The mismatched schedule of BIGMAC_TEST_MISMATCH_SCHEDULE deadlocks, and the simulator names the
-// same pair of waits that the hang report prints in tests/hang_test.cc.
+// same pair of waits that the hang report prints in tests/mpi/hang_test.cc.
 TEST(MismatchForTesting, TheSimulatorFindsTheDeadlock) {
   using schedule::Kind;
   for (Kind kind : {Kind::kGpipe, Kind::k1F1B, Kind::kZeroBubbleH1}) {

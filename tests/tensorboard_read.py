@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads a run directory's TensorBoard event file with TensorBoard's own reader (EventAccumulator,
-PyPI `tensorboard`) and prints its scalars and text summaries as JSON, for tests/tensorboard_test.
+PyPI `tensorboard`) and prints its scalars and text summaries as JSON, for tests/mpi/tensorboard_test.
 
 Usage: tensorboard_read.py RUN_DIR
 """

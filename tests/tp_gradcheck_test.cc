@@ -1,7 +1,7 @@
 // The tensor-parallel GPT block (stages/gpt/tp_block.cc) in double precision: its gradients
 // against central finite differences, and its output and gradients against the tp = 1 block's
 // from the same initial weights. The tp ranks are threads of this process joined by an
-// in-process TpGroup (the layer sees only that interface; tests/tp_test.cc covers MPI).
+// in-process TpGroup (the layer sees only that interface; tests/mpi/tp_test.cc covers MPI).
 #include <gtest/gtest.h>
 #include <omp.h>
 

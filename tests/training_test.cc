@@ -10,7 +10,7 @@
 #include "core/data/dataset.h"
 #include "core/data/prep.h"
 #include "core/data/shard.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/engine/trainer.h"
 #include "core/optim/adamw.h"
 #include "plugins/sdk/init.h"
@@ -99,19 +99,19 @@ struct OneBatch {
   }
 };
 
-engine::Stage MakeStage(device::Device* device, DType dtype = DType::kF32) {
+engine::RankModel MakeStage(device::Device* device, DType dtype = DType::kF32) {
   partition::PartitionSpec spec;
   spec.num_layers = SmallDims().num_layers;
-  engine::StageOptions options;
+  engine::RankModelOptions options;
   options.dims = SmallDims();
   options.dtype = dtype;
   options.device = device;
-  return engine::Stage(options, partition::MakePartition(spec), 0);
+  return engine::RankModel(options, partition::MakePartition(spec), 0);
 }
 
 TEST(TiedWeights, OneOwnerGradientSumsBothUsesAndCopyFollows) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 28);
-  engine::Stage stage = MakeStage(cpu.get(), DType::kF64);
+  engine::RankModel stage = MakeStage(cpu.get(), DType::kF64);
   layer::Param* owner = nullptr;
   layer::Param* copy = nullptr;
   for (auto& layer : stage.layers()) {
@@ -150,7 +150,7 @@ TEST(TiedWeights, OneOwnerGradientSumsBothUsesAndCopyFollows) {
 
 TEST(Overfit, OneBatchToNearZeroLoss) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 28);
-  engine::Stage stage = MakeStage(cpu.get());
+  engine::RankModel stage = MakeStage(cpu.get());
   OneBatch batch(4, 8, SmallDims().vocab_size);
   std::vector<layer::Param*> params;
   for (const auto& named : stage.OwnedParams()) params.push_back(named.param);
@@ -170,7 +170,7 @@ TEST(Overfit, OneBatchToNearZeroLoss) {
 
 TEST(NonFinite, NamesTheLayer) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 28);
-  engine::Stage stage = MakeStage(cpu.get());
+  engine::RankModel stage = MakeStage(cpu.get());
   OneBatch batch(2, 8, SmallDims().vocab_size);
   EXPECT_EQ(stage.FirstNonFiniteLayer(batch.mb), "");
   for (auto& layer : stage.layers()) {

@@ -24,7 +24,7 @@ struct LayerParams {
 // A view of the parameters one rank holds, by layer_id, in model order: what checkpoints read and
 // write (the fp32 master `value` of each Param, and its AdamW moments; nothing else). The view owns
 // nothing: the layers and their Params must outlive it. The engine builds it
-// (engine::Stage::State()); the checkpoint code never sees the engine.
+// (engine::RankModel::State()); the checkpoint code never sees the engine.
 struct ModelState {
   int num_layers = 0;  // model.num_layers: how layer_ids are named (embedding, blocks, head)
   std::vector<LayerParams> layers;

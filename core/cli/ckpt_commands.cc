@@ -15,7 +15,7 @@
 #include "core/comm/pipeline_comm.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/layer/plugin_loader.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"

@@ -180,24 +180,6 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   }
 }
 
-// Settings the config schema accepts (the dry-run and `plan` show their layouts) that training does
-// not implement yet. Each is named with its value and what works instead.
-std::vector<std::string> UnsupportedForTraining(const config::ResolvedConfig& resolved) {
-  const config::Config& values = resolved.values();
-  std::vector<std::string> missing;
-  if (resolved.backend == ::bigmac::device::Backend::kCuda) {
-    if (values.parallel().tp_size() != 1) {
-      missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
-                        " with device.backend=cuda: tensor parallelism runs on the CPU backend "
-                        "only (rule: tp_size > 1 needs device.backend=cpu until the CUDA layers "
-                        "have tensor-parallel slices; the tp layers are CPU code)");
-    }
-    for (std::string& problem : stages::gpt::cuda::CudaModelProblems(config::ModelDimsOf(values)))
-      missing.push_back(std::move(problem));
-  }
-  return missing;
-}
-
 // The rank's device: host memory, or the GPU the placement chose (its memory capped by
 // device.memory_limit when that is set).
 std::unique_ptr<::bigmac::device::Device> MakeRankDevice(const comm::DevicePlacement& placement,

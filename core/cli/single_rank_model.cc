@@ -90,12 +90,12 @@ SingleRankModel BuildSingleRankModel(config::ResolvedConfig resolved) {
   SingleRankModel model{std::move(resolved), nullptr, nullptr, ""};
   const config::Config& cfg = model.resolved.values();
   model.device = device::MakeCpuDevice(0, memory::CpuCapacity(0, 1));
-  engine::StageOptions options;
+  engine::RankModelOptions options;
   options.dims = config::ModelDimsOf(cfg);
   options.device = model.device.get();
   options.seed = static_cast<uint64_t>(cfg.train().seed());
   options.block_types = model.resolved.block_types;
-  model.stage = std::make_unique<engine::Stage>(options, model.resolved.partition, 0);
+  model.stage = std::make_unique<engine::RankModel>(options, model.resolved.partition, 0);
   return model;
 }
 

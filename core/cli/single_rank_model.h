@@ -9,7 +9,7 @@
 #include "core/config/loader.h"
 #include "core/config/resolve.h"
 #include "core/device/device.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 
 namespace bigmac::cli {
 
@@ -18,8 +18,8 @@ namespace bigmac::cli {
 struct SingleRankModel {
   config::ResolvedConfig resolved;
   std::unique_ptr<device::Device> device;
-  std::unique_ptr<engine::Stage> stage;  // every layer; weights from `seed` until loaded
-  std::string tokenizer;                 // the checkpoint's (Manifest.tokenizer), when loaded
+  std::unique_ptr<engine::RankModel> stage;  // every layer; weights from `seed` until loaded
+  std::string tokenizer;                     // the checkpoint's (Manifest.tokenizer), when loaded
 };
 
 // `loaded` resolved for one rank: the pipeline, tensor-parallel and partition keys reset.

@@ -12,6 +12,7 @@
 #include "core/data/error.h"
 #include "core/data/tokenizer.h"
 #include "core/util/files.h"
+#include "stages/gpt/cuda/constraints.h"
 
 namespace bigmac::cli {
 namespace {
@@ -210,6 +211,22 @@ StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std
     check.problems.push_back("--resume " + resume + ": " + error.what());
   }
   return check;
+}
+
+std::vector<std::string> UnsupportedForTraining(const config::ResolvedConfig& resolved) {
+  const config::Config& values = resolved.values();
+  std::vector<std::string> missing;
+  if (resolved.backend == ::bigmac::device::Backend::kCuda) {
+    if (values.parallel().tp_size() != 1) {
+      missing.push_back("parallel.tp_size=" + std::to_string(values.parallel().tp_size()) +
+                        " with device.backend=cuda: tensor parallelism runs on the CPU backend "
+                        "only (rule: tp_size > 1 needs device.backend=cpu until the CUDA layers "
+                        "have tensor-parallel slices; the tp layers are CPU code)");
+    }
+    for (std::string& problem : stages::gpt::cuda::CudaModelProblems(config::ModelDimsOf(values)))
+      missing.push_back(std::move(problem));
+  }
+  return missing;
 }
 
 }  // namespace bigmac::cli

@@ -52,6 +52,11 @@ StartupCheck LockTrainOutputs(const config::ResolvedConfig& resolved, bool dry_r
 // Other problems: kExitCheckpoint. `resume` empty: nothing to check.
 StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume);
 
+// Settings the config schema accepts (the dry-run and `plan` show their layouts) that training
+// does not implement yet, the CUDA layers' rules among them (stages/gpt/cuda/constraints.h). Each
+// names its value and what works instead. Decided from the config alone, so every rank agrees.
+std::vector<std::string> UnsupportedForTraining(const config::ResolvedConfig& resolved);
+
 }  // namespace bigmac::cli
 
 #endif  // BIGMAC_CORE_CLI_STARTUP_CHECKS_H_

@@ -10,8 +10,8 @@ namespace bigmac::engine {
 
 using memory::Tensor;
 
-std::vector<DpBucket> MakeDpBuckets(Stage& stage, int64_t bucket_bytes) {
-  const std::vector<Stage::NamedParam> owned = stage.OwnedParams();
+std::vector<DpBucket> MakeDpBuckets(RankModel& stage, int64_t bucket_bytes) {
+  const std::vector<RankModel::NamedParam> owned = stage.OwnedParams();
   std::set<const layer::Param*> tied_owners;
   for (TiedWeight& tie : stage.tied()) {
     if (tie.owner()) tied_owners.insert(tie.owner());
@@ -26,7 +26,7 @@ std::vector<DpBucket> MakeDpBuckets(Stage& stage, int64_t bucket_bytes) {
   std::vector<DpBucket> buckets;
   std::vector<DpBucket> tied;
   DpBucket current;
-  auto add = [](DpBucket* bucket, const Stage::NamedParam& named) {
+  auto add = [](DpBucket* bucket, const RankModel::NamedParam& named) {
     if (bucket->layer_ids.empty() || bucket->layer_ids.back() != named.layer_id)
       bucket->layer_ids.push_back(named.layer_id);
     bucket->dtype = named.param->grad.dtype();
@@ -35,7 +35,7 @@ std::vector<DpBucket> MakeDpBuckets(Stage& stage, int64_t bucket_bytes) {
   };
   for (size_t l = layers.size(); l-- > 0;) {
     for (size_t i = layers[l].first; i < layers[l].second; ++i) {
-      const Stage::NamedParam& named = owned[i];
+      const RankModel::NamedParam& named = owned[i];
       const memory::Tensor& grad = named.param->grad;
       if (grad.numel() == 0) continue;
       if (tied_owners.count(named.param)) {
@@ -59,9 +59,9 @@ std::vector<DpBucket> MakeDpBuckets(Stage& stage, int64_t bucket_bytes) {
   return buckets;
 }
 
-DpReducer::DpReducer(Stage* stage, comm::Group* dp, const DpReduceOptions& options,
+DpReducer::DpReducer(RankModel* stage, comm::Group* dp, const DpReduceOptions& options,
                      int microbatches_per_flush)
-    : stage_(stage),
+    : model_(stage),
       dp_(dp),
       options_(options),
       microbatches_(microbatches_per_flush),
@@ -138,11 +138,11 @@ void DpReducer::StartReady() {
 void DpReducer::Start(size_t bucket) {
   const DpBucket& b = buckets_[bucket];
   InFlight& f = in_flight_[bucket];
-  device::Device* device = stage_->device();
+  device::Device* device = model_->device();
   f.flat = Tensor(device, {flat_numel_[bucket]}, b.dtype);
   const int64_t element = memory::DTypeSize(b.dtype);
   int64_t offset = 0;
-  for (const Stage::NamedParam& named : b.params) {
+  for (const RankModel::NamedParam& named : b.params) {
     device->CopyDeviceToDevice(static_cast<char*>(f.flat.raw()) + offset * element,
                                named.param->grad.raw(), named.param->grad.bytes());
     offset += named.param->grad.numel();
@@ -163,7 +163,7 @@ void DpReducer::Start(size_t bucket) {
 void DpReducer::Complete(size_t bucket) {
   const DpBucket& b = buckets_[bucket];
   InFlight& f = in_flight_[bucket];
-  device::Device* device = stage_->device();
+  device::Device* device = model_->device();
   const int64_t element = memory::DTypeSize(b.dtype);
   if (options_.shard) {
     // Only this rank's shard holds sums; the rest of each gradient is left as it was.
@@ -175,7 +175,7 @@ void DpReducer::Complete(size_t bucket) {
     }
   } else {
     int64_t offset = 0;
-    for (const Stage::NamedParam& named : b.params) {
+    for (const RankModel::NamedParam& named : b.params) {
       device->CopyDeviceToDevice(named.param->grad.raw(),
                                  static_cast<const char*>(f.flat.raw()) + offset * element,
                                  named.param->grad.bytes());

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/comm/group.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/metrics/timeline.h"
 
 namespace bigmac::engine {
@@ -15,7 +15,7 @@ namespace bigmac::engine {
 // One bucket of the data-parallel all-reduce: whole parameter gradients, summed as one flat
 // tensor.
 struct DpBucket {
-  std::vector<Stage::NamedParam> params;
+  std::vector<RankModel::NamedParam> params;
   std::vector<int> layer_ids;  // the distinct layers of `params`
   int64_t numel = 0;
   memory::DType dtype = memory::DType::kF32;
@@ -30,7 +30,7 @@ struct DpBucket {
 // gradient in ReduceTied) is a bucket of its own, after all the others. The buckets depend only on
 // the stage's parameters and `bucket_bytes`, never on timing, so every dp replica of a stage cuts
 // the same ones, and the serial and the overlapped step sum the same buffers.
-std::vector<DpBucket> MakeDpBuckets(Stage& stage, int64_t bucket_bytes);
+std::vector<DpBucket> MakeDpBuckets(RankModel& stage, int64_t bucket_bytes);
 
 struct DpReduceOptions {
   // Start a bucket's all-reduce as soon as its gradients are final in the step's last flush
@@ -56,11 +56,11 @@ struct DpReduceOptions {
 // timeline outlive it.
 class DpReducer {
  public:
-  DpReducer(Stage* stage, comm::Group* dp, const DpReduceOptions& options,
+  DpReducer(RankModel* stage, comm::Group* dp, const DpReduceOptions& options,
             int microbatches_per_flush);
 
   void BeginLastFlush();
-  void WeightGradientDone(int layer_index);  // index into Stage::layers()
+  void WeightGradientDone(int layer_index);  // index into RankModel::layers()
   void TiedReduced();
   void Finish();
   // Tests the buckets in flight; a completed one is copied back and its span recorded.
@@ -86,13 +86,13 @@ class DpReducer {
   void Start(size_t bucket);
   void Complete(size_t bucket);
 
-  Stage* stage_;
+  RankModel* model_;
   comm::Group* dp_;
   DpReduceOptions options_;
   int microbatches_;
   bool active_;
   std::vector<DpBucket> buckets_;
-  std::vector<int> layer_id_of_index_;                   // Stage::layers() index -> layer_id
+  std::vector<int> layer_id_of_index_;                   // RankModel::layers() index -> layer_id
   std::map<int, std::vector<size_t>> buckets_of_layer_;  // layer_id -> buckets holding it
   std::vector<int64_t> flat_numel_;                      // per bucket, padded to a multiple of dp
   // Per step.

@@ -54,14 +54,14 @@ Tensor Take(std::map<std::pair<int, int>, Tensor>& box, int mb, int stage,
 
 }  // namespace
 
-Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+Executor::Executor(RankModel* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
                    int hidden_size)
     : Executor(stage, comm, spec, hidden_size, schedule::BuildRankActions(spec, comm->pp().rank()),
                schedule::BuildStepTail(spec, comm->pp().rank())) {}
 
-Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+Executor::Executor(RankModel* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
                    int hidden_size, std::vector<Action> flush, std::vector<Action> tail)
-    : stage_(stage),
+    : model_(stage),
       comm_(comm),
       spec_(spec),
       flush_(std::move(flush)),
@@ -70,10 +70,10 @@ Executor::Executor(Stage* stage, comm::PipelineComm* comm, const schedule::Sched
       loss_(stage->device(), {1}, memory::DType::kF64),
       loss_term_(stage->device(), {1}, memory::DType::kF64) {
   set_dp_reduce(DpReduceOptions());
-  stage_->set_weight_gradient_hook([this](int layer) { dp_reducer_->WeightGradientDone(layer); });
+  model_->set_weight_gradient_hook([this](int layer) { dp_reducer_->WeightGradientDone(layer); });
 }
 
-Executor::~Executor() { stage_->set_weight_gradient_hook(nullptr); }
+Executor::~Executor() { model_->set_weight_gradient_hook(nullptr); }
 
 void Executor::set_timeline(metrics::Timeline* timeline) {
   timeline_ = timeline;
@@ -81,7 +81,7 @@ void Executor::set_timeline(metrics::Timeline* timeline) {
 }
 
 void Executor::set_dp_reduce(const DpReduceOptions& options) {
-  dp_reducer_ = std::make_unique<DpReducer>(stage_, &comm_->dp(), options, spec_.microbatches);
+  dp_reducer_ = std::make_unique<DpReducer>(model_, &comm_->dp(), options, spec_.microbatches);
   dp_reducer_->set_timeline(timeline_);
 }
 
@@ -180,7 +180,7 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
         }
         if (inbox_.count({a.microbatch, a.stage})) DuplicateReceive(a);
         receives.push_back({a.peer, ReceiveTag(a), ActivationShape(batch(a.microbatch)),
-                            stage_->activation_dtype(), stage_->device(),
+                            model_->activation_dtype(), model_->device(),
                             Describe(a) + (act ? " activation" : " gradient")});
         receive_actions.push_back(&a);
         break;
@@ -200,10 +200,10 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
       const layer::MicroBatch& mb = batch(a.microbatch);
       Tensor input =
           a.stage == 0 ? Tensor() : Take(inbox_, a.microbatch, a.stage, "received activation");
-      Tensor output = stage_->ForwardStage(a.stage, mb, std::move(input), keep);
-      if (stage_->is_last_stage(a.stage) && capture_output_) {
+      Tensor output = model_->ForwardStage(a.stage, mb, std::move(input), keep);
+      if (model_->is_last_stage(a.stage) && capture_output_) {
         output_ = std::move(output);
-      } else if (stage_->is_last_stage(a.stage)) {
+      } else if (model_->is_last_stage(a.stage)) {
         // The loss stays on the device until the flush ends.
         loss_term_.ConvertFrom(output);
         loss_.device()->AddInto(loss_.raw(), loss_term_.raw(), memory::DType::kF64, 1);
@@ -215,19 +215,19 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
     case Op::kBackward:
     case Op::kBackwardInput: {
       const layer::MicroBatch& mb = batch(a.microbatch);
-      Tensor grad = stage_->is_last_stage(a.stage)
+      Tensor grad = model_->is_last_stage(a.stage)
                         ? Tensor()
                         : Take(inbox_, a.microbatch, a.stage, "received gradient");
-      Tensor dx = a.op == Op::kBackward ? stage_->BackwardStage(a.stage, mb, std::move(grad))
-                                        : stage_->BackwardInputStage(a.stage, mb, std::move(grad));
+      Tensor dx = a.op == Op::kBackward ? model_->BackwardStage(a.stage, mb, std::move(grad))
+                                        : model_->BackwardInputStage(a.stage, mb, std::move(grad));
       if (a.stage > 0) outbox_[{a.microbatch, a.stage}] = std::move(dx);
       break;
     }
     case Op::kBackwardWeight:
-      stage_->BackwardWeightStage(a.stage, batch(a.microbatch));
+      model_->BackwardWeightStage(a.stage, batch(a.microbatch));
       break;
     case Op::kReduceTied:
-      for (TiedWeight& tie : stage_->tied()) tie.ReduceGradient(&comm_->links());
+      for (TiedWeight& tie : model_->tied()) tie.ReduceGradient(&comm_->links());
       dp_reducer_->TiedReduced();
       break;
     case Op::kReduceDp:
@@ -242,7 +242,7 @@ void Executor::RunCompute(const Action& a, const Batch& batch,
 }
 
 void Executor::SendTiedWeight() {
-  for (TiedWeight& tie : stage_->tied()) tie.SyncValue(&comm_->links());
+  for (TiedWeight& tie : model_->tied()) tie.SyncValue(&comm_->links());
 }
 
 double Executor::Evaluate(const layer::MicroBatch& mb) {

@@ -9,13 +9,13 @@
 #include "core/comm/pipeline_comm.h"
 #include "core/device/device_spans.h"
 #include "core/engine/dp_reduce.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/metrics/timeline.h"
 #include "core/schedule/schedule.h"
 
 namespace bigmac::engine {
 
-// Runs one rank's action lists (core/schedule) against its Stage and the PipelineComm: it owns
+// Runs one rank's action lists (core/schedule) against its RankModel and the PipelineComm: it owns
 // the activations and gradients in transit between actions, batches adjacent communication with
 // one neighbour into one exchange, hands the tied weight's gradient to its owner and all-reduces
 // gradients over the data-parallel group in buckets (DpReducer), overlapped with the backward of
@@ -24,10 +24,10 @@ class Executor {
  public:
   // The lists of pp rank comm->pp_rank() under `spec`: one flush (BuildRankActions), the
   // per-step tail (BuildStepTail), evaluation (BuildForwardOnlyActions).
-  Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+  Executor(RankModel* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
            int hidden_size);
   // With hand-written flush and tail lists (tests); evaluation still follows `spec`.
-  Executor(Stage* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
+  Executor(RankModel* stage, comm::PipelineComm* comm, const schedule::ScheduleSpec& spec,
            int hidden_size, std::vector<schedule::Action> flush,
            std::vector<schedule::Action> tail);
   Executor(const Executor&) = delete;
@@ -86,7 +86,7 @@ class Executor {
   std::string Describe(const schedule::Action& action) const;
   std::vector<int64_t> ActivationShape(const layer::MicroBatch& mb) const;
 
-  Stage* stage_;
+  RankModel* model_;
   comm::PipelineComm* comm_;
   schedule::ScheduleSpec spec_;
   std::vector<schedule::Action> flush_;

@@ -13,7 +13,7 @@ namespace {
 double Uniform(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
 
 // The whole model forward on `window` without targets: the head's logits.
-memory::Tensor ForwardLogits(Stage& stage, const std::vector<int32_t>& window) {
+memory::Tensor ForwardLogits(RankModel& stage, const std::vector<int32_t>& window) {
   const layer::MicroBatch mb{1, static_cast<int>(window.size()), window.data(), nullptr, 1.0, 0};
   memory::Tensor activation;
   for (const partition::StageRange& range : stage.ranges())
@@ -94,11 +94,12 @@ std::vector<float> LastLogitsRow(const memory::Tensor& logits, int vocab) {
   return std::vector<float>(row, row + vocab);
 }
 
-std::vector<float> StageLastLogits(Stage& stage, const std::vector<int32_t>& window, int vocab) {
+std::vector<float> StageLastLogits(RankModel& stage, const std::vector<int32_t>& window,
+                                   int vocab) {
   return LastLogitsRow(ForwardLogits(stage, window), vocab);
 }
 
-double MeanTokenLoss(Stage& stage, const std::vector<int32_t>& tokens, int context) {
+double MeanTokenLoss(RankModel& stage, const std::vector<int32_t>& tokens, int context) {
   double loss = 0;
   int64_t scored = 0;
   for (size_t begin = 0; begin + 1 < tokens.size(); begin += context) {

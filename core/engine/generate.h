@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/memory/tensor.h"
 
 namespace bigmac::engine {
@@ -62,11 +62,11 @@ Generation Generate(
 std::vector<float> LastLogitsRow(const memory::Tensor& logits, int vocab);
 
 // On one rank holding the whole model (pp = 1): the last position's logits of `window`.
-std::vector<float> StageLastLogits(Stage& stage, const std::vector<int32_t>& window, int vocab);
+std::vector<float> StageLastLogits(RankModel& stage, const std::vector<int32_t>& window, int vocab);
 
 // The mean per-token loss (nats) of `tokens[1:]` given the tokens before each, on one rank holding
 // the whole model; at most `context` tokens at once (longer texts are scored in windows).
-double MeanTokenLoss(Stage& stage, const std::vector<int32_t>& tokens, int context);
+double MeanTokenLoss(RankModel& stage, const std::vector<int32_t>& tokens, int context);
 
 }  // namespace bigmac::engine
 

@@ -1,4 +1,4 @@
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 
 #include <stdexcept>
 
@@ -10,7 +10,8 @@ using layer::Layer;
 using layer::LayerSpec;
 using memory::Tensor;
 
-Stage::Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank)
+RankModel::RankModel(const RankModelOptions& options, const partition::Partition& partition,
+                     int pp_rank)
     : options_(options) {
   if (options_.model.empty())
     options_.model = GptModel(options_.dims.num_layers, options_.block_types);
@@ -70,31 +71,31 @@ Stage::Stage(const StageOptions& options, const partition::Partition& partition,
   SyncTiedCopies();
 }
 
-std::vector<int> Stage::LayerIds() const {
+std::vector<int> RankModel::LayerIds() const {
   std::vector<int> ids;
   for (const auto& layer : layers_) ids.push_back(layer->layer_id());
   return ids;
 }
 
-bool Stage::has_embedding() const {
+bool RankModel::has_embedding() const {
   return !layers_.empty() && layers_.front()->layer_id() == layer::kEmbeddingLayerId;
 }
 
-bool Stage::has_head() const {
+bool RankModel::has_head() const {
   return !layers_.empty() &&
          layers_.back()->layer_id() == layer::HeadLayerId(options_.dims.num_layers);
 }
 
-bool Stage::is_last_stage(int stage) const { return stage == last_stage_; }
+bool RankModel::is_last_stage(int stage) const { return stage == last_stage_; }
 
-const std::vector<int>& Stage::LayersOf(int stage) const {
+const std::vector<int>& RankModel::LayersOf(int stage) const {
   auto it = layers_of_stage_.find(stage);
   if (it == layers_of_stage_.end())
     throw std::logic_error("stage " + std::to_string(stage) + " is not on this rank");
   return it->second;
 }
 
-Tensor Stage::ForwardStage(int stage, const layer::MicroBatch& mb, Tensor input, bool keep) {
+Tensor RankModel::ForwardStage(int stage, const layer::MicroBatch& mb, Tensor input, bool keep) {
   const std::vector<int>& indices = LayersOf(stage);
   // Evaluation reuses one scratch slot: each layer's Forward clears what the previous one kept.
   layer::Saved scratch;
@@ -114,8 +115,8 @@ Tensor Stage::ForwardStage(int stage, const layer::MicroBatch& mb, Tensor input,
   return activation;
 }
 
-void Stage::ForwardLayer(int index, const layer::MicroBatch& mb, const Tensor& x, Tensor* y,
-                         layer::Saved* saved) {
+void RankModel::ForwardLayer(int index, const layer::MicroBatch& mb, const Tensor& x, Tensor* y,
+                             layer::Saved* saved) {
   Layer& layer = *layers_[index];
   if (!stage_checkpointed_[index]) {
     layer.Forward(mb, x, y, saved);
@@ -127,22 +128,22 @@ void Stage::ForwardLayer(int index, const layer::MicroBatch& mb, const Tensor& x
   saved->tensors.push_back(x.Clone());
 }
 
-void Stage::Recompute(int index, const layer::MicroBatch& mb, layer::Saved* saved) {
+void RankModel::Recompute(int index, const layer::MicroBatch& mb, layer::Saved* saved) {
   if (!stage_checkpointed_[index]) return;
   const Tensor input = std::move(saved->tensors.at(0));
   Tensor discarded;
   layers_[index]->Forward(mb, input, &discarded, saved);
 }
 
-Tensor Stage::BackwardInputStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
+Tensor RankModel::BackwardInputStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
   return Backward(stage, mb, std::move(grad), /*with_weights=*/false);
 }
 
-Tensor Stage::BackwardStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
+Tensor RankModel::BackwardStage(int stage, const layer::MicroBatch& mb, Tensor grad) {
   return Backward(stage, mb, std::move(grad), /*with_weights=*/true);
 }
 
-Tensor Stage::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool with_weights) {
+Tensor RankModel::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool with_weights) {
   const std::vector<int>& indices = LayersOf(stage);
   auto it = saved_.find({mb.index, stage});
   if (it == saved_.end())
@@ -166,7 +167,7 @@ Tensor Stage::Backward(int stage, const layer::MicroBatch& mb, Tensor grad, bool
   return grad;
 }
 
-void Stage::RecordActivations() {
+void RankModel::RecordActivations() {
   max_in_flight_ = std::max(max_in_flight_, in_flight());
   int64_t bytes = 0;
   for (const auto& [key, per_layer] : saved_) {
@@ -175,7 +176,7 @@ void Stage::RecordActivations() {
   max_activation_bytes_ = std::max(max_activation_bytes_, bytes);
 }
 
-void Stage::BackwardWeightStage(int stage, const layer::MicroBatch& mb) {
+void RankModel::BackwardWeightStage(int stage, const layer::MicroBatch& mb) {
   const std::vector<int>& indices = LayersOf(stage);
   auto it = saved_.find({mb.index, stage});
   if (it == saved_.end())
@@ -187,9 +188,9 @@ void Stage::BackwardWeightStage(int stage, const layer::MicroBatch& mb) {
   saved_.erase(it);
 }
 
-double Stage::ForwardBackward(const layer::MicroBatch& mb) {
+double RankModel::ForwardBackward(const layer::MicroBatch& mb) {
   if (!has_embedding() || !has_head())
-    throw std::logic_error("Stage::ForwardBackward needs the whole model");
+    throw std::logic_error("RankModel::ForwardBackward needs the whole model");
   Tensor activation;
   for (const partition::StageRange& range : ranges_)
     activation = ForwardStage(range.stage, mb, std::move(activation));
@@ -200,7 +201,7 @@ double Stage::ForwardBackward(const layer::MicroBatch& mb) {
   return loss;
 }
 
-double Stage::ForwardLoss(const layer::MicroBatch& mb) {
+double RankModel::ForwardLoss(const layer::MicroBatch& mb) {
   Tensor activation;
   for (const partition::StageRange& range : ranges_) {
     activation = ForwardStage(range.stage, mb, std::move(activation), /*keep=*/false);
@@ -208,7 +209,7 @@ double Stage::ForwardLoss(const layer::MicroBatch& mb) {
   return activation.Scalar();
 }
 
-std::string Stage::FirstNonFiniteLayer(const layer::MicroBatch& mb) {
+std::string RankModel::FirstNonFiniteLayer(const layer::MicroBatch& mb) {
   Tensor activation;
   layer::Saved scratch;
   for (auto& layer : layers_) {
@@ -224,7 +225,7 @@ std::string Stage::FirstNonFiniteLayer(const layer::MicroBatch& mb) {
   return "";
 }
 
-void Stage::ZeroGrads() {
+void RankModel::ZeroGrads() {
   for (auto& layer : layers_) {
     for (layer::Param* param : layer->Params()) {
       // A tied copy's gradient starts zeroed and is zeroed again by TiedWeight::ReduceGradient
@@ -234,7 +235,7 @@ void Stage::ZeroGrads() {
   }
 }
 
-layer::Param* Stage::FindParam(int layer_id, const std::string& name) {
+layer::Param* RankModel::FindParam(int layer_id, const std::string& name) {
   for (auto& layer : layers_) {
     if (layer->layer_id() != layer_id) continue;
     for (layer::Param* param : layer->Params()) {
@@ -244,29 +245,29 @@ layer::Param* Stage::FindParam(int layer_id, const std::string& name) {
   return nullptr;
 }
 
-void Stage::RefreshComputeCopies() {
+void RankModel::RefreshComputeCopies() {
   for (auto& layer : layers_) {
     for (layer::Param* param : layer->Params()) layer::RefreshComputeCopy(param);
   }
 }
 
-layer::Param* Stage::TiedOwner() { return tied_.empty() ? nullptr : tied_.front().owner(); }
+layer::Param* RankModel::TiedOwner() { return tied_.empty() ? nullptr : tied_.front().owner(); }
 
-layer::Param* Stage::TiedCopy() { return tied_.empty() ? nullptr : tied_.front().copy(); }
+layer::Param* RankModel::TiedCopy() { return tied_.empty() ? nullptr : tied_.front().copy(); }
 
-void Stage::ReduceTiedGradients() {
+void RankModel::ReduceTiedGradients() {
   for (TiedWeight& tie : tied_) {
     if (tie.local()) tie.ReduceGradient(nullptr);
   }
 }
 
-void Stage::SyncTiedCopies() {
+void RankModel::SyncTiedCopies() {
   for (TiedWeight& tie : tied_) {
     if (tie.local()) tie.SyncValue(nullptr);
   }
 }
 
-std::vector<Stage::NamedParam> Stage::OwnedParams() {
+std::vector<RankModel::NamedParam> RankModel::OwnedParams() {
   std::vector<NamedParam> params;
   for (auto& layer : layers_) {
     for (layer::Param* param : layer->Params()) {
@@ -279,17 +280,17 @@ std::vector<Stage::NamedParam> Stage::OwnedParams() {
   return params;
 }
 
-const layer::TpShard& Stage::TpShardOf(const layer::Param* param) const {
+const layer::TpShard& RankModel::TpShardOf(const layer::Param* param) const {
   auto it = shards_.find(param);
   if (it == shards_.end()) throw std::logic_error("a parameter of no layer of this stage");
   return it->second;
 }
 
-bool Stage::CountsOnce(const layer::Param* param) const {
+bool RankModel::CountsOnce(const layer::Param* param) const {
   return TpShardOf(param).sliced() || options_.tp == nullptr || options_.tp->rank() == 0;
 }
 
-checkpoint::ModelState Stage::State() {
+checkpoint::ModelState RankModel::State() {
   checkpoint::ModelState state;
   state.num_layers = options_.dims.num_layers;
   for (auto& layer : layers_) {
@@ -300,7 +301,7 @@ checkpoint::ModelState Stage::State() {
   return state;
 }
 
-int64_t Stage::OwnedParameterCount() {
+int64_t RankModel::OwnedParameterCount() {
   int64_t count = 0;
   for (const NamedParam& named : OwnedParams()) count += named.param->value.numel();
   return count;

@@ -1,5 +1,5 @@
-#ifndef BIGMAC_CORE_ENGINE_STAGE_H_
-#define BIGMAC_CORE_ENGINE_STAGE_H_
+#ifndef BIGMAC_CORE_ENGINE_RANK_MODEL_H_
+#define BIGMAC_CORE_ENGINE_RANK_MODEL_H_
 
 #include <cstdint>
 #include <functional>
@@ -17,7 +17,7 @@
 
 namespace bigmac::engine {
 
-struct StageOptions {
+struct RankModelOptions {
   layer::ModelDims dims;
   memory::DType dtype = memory::DType::kF32;  // masters and gradients
   bool bf16 = false;                      // bf16 compute copies and activations (LayerSpec::bf16)
@@ -33,18 +33,19 @@ struct StageOptions {
   layer::TpGroup* tp = nullptr;
 };
 
-// The layers of one pipeline rank, built from the registry in layer_id order, for the device's
-// backend: for each pipeline stage the rank hosts (several with virtual stages), the embedding if
-// it is stage 0, its blocks, the head if it is the last stage, with the model's tied weights.
+// The part of the model one pipeline rank holds: the layers of every pipeline stage it hosts,
+// built from the registry in layer_id order, for the device's backend: for each stage the rank
+// hosts (several with virtual stages), the embedding if it is stage 0, its blocks, the head if it
+// is the last stage, with the model's tied weights.
 // Activations kept between forward and backward are held per (micro-batch, stage). With
 // activation checkpointing, a block that cannot recompute itself keeps only its input here and
 // is run forward again before its backward (bitwise the same results).
 // Owns its layers; the device outlives it. Not copyable.
-class Stage {
+class RankModel {
  public:
-  Stage(const StageOptions& options, const partition::Partition& partition, int pp_rank);
-  Stage(const Stage&) = delete;
-  Stage& operator=(const Stage&) = delete;
+  RankModel(const RankModelOptions& options, const partition::Partition& partition, int pp_rank);
+  RankModel(const RankModel&) = delete;
+  RankModel& operator=(const RankModel&) = delete;
 
   const std::vector<std::unique_ptr<layer::Layer>>& layers() const { return layers_; }
   device::Device* device() const { return options_.device; }
@@ -114,8 +115,8 @@ class Stage {
   // Whether this rank counts `param` in the gradient norm and in parameter totals: a slice, or
   // a replicated parameter on tp rank 0 (so that each parameter counts once over the group).
   bool CountsOnce(const layer::Param* param) const;
-  // Every parameter this rank holds, by layer_id, for checkpoints: a view, valid while this Stage
-  // lives.
+  // Every parameter this rank holds, by layer_id, for checkpoints: a view, valid while this
+  // RankModel lives.
   checkpoint::ModelState State();
   int64_t OwnedParameterCount();
 
@@ -137,7 +138,7 @@ class Stage {
   const std::vector<int>& LayersOf(int stage) const;
   layer::Param* FindParam(int layer_id, const std::string& name);
 
-  StageOptions options_;
+  RankModelOptions options_;
   std::vector<std::unique_ptr<layer::Layer>> layers_;
   std::vector<bool> stage_checkpointed_;  // per layer: the stage recomputes it
   std::vector<TiedWeight> tied_;
@@ -158,4 +159,4 @@ std::string CheckLayerCoverage(const std::vector<std::vector<int>>& ids_per_rank
 
 }  // namespace bigmac::engine
 
-#endif  // BIGMAC_CORE_ENGINE_STAGE_H_
+#endif  // BIGMAC_CORE_ENGINE_RANK_MODEL_H_

@@ -30,10 +30,10 @@ int64_t ResidentBytes() {
 // order, float32, full tensors), so that runs under different layouts can be compared by
 // layer_id. Collective over the tp group, whose rank 0 writes. Returns the files that could not
 // be written (each whole or not at all: util::WriteWholeFile).
-std::vector<std::string> DumpWeights(Stage& stage, const std::string& dir,
+std::vector<std::string> DumpWeights(RankModel& stage, const std::string& dir,
                                      comm::PipelineComm& comm) {
   std::vector<memory::Tensor> full;  // gathered from the tp slices
-  for (const Stage::NamedParam& named : stage.OwnedParams())
+  for (const RankModel::NamedParam& named : stage.OwnedParams())
     full.push_back(
         checkpoint::GatherTpSlices(named.param->value, stage.TpShardOf(named.param), comm.tp()));
   // The consumer's read-only copy of the tied weight, to check that it equals the owner's.
@@ -50,7 +50,7 @@ std::vector<std::string> DumpWeights(Stage& stage, const std::string& dir,
   std::map<std::string, std::string> files;  // name -> contents
   if (copy) files["tied_copy.bin"] = host_bytes(copy_full);
   size_t index = 0;
-  for (const Stage::NamedParam& named : stage.OwnedParams())
+  for (const RankModel::NamedParam& named : stage.OwnedParams())
     files["layer_" + std::to_string(named.layer_id) + ".f32"] += host_bytes(full[index++]);
   std::error_code error;
   std::filesystem::create_directories(dir, error);
@@ -64,7 +64,7 @@ std::vector<std::string> DumpWeights(Stage& stage, const std::string& dir,
 
 }  // namespace
 
-std::string StageList(const Stage& stage) {
+std::string StageList(const RankModel& stage) {
   std::string stages;
   for (const partition::StageRange& range : stage.ranges())
     stages += (stages.empty() ? "" : ",") + std::to_string(range.stage);
@@ -96,7 +96,7 @@ void RunReport::OutputFailed(const std::string& problem) {
 void RunReport::Model(const std::string& data_description) {
   comm::PipelineComm& comm = view_.comm;
   int64_t counted_once = 0;  // over the tp group
-  for (const Stage::NamedParam& named : view_.stage.OwnedParams())
+  for (const RankModel::NamedParam& named : view_.stage.OwnedParams())
     if (view_.stage.CountsOnce(named.param)) counted_once += named.param->value.numel();
   const double total_params = comm.world().SumToRoot(
       comm.dp().rank() == 0 ? double(counted_once) : 0.0, "the parameter count on rank 0");
@@ -249,7 +249,7 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
 
 void RunReport::Summary(const TrainResult& result, int steps_run) {
   comm::PipelineComm& comm = view_.comm;
-  const Stage& stage = view_.stage;
+  const RankModel& stage = view_.stage;
   const std::string stages = StageList(stage);
   const memory::DeviceAllocator& allocator = view_.device->allocator();
   const std::vector<std::string> memory_lines = comm.world().GatherToRoot(

@@ -12,7 +12,7 @@
 #include "core/config/resolve.h"
 #include "core/device/device.h"
 #include "core/engine/executor.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/engine/trainer.h"
 #include "core/engine/zero_shard.h"
 #include "core/metrics/event_writer.h"
@@ -37,7 +37,7 @@ struct StepOutcome {
 };
 
 // The pp stages this rank hosts, "0,4".
-std::string StageList(const Stage& stage);
+std::string StageList(const RankModel& stage);
 
 // What the report reads of the run. Every object is the trainer's and outlives the report;
 // `zero` may be null (no ZeRO-1).
@@ -46,7 +46,7 @@ struct RunView {
   comm::PipelineComm& comm;
   const TrainOptions& options;
   device::Device* device;
-  Stage& stage;
+  RankModel& stage;
   const Executor& executor;
   const optim::AdamW& adamw;
   const ZeroShards* zero;

@@ -21,7 +21,7 @@
 #include "core/device/device_spans.h"
 #include "core/engine/executor.h"
 #include "core/engine/generate.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/engine/tp_group.h"
 #include "core/engine/trainer_internal.h"
 #include "core/engine/zero_shard.h"
@@ -88,7 +88,7 @@ TrainResult Trainer::Run() {
   result_.skipped_steps = skipped_steps_;
   result_.stopped_at_step = stopped_at_;
   result_.peak_bytes = allocator.peak_bytes();
-  result_.max_in_flight = stage_->max_in_flight();
+  result_.max_in_flight = model_->max_in_flight();
   report_->Summary(result_, (stopped_at_ > 0 ? stopped_at_ : train_.max_steps()) - start_step_);
   report_->TraceAndDump(result_.train_losses);
   result_.final_parameters = FinalParameters();
@@ -105,7 +105,7 @@ StepOutcome Trainer::RunStep(int step) {
   timeline_.set_recording(step - start_step_ < train_.trace_steps());
   device_spans_->set_enabled(step - start_step_ < train_.trace_steps());
   timeline_.ResetWindow();
-  stage_->ZeroGrads();
+  model_->ZeroGrads();
   double local_loss = 0;
   for (int flush = 0; flush < flushes_; ++flush) {
     comm::progress::SetStep(step + 1, flush, flushes_);
@@ -143,7 +143,7 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
   if (faults_.nan_step == step + 1) {
     // Every replica holding the layer: as a NaN from the backward would be after the
     // data-parallel all-reduce.
-    for (const Stage::NamedParam& named : stage_->OwnedParams()) {
+    for (const RankModel::NamedParam& named : model_->OwnedParams()) {
       if (named.layer_id != faults_.nan_layer) continue;
       const float nan = std::nanf("");
       device_->CopyHostToDevice(named.param->grad.raw(), &nan, sizeof(nan));
@@ -164,11 +164,11 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
     local_sumsq = zero_->DpSum(zero_->SumSquares(&bad));
   } else {
     // One device wait for all of them (SumSquaresEach), then the same arithmetic per parameter.
-    const std::vector<Stage::NamedParam> owned = stage_->OwnedParams();
-    std::vector<const Stage::NamedParam*> counted;
+    const std::vector<RankModel::NamedParam> owned = model_->OwnedParams();
+    std::vector<const RankModel::NamedParam*> counted;
     std::vector<device::Device::Region> regions;
-    for (const Stage::NamedParam& named : owned) {
-      if (!stage_->CountsOnce(named.param)) continue;
+    for (const RankModel::NamedParam& named : owned) {
+      if (!model_->CountsOnce(named.param)) continue;
       const memory::Tensor& grad = named.param->grad;
       counted.push_back(&named);
       regions.push_back({grad.raw(), grad.dtype(), grad.numel()});
@@ -230,28 +230,28 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
         memory::CpuCapacity(resolved.memory_limit_bytes, options.ranks_on_node));
     device_ = owned_device_.get();
   }
-  stage_options_.dims = config::ModelDimsOf(cfg_);
-  stage_options_.bf16 = resolved.bf16;
-  stage_options_.device = device_;
-  stage_options_.activation_checkpointing = train_.activation_checkpointing();
-  stage_options_.seed = static_cast<uint64_t>(train_.seed());
-  stage_options_.model = GptModel(resolved);
+  model_options_.dims = config::ModelDimsOf(cfg_);
+  model_options_.bf16 = resolved.bf16;
+  model_options_.device = device_;
+  model_options_.activation_checkpointing = train_.activation_checkpointing();
+  model_options_.seed = static_cast<uint64_t>(train_.seed());
+  model_options_.model = GptModel(resolved);
   if (comm.tp().size() > 1) {
     tp_group_ = std::make_unique<CommTpGroup>(comm.tp());
-    stage_options_.tp = tp_group_.get();
+    model_options_.tp = tp_group_.get();
   }
-  stage_ = std::make_unique<Stage>(stage_options_, resolved.partition, comm.pp().rank());
+  model_ = std::make_unique<RankModel>(model_options_, resolved.partition, comm.pp().rank());
 
   // The ranks' layers together must cover every layer_id once.
   if (std::string problem = CheckLayerCoverage(
-          comm.pp().AllGatherInts(stage_->LayerIds(), "the pipeline's layer_ids (all-gather)"),
+          comm.pp().AllGatherInts(model_->LayerIds(), "the pipeline's layer_ids (all-gather)"),
           cfg_.model().num_layers());
       !problem.empty()) {
     throw std::logic_error("stage layout: " + problem);
   }
 
   // Only the ranks with the embedding (tokens) or the head (targets) read data.
-  if (stage_->has_embedding() || stage_->has_head()) {
+  if (model_->has_embedding() || model_->has_head()) {
     train_data_.emplace(cfg_.data().dir(), "train", cfg_.data().train_files());
     val_data_.emplace(cfg_.data().dir(), "val", cfg_.data().val_files());
     train_data_->CheckFits(seq_, cfg_.model().vocab_size());
@@ -270,11 +270,11 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
                                     cfg_.parallel().virtual_stages()};
   if (faults_.mismatch_rank == comm.world().rank()) {
     executor_ = std::make_unique<Executor>(
-        stage_.get(), &comm, spec, cfg_.model().hidden_size(),
+        model_.get(), &comm, spec, cfg_.model().hidden_size(),
         schedule::MismatchForTesting(schedule::BuildRankActions(spec, comm.pp().rank())),
         schedule::BuildStepTail(spec, comm.pp().rank()));
   } else {
-    executor_ = std::make_unique<Executor>(stage_.get(), &comm, spec, cfg_.model().hidden_size());
+    executor_ = std::make_unique<Executor>(model_.get(), &comm, spec, cfg_.model().hidden_size());
   }
   executor_->set_timeline(&timeline_);
   device_spans_ = std::make_unique<device::DeviceSpans>(device_);
@@ -299,9 +299,9 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
       }
     });
   }
-  for (const Stage::NamedParam& named : stage_->OwnedParams()) params_.push_back(named.param);
-  result_.parameter_count = stage_->OwnedParameterCount();
-  report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *stage_,
+  for (const RankModel::NamedParam& named : model_->OwnedParams()) params_.push_back(named.param);
+  result_.parameter_count = model_->OwnedParameterCount();
+  report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *model_,
                                                 *executor_, adamw_, zero_.get(), timeline_});
 }
 
@@ -332,8 +332,8 @@ void Trainer::Resume() {
                            step_dir);
   const auto load_start = std::chrono::steady_clock::now();
   start_step_ =
-      static_cast<int>(checkpoint::Load(step_dir, resolved_, stage_->State(), adamw_, comm_));
-  stage_->RefreshComputeCopies();
+      static_cast<int>(checkpoint::Load(step_dir, resolved_, model_->State(), adamw_, comm_));
+  model_->RefreshComputeCopies();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const double bytes = comm_.world().SumToRoot(
@@ -353,7 +353,7 @@ void Trainer::FillBatches(int step, int flush) {
     // same global batch reads the same samples.
     const int global_microbatch = comm_.dp().rank() * accum_ + flush * microbatches_ + mb;
     if (train_data_) {
-      train_data_->TrainBatch(stage_options_.seed, step, 0, global_microbatch, batch_, seq_,
+      train_data_->TrainBatch(model_options_.seed, step, 0, global_microbatch, batch_, seq_,
                               slot.tokens.data(), slot.targets.data());
     }
     slot.View(device_, batch_, seq_, 1.0 / tokens_per_step_, mb, cfg_.model().vocab_size());
@@ -457,15 +457,15 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
   // Gather where each rank found non-finite gradients; rank 0 reports them all before any rank
   // stops.
   std::string origin;
-  if (stage_->has_embedding() && stage_->has_head()) {
-    origin = stage_->FirstNonFiniteLayer(slots_[0].mb);
+  if (model_->has_embedding() && model_->has_head()) {
+    origin = model_->FirstNonFiniteLayer(slots_[0].mb);
     if (!origin.empty()) origin = "; non-finite values first appear in " + origin;
   }
   const std::vector<std::string> found = comm_.world().GatherToRoot(
       bad.empty()
           ? ""
           : Format("rank %d (stage %s, dp %d): %s%s", comm_.world().rank(),
-                   StageList(*stage_).c_str(), comm_.dp().rank(), bad.c_str(), origin.c_str()));
+                   StageList(*model_).c_str(), comm_.dp().rank(), bad.c_str(), origin.c_str()));
   std::string report;
   for (const std::string& where : found) {
     if (!where.empty()) report += (report.empty() ? "" : "; ") + where;
@@ -499,7 +499,7 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
 void Trainer::Save(int step) {
   comm::progress::SetAction("", "checkpoint");
   const checkpoint::SaveStats stats =
-      checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, stage_->State(), adamw_, comm_,
+      checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, model_->State(), adamw_, comm_,
                        cfg_.checkpoint().keep_last(), tokenizer_id_, faults_);
   last_saved_step_ = step;
   Log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),

@@ -15,8 +15,8 @@
 #include "core/data/error.h"
 #include "core/device/device_spans.h"
 #include "core/engine/executor.h"
+#include "core/engine/rank_model.h"
 #include "core/engine/run_report.h"
-#include "core/engine/stage.h"
 #include "core/engine/tp_group.h"
 #include "core/engine/trainer.h"
 #include "core/engine/zero_shard.h"
@@ -120,9 +120,9 @@ class Trainer {
   device::Device* device_;
   // The trace's device tracks (an asynchronous device only): spans timed on the streams.
   std::unique_ptr<device::DeviceSpans> device_spans_;
-  StageOptions stage_options_;
+  RankModelOptions model_options_;
   std::unique_ptr<CommTpGroup> tp_group_;  // tp_size > 1
-  std::unique_ptr<Stage> stage_;
+  std::unique_ptr<RankModel> model_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ZeroShards> zero_;  // parallel.zero_stage=1 with dp > 1
   std::optional<data::TokenDataset> train_data_, val_data_;

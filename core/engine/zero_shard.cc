@@ -14,7 +14,7 @@ std::vector<ParamSlice> ShardSlices(const DpBucket& bucket, int dp_size, int dp_
       comm::DpShardOf(PaddedNumel(bucket.numel, dp_size), dp_size, dp_rank);
   std::vector<ParamSlice> slices;
   int64_t offset = 0;  // of the parameter in the flat buffer
-  for (const Stage::NamedParam& named : bucket.params) {
+  for (const RankModel::NamedParam& named : bucket.params) {
     const int64_t numel = named.param->grad.numel();
     const int64_t begin = std::max(offset, shard.begin);
     const int64_t end = std::min(offset + numel, shard.end);
@@ -35,7 +35,7 @@ ZeroShards::ZeroShards(const std::vector<DpBucket>& buckets, comm::Group* dp,
 
 void ZeroShards::InitState(optim::AdamW* adamw) const {
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    for (const Stage::NamedParam& named : buckets_[b].params) {
+    for (const RankModel::NamedParam& named : buckets_[b].params) {
       auto slice = std::find_if(bucket_slices_[b].begin(), bucket_slices_[b].end(),
                                 [&](const ParamSlice& s) { return s.named.param == named.param; });
       if (slice == bucket_slices_[b].end()) {
@@ -101,7 +101,7 @@ void ZeroShards::AllGatherValues() {
   dp_->WaitAll();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     int64_t offset = 0;
-    for (const Stage::NamedParam& named : buckets_[b].params) {
+    for (const RankModel::NamedParam& named : buckets_[b].params) {
       memory::Tensor& value = named.param->value;
       value.device()->CopyDeviceToDevice(
           value.raw(),

@@ -7,7 +7,7 @@
 
 #include "core/comm/group.h"
 #include "core/engine/dp_reduce.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/optim/adamw.h"
 
 namespace bigmac::engine {
@@ -24,7 +24,7 @@ namespace bigmac::engine {
 
 // Elements [begin, begin + length) of one parameter, at `flat_offset` in its bucket's flat buffer.
 struct ParamSlice {
-  Stage::NamedParam named;
+  RankModel::NamedParam named;
   int64_t begin = 0;
   int64_t length = 0;
   int64_t flat_offset = 0;

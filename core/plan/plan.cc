@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "core/config/resolve.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/layer/gpt_cost.h"
 #include "core/memory/allocator.h"
 #include "core/schedule/simulator.h"
@@ -55,12 +55,12 @@ LayerTimes MeasureLayerTimes(const config::ResolvedConfig& config, int repeats) 
   // A model of one block: its embedding, block and head are timed one at a time.
   partition::PartitionSpec spec;
   spec.num_layers = 1;
-  engine::StageOptions options;
+  engine::RankModelOptions options;
   options.dims = config::ModelDimsOf(cfg);
   options.dims.num_layers = 1;
   options.device = device.get();
   options.activation_checkpointing = cfg.train().activation_checkpointing();
-  engine::Stage stage(options, partition::MakePartition(spec), 0);
+  engine::RankModel stage(options, partition::MakePartition(spec), 0);
   std::vector<int32_t> tokens(int64_t{b} * t), targets(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<int32_t>((i * 7919) % cfg.model().vocab_size());

@@ -11,7 +11,7 @@
 #include "core/config/errors.h"
 #include "core/config/loader.h"
 #include "core/config/resolve.h"
-#include "core/engine/stage.h"
+#include "core/engine/rank_model.h"
 #include "core/memory/allocator.h"
 #include "core/optim/adamw.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -36,11 +36,11 @@ class CheckpointTarget {
         std::make_unique<config::ResolvedConfig>(config::Resolve(std::move(loaded), 1, "fuzz"));
     const config::Config& cfg = resolved_->values();
     device_ = device::MakeCpuDevice(0, int64_t{1} << 30);
-    engine::StageOptions options;
+    engine::RankModelOptions options;
     options.dims = {cfg.model().vocab_size(), cfg.model().hidden_size(), cfg.model().num_heads(),
                     cfg.model().num_layers(), cfg.train().seq_length()};
     options.device = device_.get();
-    stage_ = std::make_unique<engine::Stage>(options, resolved_->partition, 0);
+    stage_ = std::make_unique<engine::RankModel>(options, resolved_->partition, 0);
     adamw_ = std::make_unique<optim::AdamW>(optim::AdamWOptions{});
     comm_ = comm::MakeLocalPipelineComm();
   }
@@ -61,7 +61,7 @@ class CheckpointTarget {
   std::string step_dir_;
   std::unique_ptr<config::ResolvedConfig> resolved_;
   std::unique_ptr<device::Device> device_;
-  std::unique_ptr<engine::Stage> stage_;
+  std::unique_ptr<engine::RankModel> stage_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<comm::PipelineComm> comm_;
 };

@@ -29,8 +29,9 @@ std::string DataDir() {
   static const std::string dir = [] {
     std::string text;
     for (int i = 0; i < 5000; ++i) {
-      text += "Stage " + std::to_string(i * 31 % 97) + " sends its activations to the next one, " +
-              std::to_string(i % 7) + " micro-batches in flight.\n";
+      text += "RankModel " + std::to_string(i * 31 % 97) +
+              " sends its activations to the next one, " + std::to_string(i % 7) +
+              " micro-batches in flight.\n";
     }
     return testutil::PrepareShards("pipeline", text);
   }();

@@ -149,7 +149,7 @@ TEST(Hang, ARankStoppedBySigstopIsNamedWithItsLastAction) {
 }
 
 TEST(Hang, AKilledRankTheLauncherDidNotNoticeIsNamedDead) {
-  // mpirun ends the job itself when a rank it started dies (tests/fault_test.cc); here each rank
+  // mpirun ends the job itself when a rank it started dies (tests/mpi/fault_test.cc); here each rank
   // runs under a shell that outlives it, as when a node dies and the launcher is not told: the
   // peers' deadlines must explain it.
   const std::string wrapper = testutil::WriteTempFile(
