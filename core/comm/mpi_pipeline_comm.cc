@@ -157,14 +157,19 @@ MpiEngine::Send& MpiLinks::PostHeader(const memory::Tensor& tensor, int peer, in
 }
 
 void MpiLinks::Send(memory::Tensor tensor, int peer, int tag, const std::string&) {
+  // Device memory goes through the host, copied before anything is posted (a failed copy leaves
+  // no header without its data); the tensor is free as soon as it is copied.
+  const bool stage = engine_->Staged(tensor.device());
+  StagingPool::Buffer staging;
+  if (stage) {
+    staging = engine_->staging().Acquire(tensor.device(), tensor.bytes());
+    tensor.CopyToHost(staging.data());
+  }
   MpiEngine::Send& send = PostHeader(tensor, peer, tag);
   CountSent(tag, tensor.bytes());
   const char* data = static_cast<const char*>(tensor.raw());
-  const bool stage = engine_->Staged(tensor.device());
   if (stage) {
-    // Device memory goes through the host; the tensor is free as soon as it is copied.
-    send.staging = engine_->staging().Acquire(tensor.device(), tensor.bytes());
-    tensor.CopyToHost(send.staging.data());
+    send.staging = std::move(staging);
     data = send.staging.data();
   }
   for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {

@@ -334,12 +334,10 @@ ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& w
   schedule::ParseKind(values.parallel().schedule(), &resolved.schedule);
   device::ParseBackend(values.device().backend(), &resolved.backend);
   resolved.bf16 = values.precision().dtype() == "bf16";
-  memory::ParseByteSize(values.parallel().dp_bucket_size(), &resolved.dp_bucket_bytes,
-                        &unused.emplace_back());
-  if (!values.device().memory_limit().empty()) {
-    memory::ParseByteSize(values.device().memory_limit(), &resolved.memory_limit_bytes,
-                          &unused.emplace_back());
-  }
+  std::string ignored;
+  memory::ParseByteSize(values.parallel().dp_bucket_size(), &resolved.dp_bucket_bytes, &ignored);
+  if (!values.device().memory_limit().empty())
+    memory::ParseByteSize(values.device().memory_limit(), &resolved.memory_limit_bytes, &ignored);
   resolved.nan_policy = values.train().nan_policy() == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
   // Materialise derived values, so the log and every consumer see the effective ones.
   if (values.parallel().num_microbatches() == 0) {

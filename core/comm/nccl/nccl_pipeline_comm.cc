@@ -67,6 +67,12 @@ class NcclShared {
   const std::shared_ptr<MpiEngine>& engine_ptr() const { return engine_; }
   bool aborted() const { return aborted_; }
   void set_spans(device::DeviceSpans* spans) { spans_ = spans; }
+  // The links free the tensors of finished sends at every call of the transport, the groups'
+  // included (null while there are no links).
+  void set_reap_sends(std::function<void()> reap) { reap_sends_ = std::move(reap); }
+  void ReapSends() {
+    if (reap_sends_) reap_sends_();
+  }
 
   // Every communicator is aborted (their operations cannot be cancelled otherwise), which also
   // stops their kernels; later calls throw TransportError.
@@ -199,6 +205,7 @@ class NcclShared {
   std::vector<cudaStream_t> streams_;  // every stream created
   bool aborted_ = false;
   device::DeviceSpans* spans_ = nullptr;  // the trainer's, while it runs
+  std::function<void()> reap_sends_;
 };
 
 // The pipeline's links over NCCL: payloads on a communicator and stream per direction, headers
@@ -212,9 +219,11 @@ class NcclLinks : public PeerLinks {
         coords_(topology.CoordsOf(world_rank)),
         pp_size_(topology.pp_size()) {
     CreateLinks(pp);
+    shared_->set_reap_sends([this] { Reap(); });
   }
 
   ~NcclLinks() override {
+    shared_->set_reap_sends(nullptr);
     // Sends still running (an error ended the run, a peer may be gone): the communicators are
     // aborted, which stops their kernels, before the sent tensors are freed.
     for (const InFlight& f : in_flight_) {
@@ -532,6 +541,7 @@ class NcclGroup : public MpiGroup {
     shared_->CheckDevice(tensor->device(), what);
     shared_->CheckNotAborted(what);
     if (nccl_comm_ == nullptr) throw TransportError(what + ": no NCCL communicator for the group");
+    shared_->ReapSends();
     // bf16 is reduced in f32, as over MPI.
     Tensor* target = tensor;
     if (tensor->dtype() == memory::DType::kBF16) {
@@ -568,6 +578,7 @@ class NcclGroup : public MpiGroup {
     if (handle < 0 || handle >= static_cast<int>(started_.size()))
       throw std::logic_error("Test: no collective " + std::to_string(handle) +
                              " is in flight on the " + name() + " group");
+    shared_->ReapSends();
     Reduction& r = started_[handle];
     if (r.done) return true;
     const cudaError_t status = cudaEventQuery(r.done_event);
