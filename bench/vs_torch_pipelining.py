@@ -10,8 +10,14 @@ sgemm peak measured in the same run (one thread per rank: peak = pp threads' sge
 largest step-wise relative loss difference.
 
   bench/vs_torch_pipelining.py [--pp 2,4] [--schedules 1f1b,gpipe,interleaved_1f1b]
-      [--layers 8 --hidden 512 --heads 8 --seq 256 --micro-batch 4 --m 8] [--steps 4]
-      [--rounds 2] [--out bench/out]
+      [--mpi-paths cma,tcp,copy] [--layers 8 --hidden 512 --heads 8 --seq 256 --micro-batch 4
+      --m 8] [--steps 4] [--rounds 2] [--out bench/out]
+
+--mpi-paths picks how Open MPI moves BigMac's messages (one BigMac row each; gloo is measured once):
+  cma   shared memory with single-copy (the default on one host)
+  tcp   `--mca btl self,tcp`, as between hosts
+  copy  shared memory without single-copy (`--mca btl_vader_single_copy_mechanism none`, as in
+        containers without ptrace rights)
 """
 import argparse
 import json
@@ -27,6 +33,11 @@ import vs_pytorch  # noqa: E402  (the shared preparation and constants)
 from vs_pytorch import LOSS_TOLERANCE, REPO, SGEMM, TORCH_PYTHON, run  # noqa: E402
 
 WORKER = REPO / "bench" / "torch_pipelining_gpt.py"
+MPI_PATHS = {
+    "cma": [],
+    "tcp": ["--mca", "btl", "self,tcp"],
+    "copy": ["--mca", "btl_vader_single_copy_mechanism", "none"],
+}
 
 
 def free_port():
@@ -54,10 +65,11 @@ def torch_pipeline(a, pp, schedule, weights, batches, env):
     return report["step_ms"], report["losses"]
 
 
-def bigmac_pipeline(a, pp, schedule, set_args, ckpt, work, env):
+def bigmac_pipeline(a, pp, schedule, set_args, ckpt, work, env, path):
     virtual = 2 if schedule.startswith("interleaved") else 1
-    run_dir = work / f"bigmac_pp{pp}_{schedule}"
-    run(["mpirun", "-np", str(pp), "--oversubscribe", "--bind-to", "none", vs_pytorch.BIGMAC,
+    run_dir = work / f"bigmac_pp{pp}_{schedule}_{path}"
+    run(["mpirun", "-np", str(pp), "--oversubscribe", "--bind-to", "none", *MPI_PATHS[path],
+         vs_pytorch.BIGMAC,
          "train", "--config", REPO / "configs" / "tiny.yaml", *set_args,
          "--set", f"parallel.pp_size={pp}", "--set", f"parallel.schedule={schedule}",
          "--set", f"parallel.virtual_stages={virtual}",
@@ -70,6 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", default="2,4")
     ap.add_argument("--schedules", default="1f1b,gpipe,interleaved_1f1b")
+    ap.add_argument("--mpi-paths", default="cma", help="comma list of: " + ",".join(MPI_PATHS))
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--heads", type=int, default=8)
@@ -83,6 +96,9 @@ def main():
     ap.add_argument("--no-build", action="store_true", help="use the bazel-bin binaries as built")
     ap.add_argument("--bigmac", default=None, help="the bigmac binary")
     a = ap.parse_args()
+    paths = a.mpi_paths.split(",")
+    if any(path not in MPI_PATHS for path in paths):
+        ap.error(f"--mpi-paths {a.mpi_paths}: each must be one of " + ", ".join(MPI_PATHS))
     run([REPO / "launch" / "setup.sh", "--bench"])
     if not a.no_build:
         run(["bazel", "build", "//:bigmac", "//bench:sgemm_peak"], dict(os.environ))
@@ -110,14 +126,15 @@ def main():
     rows = []
     for pp in map(int, a.pp.split(",")):
         for schedule in a.schedules.split(","):
-            results = {"bigmac": [], "torch": []}
+            trainers = [f"bigmac:{path}" for path in paths] + ["torch"]
+            results = {t: [] for t in trainers}
             losses = {}
             for round_index in range(a.rounds):
-                order = ("bigmac", "torch") if round_index % 2 == 0 else ("torch", "bigmac")
+                order = trainers if round_index % 2 == 0 else trainers[::-1]
                 for trainer in order:
-                    if trainer == "bigmac":
+                    if trainer.startswith("bigmac"):
                         step_ms, run_losses = bigmac_pipeline(a, pp, schedule, set_args, ckpt,
-                                                              work, env)
+                                                              work, env, trainer.split(":")[1])
                     else:
                         step_ms, run_losses = torch_pipeline(a, pp, schedule, weights, batches,
                                                              env)
@@ -126,13 +143,18 @@ def main():
                     losses.setdefault(trainer, run_losses)
                     print(f"vs_torch_pipelining: pp={pp} {schedule} round {round_index + 1} "
                           f"{trainer}: {results[trainer][-1]:.0f} tok/s", flush=True)
-            bm, pt = (statistics.median(results[t]) for t in ("bigmac", "torch"))
-            agree = max(abs(b - p) / abs(p) for b, p in zip(losses["bigmac"], losses["torch"]))
-            rows.append({"pp": pp, "schedule": schedule, "bigmac_tok_s": bm, "torch_tok_s": pt,
-                         "ratio": bm / pt, "bigmac_gflops": bm * flops_per_token / 1e9,
-                         "torch_gflops": pt * flops_per_token / 1e9, "max_rel_loss_diff": agree,
-                         "last_loss": [losses["bigmac"][-1], losses["torch"][-1]],
-                         "rounds": results})
+            pt = statistics.median(results["torch"])
+            for path in paths:
+                name = f"bigmac:{path}"
+                bm = statistics.median(results[name])
+                agree = max(abs(b - p) / abs(p) for b, p in zip(losses[name], losses["torch"]))
+                rows.append({"pp": pp, "schedule": schedule, "mpi_path": path,
+                             "bigmac_tok_s": bm, "torch_tok_s": pt, "ratio": bm / pt,
+                             "bigmac_gflops": bm * flops_per_token / 1e9,
+                             "torch_gflops": pt * flops_per_token / 1e9,
+                             "max_rel_loss_diff": agree,
+                             "last_loss": [losses[name][-1], losses["torch"][-1]],
+                             "rounds": {"bigmac": results[name], "torch": results["torch"]}})
     end_line = run([SGEMM, "1", "2048"], env).strip()
     if float(end_line.split()[1]) > single_peak:
         peak_line, single_peak = end_line, float(end_line.split()[1])
@@ -146,13 +168,13 @@ def main():
         f"sgemm ({single_peak:.1f} GFLOP/s, {peak_line.split('(')[1][:-1]}). Losses agree when "
         f"every step's relative difference is below {LOSS_TOLERANCE:g}.",
         "",
-        "| pp | schedule | BigMac tok/s | torch.distributed.pipelining tok/s | ratio | BigMac GFLOP/s (% peak) | torch GFLOP/s (% peak) | max rel. loss diff | losses agree |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pp | schedule | Open MPI path | BigMac tok/s | torch.distributed.pipelining tok/s | ratio | BigMac GFLOP/s (% peak) | torch GFLOP/s (% peak) | max rel. loss diff | losses agree |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         peak = single_peak * min(r["pp"], cores)
         lines.append(
-            f"| {r['pp']} | {r['schedule']} | {r['bigmac_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
+            f"| {r['pp']} | {r['schedule']} | {r['mpi_path']} | {r['bigmac_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
             f"**{r['ratio']:.2f}x** | {r['bigmac_gflops']:.1f} ({100 * r['bigmac_gflops'] / peak:.0f}%) | "
             f"{r['torch_gflops']:.1f} ({100 * r['torch_gflops'] / peak:.0f}%) | "
             f"{r['max_rel_loss_diff']:.1e} | "
