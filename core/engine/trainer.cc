@@ -301,6 +301,9 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   }
   for (const RankModel::NamedParam& named : model_->OwnedParams()) params_.push_back(named.param);
   result_.parameter_count = model_->OwnedParameterCount();
+  // Messages in flight move on while this rank computes (core/util/compute_progress.h): the
+  // transport's non-blocking progress, from the GEMMs, at most every 50 us.
+  util::SetComputeProgress([&comm] { comm.Progress(); }, 50e-6);
   report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *model_,
                                                 *executor_, adamw_, zero_.get(), timeline_});
 }

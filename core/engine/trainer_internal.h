@@ -22,6 +22,7 @@
 #include "core/engine/zero_shard.h"
 #include "core/metrics/timeline.h"
 #include "core/optim/adamw.h"
+#include "core/util/compute_progress.h"
 
 namespace bigmac::engine {
 
@@ -78,7 +79,10 @@ class Trainer {
  public:
   Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& comm,
           const TrainOptions& options);
-  ~Trainer() { comm_.set_device_spans(nullptr); }
+  ~Trainer() {
+    util::SetComputeProgress(nullptr, 0);
+    comm_.set_device_spans(nullptr);
+  }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 

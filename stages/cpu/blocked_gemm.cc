@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/util/compute_progress.h"
+
 namespace bigmac::sdk::cpu::internal {
 namespace {
 
@@ -334,6 +336,7 @@ void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
       const Fold fold =
           pc > 0 ? Fold::kAccumulate : (pr.beta == 0.0f ? Fold::kOverwrite : Fold::kScale);
       ForEach(team, true, chunks, [&](int chunk) {
+        ::bigmac::util::ComputeProgress();  // messages in flight move on while the rows compute
         const int begin = chunk * chunk_rows;
         RunRows(pr, fold, begin, std::min(pr.m, begin + chunk_rows), jc, nc, pc, kc, bp);
       });
