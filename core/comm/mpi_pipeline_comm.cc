@@ -48,9 +48,10 @@ MPI_Op MpiOp(ReduceOp op) { return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX; }
 
 // ---- MpiEngine ---------------------------------------------------------------------------------
 
-MpiEngine::MpiEngine(std::string who, double deadline_seconds, double spin_seconds,
-                     bool stage_host_tensors)
-    : who_(std::move(who)),
+MpiEngine::MpiEngine(const Topology& topology, int world_rank, double deadline_seconds,
+                     double spin_seconds, bool stage_host_tensors)
+    : who_("pp " + std::to_string(topology.CoordsOf(world_rank).pp) + ", dp " +
+           std::to_string(topology.CoordsOf(world_rank).dp)),
       deadline_(deadline_seconds),
       spin_(spin_seconds),
       stage_host_(stage_host_tensors) {}
@@ -138,7 +139,7 @@ MpiLinks::MpiLinks(std::shared_ptr<MpiEngine> engine, MPI_Comm pp, const Topolog
       pp_(pp),
       topology_(topology),
       coords_(topology.CoordsOf(world_rank)),
-      max_message_bytes_(max_message_bytes) {}
+      max_message_bytes_(max_message_bytes > 0 ? max_message_bytes : kMaxMessageBytes) {}
 
 int MpiLinks::PeerWorldRank(int pp_peer) const {
   Coords peer = coords_;
@@ -592,14 +593,11 @@ std::unique_ptr<PipelineComm> MakeMpiPipelineComm(const Topology& topology, int 
                                                   const GroupComms& comms, double deadline_seconds,
                                                   double spin_seconds, bool stage_host_tensors,
                                                   int64_t max_message_bytes) {
-  const Coords coords = topology.CoordsOf(world_rank);
-  auto engine = std::make_shared<MpiEngine>(
-      "pp " + std::to_string(coords.pp) + ", dp " + std::to_string(coords.dp), deadline_seconds,
-      spin_seconds, stage_host_tensors);
+  auto engine = std::make_shared<MpiEngine>(topology, world_rank, deadline_seconds, spin_seconds,
+                                            stage_host_tensors);
   PipelineComm::Parts parts;
   parts.links =
-      std::make_unique<MpiLinks>(engine, comms.pp, topology, world_rank,
-                                 max_message_bytes > 0 ? max_message_bytes : kMaxMessageBytes);
+      std::make_unique<MpiLinks>(engine, comms.pp, topology, world_rank, max_message_bytes);
   parts.world = std::make_unique<MpiGroup>(engine, MPI_COMM_WORLD, "world", false);
   parts.pp = std::make_unique<MpiGroup>(engine, comms.pp, "pp", false);
   parts.dp = std::make_unique<MpiGroup>(engine, comms.dp, "dp", true);

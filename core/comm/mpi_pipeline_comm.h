@@ -43,8 +43,9 @@ constexpr int kMessageHeaderWords = 8;  // magic, dtype, ndim, 4 dims, numel
 // every wait. Shared by the parts (std::shared_ptr); outlives them.
 class MpiEngine {
  public:
-  // `who` prefixes deadline messages: "pp 1, dp 0".
-  MpiEngine(std::string who, double deadline_seconds, double spin_seconds, bool stage_host_tensors);
+  // For rank `world_rank` of `topology` (deadline messages begin "pp 1, dp 0").
+  MpiEngine(const Topology& topology, int world_rank, double deadline_seconds, double spin_seconds,
+            bool stage_host_tensors);
   MpiEngine(const MpiEngine&) = delete;
   MpiEngine& operator=(const MpiEngine&) = delete;
   ~MpiEngine();
@@ -98,11 +99,11 @@ struct MessageHeader {
 };
 
 // The pipeline's links over the pp communicator. A payload goes out after its header as messages
-// of at most `max_message_bytes` (MPI counts are ints), same tag, matched in order.
+// of at most `max_message_bytes` (MPI counts are ints; 0: 1 GiB), same tag, matched in order.
 class MpiLinks : public PeerLinks {
  public:
   MpiLinks(std::shared_ptr<MpiEngine> engine, MPI_Comm pp, const Topology& topology, int world_rank,
-           int64_t max_message_bytes);
+           int64_t max_message_bytes = 0);
   void Send(memory::Tensor tensor, int peer, int tag, const std::string& what) override;
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override;

@@ -666,10 +666,8 @@ class NcclGroup : public MpiGroup {
 std::unique_ptr<PipelineComm> MakeNcclPipelineComm(const Topology& topology, int world_rank,
                                                    const GroupComms& comms, device::Device* device,
                                                    double deadline_seconds, double spin_seconds) {
-  const Coords coords = topology.CoordsOf(world_rank);
-  auto engine = std::make_shared<MpiEngine>(
-      "pp " + std::to_string(coords.pp) + ", dp " + std::to_string(coords.dp), deadline_seconds,
-      spin_seconds, /*stage_host_tensors=*/false);
+  auto engine = std::make_shared<MpiEngine>(topology, world_rank, deadline_seconds, spin_seconds,
+                                            /*stage_host_tensors=*/false);
   auto shared = std::make_shared<NcclShared>(engine, device, deadline_seconds);
   const device::cuda::CudaContext& context = shared->context();
   BIGMAC_CUDA_CHECK(cudaSetDevice(context.ordinal), "NCCL transport set-up, on " + context.label);
@@ -679,9 +677,8 @@ std::unique_ptr<PipelineComm> MakeNcclPipelineComm(const Topology& topology, int
     // The same order on every rank: the pipeline's links, then the data-parallel group, then the
     // tensor-parallel one.
     parts.links = std::make_unique<NcclLinks>(
-        shared,
-        std::make_unique<MpiLinks>(engine, comms.pp, topology, world_rank, int64_t{1} << 30),
-        comms.pp, topology, world_rank);
+        shared, std::make_unique<MpiLinks>(engine, comms.pp, topology, world_rank), comms.pp,
+        topology, world_rank);
     parts.world = std::make_unique<MpiGroup>(engine, MPI_COMM_WORLD, "world", false);
     parts.pp = std::make_unique<MpiGroup>(engine, comms.pp, "pp", false);
     parts.dp = std::make_unique<NcclGroup>(shared, comms.dp, "dp");
