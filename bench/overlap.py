@@ -11,6 +11,7 @@ ReduceDp span of the overlap-off runs: nothing else runs then), split into the r
 predicted ratio is (step_off - saving) / step_off.
 
   bench/overlap.py [--layouts 1x2,2x2] [--rounds 3] [--steps 10] [--bucket 4MiB]
+      [--mpi-path cma|tcp|copy]
 """
 import argparse
 import json
@@ -20,6 +21,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mpi_paths import DESCRIPTIONS, MPI_PATHS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BIGMAC = REPO / "bazel-bin" / "bigmac"
@@ -46,10 +50,8 @@ def train(a, env, out, pp, dp, overlap, round_index):
         "train.log_interval": 1000, "train.trace_steps": 2, "train.output_dir": run_dir,
         "data.dir": a.data,
     }
-    cmd = ["mpirun", "-np", pp * dp, "--oversubscribe", "--bind-to", "none"]
-    if a.no_cma:  # as tests/, launch/demo.sh and the bundle run: copies through shared memory
-        cmd += ["--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]
-    cmd += [BIGMAC, "train", "--config", REPO / "configs" / "tiny.yaml"]
+    cmd = ["mpirun", "-np", pp * dp, "--oversubscribe", "--bind-to", "none",
+           *MPI_PATHS[a.mpi_path], BIGMAC, "train", "--config", REPO / "configs" / "tiny.yaml"]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     run(cmd, env)
@@ -116,11 +118,14 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--bucket", default="4MiB")
     ap.add_argument("--data", default=str(REPO / "data" / "fortunes"))
-    ap.add_argument("--no-cma", action="store_true",
-                    help="no cross-memory attach (btl_vader_single_copy_mechanism none)")
+    ap.add_argument("--mpi-path", default="cma", choices=list(MPI_PATHS),
+                    help="how Open MPI moves the messages (bench/mpi_paths.py)")
+    ap.add_argument("--no-cma", action="store_true", help="the same as --mpi-path copy")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     a = ap.parse_args()
+    if a.no_cma:
+        a.mpi_path = "copy"
     if not a.no_build:
         run([REPO / "launch" / "setup.sh"], dict(os.environ))
         run(["bazel", "build", "//:bigmac"], dict(os.environ))
@@ -162,7 +167,7 @@ def main():
 def write_report(a, out, rows, cores):
     lines = [f"Overlap of the dp all-reduce, 1f1b, L{a.layers} C{a.hidden} T{a.seq}, micro-batch "
              f"{a.micro_batch}, m={a.m}, buckets of {a.bucket}, one thread per rank, {cores} cores, "
-             f"{'copies through shared memory (no CMA)' if a.no_cma else 'Open MPI defaults (CMA)'}, "
+             f"{DESCRIPTIONS[a.mpi_path]}, "
              f"{a.rounds} alternating rounds of {a.steps} steps (median of steps after "
              f"{a.warmup}).", "",
              "Measured on/off: the median over rounds of each round's step-time ratio (the "
@@ -188,7 +193,7 @@ def write_report(a, out, rows, cores):
             f"{backward(r['off']):.1f} -> {backward(r['on']):.1f} |")
     report = "\n".join(lines)
     print(report)
-    suffix = "_nocma" if a.no_cma else ""
+    suffix = {"cma": "", "copy": "_nocma", "tcp": "_tcp"}[a.mpi_path]
     (out / f"overlap{suffix}.md").write_text(report + "\n")
     (out / f"overlap{suffix}.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")
 

@@ -30,14 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_pytorch  # noqa: E402  (the shared preparation and constants)
+from mpi_paths import MPI_PATHS  # noqa: E402
 from vs_pytorch import LOSS_TOLERANCE, REPO, SGEMM, TORCH_PYTHON, run  # noqa: E402
 
 WORKER = REPO / "bench" / "torch_pipelining_gpt.py"
-MPI_PATHS = {
-    "cma": [],
-    "tcp": ["--mca", "btl", "self,tcp"],
-    "copy": ["--mca", "btl_vader_single_copy_mechanism", "none"],
-}
 
 
 def free_port():

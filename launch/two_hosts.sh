@@ -289,3 +289,16 @@ if ((lines != steps || different != 0)); then
   die "$different of $lines steps differ (expected $steps identical steps)"
 fi
 echo "two_hosts: the two-host losses equal the one-host losses, bit for bit ($steps steps)"
+
+# --- the step time over TCP against one host (a printed figure, not a check) -----------------
+# The median of steps 2.. (the first pays for the start-up); both runs share this machine's cores.
+median_step_ms() {
+  field step_ms "$1" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END {
+    if (NR == 0) { print "nan"; exit }
+    printf "%.1f\n", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+tcp_ms=$(median_step_ms "$work/two_hosts/metrics.jsonl")
+local_ms=$(median_step_ms "$work/one_host/metrics.jsonl")
+awk -v t="$tcp_ms" -v l="$local_ms" 'BEGIN {
+  printf "two_hosts: median step time %s ms over TCP between the hosts, %s ms on one host: %+.1f%% (the goal: within 15%%)\n",
+    t, l, (l > 0 ? 100 * (t / l - 1) : 0) }'

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/comm/progress.h"
+#include "core/util/compute_progress.h"
 
 namespace bigmac::comm {
 namespace {
@@ -86,7 +87,15 @@ void MpiEngine::Reap() {
     int done = 0;
     MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done,
                 MPI_STATUSES_IGNORE);
-    it = done ? sends_.erase(it) : std::next(it);
+    if (!done) {
+      ++it;
+      continue;
+    }
+    if (!it->name.empty() && delivery_sink_) {
+      delivery_sink_({std::move(it->name), it->posted, std::chrono::steady_clock::now(),
+                      util::InsideComputeProgress()});
+    }
+    it = sends_.erase(it);
   }
 }
 
@@ -139,7 +148,26 @@ MpiLinks::MpiLinks(std::shared_ptr<MpiEngine> engine, MPI_Comm pp, const Topolog
       pp_(pp),
       topology_(topology),
       coords_(topology.CoordsOf(world_rank)),
-      max_message_bytes_(max_message_bytes > 0 ? max_message_bytes : kMaxMessageBytes) {}
+      max_message_bytes_(max_message_bytes > 0 ? max_message_bytes : kMaxMessageBytes) {
+  engine_->set_delivery_sink([this](MessageSpan span) {
+    if (record_messages()) AddMessageSpan(std::move(span));
+  });
+}
+
+MpiLinks::~MpiLinks() {
+  engine_->set_delivery_sink(nullptr);
+  // Receives still posted (an abnormal exit): MPI may still write their buffers, which leak.
+  bool posted = false;
+  for (Pending& p : expected_) {
+    for (MPI_Request& request : p.requests) {
+      if (request != MPI_REQUEST_NULL) {
+        MPI_Request_free(&request);
+        posted = true;
+      }
+    }
+  }
+  if (posted) new std::list<Pending>(std::move(expected_));
+}
 
 int MpiLinks::PeerWorldRank(int pp_peer) const {
   Coords peer = coords_;
@@ -157,7 +185,7 @@ MpiEngine::Send& MpiLinks::PostHeader(const memory::Tensor& tensor, int peer, in
   return send;
 }
 
-void MpiLinks::Send(memory::Tensor tensor, int peer, int tag, const std::string&) {
+void MpiLinks::Send(memory::Tensor tensor, int peer, int tag, const std::string& what) {
   // Device memory goes through the host, copied before anything is posted (a failed copy leaves
   // no header without its data); the tensor is free as soon as it is copied.
   const bool stage = engine_->Staged(tensor.device());
@@ -168,6 +196,10 @@ void MpiLinks::Send(memory::Tensor tensor, int peer, int tag, const std::string&
   }
   MpiEngine::Send& send = PostHeader(tensor, peer, tag);
   CountSent(tag, tensor.bytes());
+  if (record_messages()) {
+    send.name = what + " to pp rank " + std::to_string(peer);
+    send.posted = std::chrono::steady_clock::now();
+  }
   const char* data = static_cast<const char*>(tensor.raw());
   if (stage) {
     send.staging = std::move(staging);
@@ -222,6 +254,111 @@ MessageHeader MpiLinks::ReceiveNextHeader(int peer, const std::string& what) {
   return result;
 }
 
+bool MpiLinks::TakeHeader(Pending* p, bool wait, const std::string& from) {
+  MPI_Status status;
+  if (wait) {
+    status = Probe(p->in.peer, p->in.tag, from);
+  } else {
+    int found = 0;
+    MPI_Iprobe(p->in.peer, p->in.tag, pp_, &found, &status);
+    if (!found) return false;
+  }
+  int bytes = 0;
+  MPI_Get_count(&status, MPI_BYTE, &bytes);
+  MPI_Request request;
+  if (bytes != kHeaderBytes) {
+    if (!wait) {
+      p->unusable = true;
+      return false;
+    }
+    // Not a header: take the message off the queue and report it.
+    std::vector<char> junk(std::max(bytes, 1));
+    MPI_Irecv(junk.data(), bytes, MPI_BYTE, p->in.peer, p->in.tag, pp_, &request);
+    engine_->Complete(&request, from + " (receiving the matched message)");
+    throw TransportError(from + ": expected " + DescribeTensor(p->in.dtype, p->in.shape) +
+                         ", got a malformed message (" + std::to_string(bytes) + " bytes)");
+  }
+  MPI_Irecv(p->header.data(), bytes, MPI_BYTE, p->in.peer, p->in.tag, pp_, &request);
+  engine_->Complete(&request, from + " (receiving the matched message)");
+  p->header_bytes = bytes;
+  return true;
+}
+
+namespace {
+std::vector<int64_t> ShapeOf(const std::array<int64_t, kMessageHeaderWords>& header) {
+  std::vector<int64_t> shape;
+  for (int i = 0; i < header[2] && i < 4; ++i) shape.push_back(header[3 + i]);
+  return shape;
+}
+}  // namespace
+
+bool MpiLinks::HeaderMatches(const Pending& p) const {
+  int64_t numel = 1;
+  for (int64_t extent : p.in.shape) numel *= extent;
+  return p.header[0] == kMagic && ShapeOf(p.header) == p.in.shape &&
+         static_cast<memory::DType>(p.header[1]) == p.in.dtype && p.header[7] == numel;
+}
+
+void MpiLinks::ThrowMismatch(const Pending& p, const std::string& from) const {
+  const auto got_dtype = static_cast<memory::DType>(p.header[1]);
+  throw TransportError(from + ": expected " + DescribeTensor(p.in.dtype, p.in.shape) + ", got " +
+                       (p.header[0] == kMagic ? DescribeTensor(got_dtype, ShapeOf(p.header))
+                                              : "a malformed message") +
+                       " (" + std::to_string(p.header_bytes) + " bytes)");
+}
+
+void MpiLinks::PostData(Pending* p) {
+  // Allocated before anything is posted: a failed allocation leaves the message queued.
+  memory::Tensor tensor(p->in.device, p->in.shape, p->in.dtype);
+  char* data = static_cast<char*>(tensor.raw());
+  if (engine_->Staged(p->in.device)) {
+    p->staging = engine_->staging().Acquire(p->in.device, tensor.bytes());
+    data = p->staging.data();
+  }
+  for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
+    const int64_t n = std::min(max_message_bytes_, tensor.bytes() - offset);
+    p->requests.emplace_back();
+    MPI_Irecv(data + offset, static_cast<int>(n), MPI_BYTE, p->in.peer, p->in.tag, pp_,
+              &p->requests.back());
+  }
+  p->tensor = std::move(tensor);
+  p->data_posted = true;
+  p->posted = std::chrono::steady_clock::now();
+}
+
+bool MpiLinks::TestArrived(Pending* p) {
+  if (p->arrived) return true;
+  if (!p->data_posted) return false;
+  int done = 0;
+  MPI_Testall(static_cast<int>(p->requests.size()), p->requests.data(), &done, MPI_STATUSES_IGNORE);
+  if (!done) return false;
+  p->arrived = true;
+  p->arrival = std::chrono::steady_clock::now();
+  p->arrived_in_compute = util::InsideComputeProgress();
+  return true;
+}
+
+void MpiLinks::Expect(const Incoming& receive) {
+  expected_.push_back({});
+  expected_.back().in = receive;
+}
+
+void MpiLinks::Progress() {
+  engine_->Reap();
+  for (Pending& p : expected_) {
+    if (p.unusable) continue;
+    if (p.header_bytes < 0) {
+      if (!TakeHeader(&p, false, "")) continue;
+      if (!HeaderMatches(p)) {
+        p.unusable = true;  // Receive reports it
+        continue;
+      }
+      PostData(&p);
+    }
+    TestArrived(&p);
+  }
+}
+
 memory::Tensor MpiLinks::Receive(int peer, int tag, const std::vector<int64_t>& shape,
                                  memory::DType dtype, device::Device* device,
                                  const std::string& what) {
@@ -232,51 +369,29 @@ memory::Tensor MpiLinks::Receive(int peer, int tag, const std::vector<int64_t>& 
                                      DescribeTensor(dtype, shape),
                                      tag,
                                      {PeerWorldRank(peer)}});
-  MPI_Status status = Probe(peer, tag, from);
-  int bytes = 0;
-  MPI_Get_count(&status, MPI_BYTE, &bytes);
-  int64_t header[kMessageHeaderWords] = {};
-  MPI_Request request;
-  if (bytes != kHeaderBytes) {
-    // Not a header: take the message off the queue and report it.
-    std::vector<char> junk(std::max(bytes, 1));
-    MPI_Irecv(junk.data(), bytes, MPI_BYTE, peer, tag, pp_, &request);
-    engine_->Complete(&request, from + " (receiving the matched message)");
-    throw TransportError(from + ": expected " + DescribeTensor(dtype, shape) +
-                         ", got a malformed message (" + std::to_string(bytes) + " bytes)");
+  // An expected receive may be under way already; it is what was announced.
+  Pending p;
+  const auto announced = std::find_if(expected_.begin(), expected_.end(), [&](const Pending& e) {
+    return e.in.peer == peer && e.in.tag == tag;
+  });
+  if (announced != expected_.end()) {
+    p = std::move(*announced);
+    expected_.erase(announced);
   }
-  MPI_Irecv(header, bytes, MPI_BYTE, peer, tag, pp_, &request);
-  engine_->Complete(&request, from + " (receiving the matched message)");
-  std::vector<int64_t> got_shape;
-  for (int i = 0; i < header[2] && i < 4; ++i) got_shape.push_back(header[3 + i]);
-  const auto got_dtype = static_cast<memory::DType>(header[1]);
-  int64_t numel = 1;
-  for (int64_t extent : shape) numel *= extent;
-  if (header[0] != kMagic || got_shape != shape || got_dtype != dtype || header[7] != numel) {
-    throw TransportError(
-        from + ": expected " + DescribeTensor(dtype, shape) + ", got " +
-        (header[0] == kMagic ? DescribeTensor(got_dtype, got_shape) : "a malformed message") +
-        " (" + std::to_string(bytes) + " bytes)");
+  p.in = {peer, tag, shape, dtype, device, what};
+  if (p.header_bytes < 0) TakeHeader(&p, true, from);
+  if (!p.data_posted) {
+    if (!HeaderMatches(p)) ThrowMismatch(p, from);
+    PostData(&p);
   }
-  memory::Tensor tensor(device, shape, dtype);
-  StagingPool::Buffer staging;
-  char* data = static_cast<char*>(tensor.raw());
-  const bool stage = engine_->Staged(device);
-  if (stage) {
-    staging = engine_->staging().Acquire(device, tensor.bytes());
-    data = staging.data();
-  }
-  for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
-    const int64_t n = std::min(max_message_bytes_, tensor.bytes() - offset);
-    MPI_Irecv(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, pp_, &request);
-    engine_->Complete(&request, from + " (its data)");
-  }
-  if (stage) {
-    tensor.CopyFromHost(staging.data());
-    // A copy from pinned memory may still be reading it: done before the buffer is reused.
-    if (device->host_staging_pinned()) device->Synchronize();
-  }
-  return tensor;
+  for (MPI_Request& request : p.requests) engine_->Complete(&request, from + " (its data)");
+  TestArrived(&p);
+  if (record_messages()) AddMessageSpan({from, p.posted, p.arrival, p.arrived_in_compute});
+  if (!engine_->Staged(device)) return std::move(p.tensor);
+  p.tensor.CopyFromHost(p.staging.data());
+  // A copy from pinned memory may still be reading it: done before the buffer is reused.
+  if (device->host_staging_pinned()) device->Synchronize();
+  return std::move(p.tensor);
 }
 
 void MpiLinks::FinishSends() {

@@ -2,6 +2,7 @@
 #define BIGMAC_CORE_COMM_MPI_PIPELINE_COMM_H_
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -58,14 +59,21 @@ class MpiEngine {
     StagingPool::Buffer staging;
     std::vector<MPI_Request> requests;
     int world_peer = -1;
+    std::string name;  // for the trace: a span from `posted` to the observed delivery (if named)
+    std::chrono::steady_clock::time_point posted;
   };
   // A new send, in flight until its requests complete.
   Send& AddSend();
   size_t sends_in_flight() const { return sends_.size(); }
   // The world ranks of the peers whose sends are still in flight.
   std::vector<int> PendingPeers() const;
-  // Frees the buffers of delivered sends.
+  // Frees the buffers of delivered sends; a named one goes to the delivery sink.
   void Reap();
+  // Where the spans of named sends go when they are seen delivered (null: nowhere). The sink's
+  // owner clears it before it goes.
+  void set_delivery_sink(std::function<void(MessageSpan)> sink) {
+    delivery_sink_ = std::move(sink);
+  }
 
   // Polls `ready` until it returns true or the deadline passes (DeadlineError naming `what`),
   // reaping sends in between. For the first spin seconds it yields between polls (a message due
@@ -87,6 +95,7 @@ class MpiEngine {
   bool stage_host_;
   StagingPool staging_;  // before sends_, whose buffers return to it
   std::list<Send> sends_;
+  std::function<void(MessageSpan)> delivery_sink_;
 };
 
 // A message's header as the MPI links send it ahead of the data: the tag it came with, the dtype
@@ -100,15 +109,24 @@ struct MessageHeader {
 
 // The pipeline's links over the pp communicator. A payload goes out after its header as messages
 // of at most `max_message_bytes` (MPI counts are ints; 0: 1 GiB), same tag, matched in order.
+//
+// An expected receive (Expect) starts early: Progress, which the compute loops call, takes its
+// header once it has arrived, checks it and posts the data's receives, so a rendezvous transfer
+// moves while this rank computes instead of waiting for its Receive. A header that does not match
+// is kept for the Receive, which reports it as it would have.
 class MpiLinks : public PeerLinks {
  public:
   MpiLinks(std::shared_ptr<MpiEngine> engine, MPI_Comm pp, const Topology& topology, int world_rank,
            int64_t max_message_bytes = 0);
+  ~MpiLinks() override;
   void Send(memory::Tensor tensor, int peer, int tag, const std::string& what) override;
   memory::Tensor Receive(int peer, int tag, const std::vector<int64_t>& shape, memory::DType dtype,
                          device::Device* device, const std::string& what) override;
+  void Expect(const Incoming& receive) override;
   void FinishSends() override;
-  void Progress() override { engine_->Reap(); }
+  void Progress() override;
+  // Expected receives not yet received (tests).
+  size_t expected_receives() const { return expected_.size(); }
 
   // Posts the header of `tensor` alone (non-blocking; no data follows over MPI).
   void SendHeader(const memory::Tensor& tensor, int peer, int tag);
@@ -122,7 +140,33 @@ class MpiLinks : public PeerLinks {
   int PeerWorldRank(int pp_peer) const;
 
  private:
+  // One receive on its way: its header once taken, then its data's requests.
+  struct Pending {
+    Incoming in;
+    std::array<int64_t, kMessageHeaderWords> header{};
+    int header_bytes = -1;  // -1: header not taken yet
+    bool unusable = false;  // a message that is no header is next: left for Receive to report
+    memory::Tensor tensor;  // the destination, unless staged
+    StagingPool::Buffer staging;
+    bool data_posted = false;
+    std::vector<MPI_Request> requests;  // the data's
+    bool arrived = false;
+    std::chrono::steady_clock::time_point posted;
+    std::chrono::steady_clock::time_point arrival;
+    bool arrived_in_compute = false;
+  };
   MpiEngine::Send& PostHeader(const memory::Tensor& tensor, int peer, int tag);
+  // Takes the next message from `p->in`'s (peer, tag) if it is there (`wait`: up to the deadline)
+  // and is a header; returns whether the header was taken. Waiting, a message that is no header
+  // is a TransportError.
+  bool TakeHeader(Pending* p, bool wait, const std::string& from);
+  // Whether the taken header is what `p->in` expects.
+  bool HeaderMatches(const Pending& p) const;
+  [[noreturn]] void ThrowMismatch(const Pending& p, const std::string& from) const;
+  // Allocates the destination and posts the data's receives.
+  void PostData(Pending* p);
+  // Tests the data's receives without blocking; notes the arrival.
+  bool TestArrived(Pending* p);
   // Waits (with the deadline) until a message from pp rank `peer` with `tag` (or MPI_ANY_TAG)
   // can be received.
   MPI_Status Probe(int peer, int tag, const std::string& from);
@@ -132,6 +176,7 @@ class MpiLinks : public PeerLinks {
   Topology topology_;
   Coords coords_;
   int64_t max_message_bytes_;
+  std::list<Pending> expected_;  // in the order announced
 };
 
 // A group over an MPI communicator. With `ordered_sums` (the dp group), a sum is a reduce-scatter

@@ -1,6 +1,7 @@
 #ifndef BIGMAC_CORE_COMM_PEER_LINKS_H_
 #define BIGMAC_CORE_COMM_PEER_LINKS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -39,6 +40,17 @@ struct Incoming {
   std::string what;
 };
 
+// One message in flight, for the trace: a send from its post to its observed delivery, a receive
+// from the post of its data to its observed arrival. `in_compute`: the end was observed by the
+// progress a compute loop runs (core/util/compute_progress.h), so the message moved while this rank
+// computed.
+struct MessageSpan {
+  std::string name;
+  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point end;
+  bool in_compute = false;
+};
+
 // The pipeline's point-to-point tensors: sends, receives and batched exchanges with the other
 // ranks of this rank's pipeline (peers are pp ranks). Tensors of any dtype travel; the receiver
 // states the dtype and shape it expects, and a mismatch is a TransportError. Owned by the
@@ -64,9 +76,14 @@ class PeerLinks {
   // the same thing for links whose sends never block.
   virtual std::vector<memory::Tensor> Exchange(std::vector<Outgoing> sends,
                                                const std::vector<Incoming>& receives);
+  // Announces a receive that a later Receive (or Exchange) will ask for, so that links may start
+  // moving it before (MPI: once its header has arrived, Progress posts its data). Every expected
+  // receive must be received; equal (peer, tag) pairs in the order they will be received.
+  // Default: nothing.
+  virtual void Expect(const Incoming& /*receive*/) {}
   // Waits (with the deadline) until every send has been delivered.
   virtual void FinishSends() = 0;
-  // Moves sends in flight along without blocking. Default: nothing.
+  // Moves sends and expected receives in flight along without blocking. Default: nothing.
   virtual void Progress() {}
   // Where links with streams of their own (NCCL) time their operations for the trace's device
   // track (null: nowhere). `spans` outlives the links' use of it.
@@ -76,14 +93,28 @@ class PeerLinks {
   // kTiedGradientTag), the traffic bf16 halves.
   int64_t activation_bytes_sent() const { return activation_bytes_sent_; }
 
+  // Whether links that time their messages (MPI) keep a MessageSpan per message (default off).
+  void set_record_messages(bool on) { record_messages_ = on; }
+  // The spans of the messages completed since the last call.
+  std::vector<MessageSpan> TakeMessageSpans() {
+    std::vector<MessageSpan> spans;
+    spans.swap(message_spans_);
+    return spans;
+  }
+
  protected:
   // Implementations call this for every tensor they send.
   void CountSent(int tag, int64_t bytes) {
     if (tag < kTiedGradientTag) activation_bytes_sent_ += bytes;
   }
+  // And this for every message they see complete, while recording.
+  bool record_messages() const { return record_messages_; }
+  void AddMessageSpan(MessageSpan span) { message_spans_.push_back(std::move(span)); }
 
  private:
   int64_t activation_bytes_sent_ = 0;
+  bool record_messages_ = false;
+  std::vector<MessageSpan> message_spans_;
 };
 
 // One process, one rank: sends to oneself are queued, by tag.

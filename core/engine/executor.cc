@@ -1,5 +1,6 @@
 #include "core/engine/executor.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/comm/progress.h"
@@ -112,6 +113,7 @@ void Executor::RunTail(const std::function<void()>& optimizer_step) {
 
 void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
                    const std::function<void()>& optimizer_step, bool keep, bool record) {
+  size_t expected_until = 0;  // the receives before this index have been announced
   for (size_t i = 0; i < actions.size();) {
     const auto start = metrics::Timeline::Clock::now();
     size_t end = i + 1;
@@ -131,6 +133,8 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
     } else {
       RecordProgress(actions, i, end, name);
       if (action_hook_) action_hook_(actions[i]);
+      // The next exchange's messages may move while this computes.
+      ExpectNextReceives(actions, i, &expected_until, batch);
       const bool timed = record && device_spans_ && device_spans_->enabled();
       const device::Event device_start = timed ? device_spans_->Mark() : device::Event{};
       RunCompute(actions[i], batch, optimizer_step, keep);
@@ -144,6 +148,27 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
       timeline_->Record(name, category, start, metrics::Timeline::Clock::now());
     i = end;
   }
+}
+
+comm::Incoming Executor::IncomingOf(const Action& a, const Batch& batch) const {
+  return {a.peer,
+          ReceiveTag(a),
+          ActivationShape(batch(a.microbatch)),
+          model_->activation_dtype(),
+          model_->device(),
+          Describe(a) + (a.op == Op::kRecvAct ? " activation" : " gradient")};
+}
+
+void Executor::ExpectNextReceives(const std::vector<Action>& actions, size_t computing,
+                                  size_t* expected_until, const Batch& batch) {
+  size_t block = computing + 1;
+  while (block < actions.size() && !IsCommunication(actions[block].op)) ++block;
+  size_t end = block;
+  while (end < actions.size() && IsCommunication(actions[end].op)) ++end;
+  for (size_t i = std::max(block, *expected_until); i < end; ++i) {
+    if (IsReceive(actions[i].op)) comm_->links().Expect(IncomingOf(actions[i], batch));
+  }
+  *expected_until = std::max(*expected_until, end);
 }
 
 void Executor::DuplicateReceive(const Action& a) const {
@@ -174,14 +199,11 @@ void Executor::RunExchange(const std::vector<Action>& actions, size_t begin, siz
         break;
       case Op::kRecvAct:
       case Op::kRecvGrad: {
-        const bool act = a.op == Op::kRecvAct;
         for (const Action* earlier : receive_actions) {
           if (earlier->microbatch == a.microbatch && earlier->stage == a.stage) DuplicateReceive(a);
         }
         if (inbox_.count({a.microbatch, a.stage})) DuplicateReceive(a);
-        receives.push_back({a.peer, ReceiveTag(a), ActivationShape(batch(a.microbatch)),
-                            model_->activation_dtype(), model_->device(),
-                            Describe(a) + (act ? " activation" : " gradient")});
+        receives.push_back(IncomingOf(a, batch));
         receive_actions.push_back(&a);
         break;
       }

@@ -80,6 +80,12 @@ class Executor {
   // Actions [begin, end): adjacent sends and receives with one peer, as one exchange.
   void RunExchange(const std::vector<schedule::Action>& actions, size_t begin, size_t end,
                    const Batch& batch);
+  // What receive action `a` expects.
+  comm::Incoming IncomingOf(const schedule::Action& a, const Batch& batch) const;
+  // Before computation `computing` runs: announces the receives of the next exchange that
+  // follows it (PeerLinks::Expect), those at `*expected_until` and after, and moves it on.
+  void ExpectNextReceives(const std::vector<schedule::Action>& actions, size_t computing,
+                          size_t* expected_until, const Batch& batch);
   // A received tensor into the inbox; a second one for the same (micro-batch, stage) is an error.
   void Deliver(const schedule::Action& action, memory::Tensor tensor);
   [[noreturn]] void DuplicateReceive(const schedule::Action& action) const;

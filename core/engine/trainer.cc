@@ -102,8 +102,10 @@ StepOutcome Trainer::RunStep(int step) {
   const int64_t tp_bytes_before = comm_.tp().blocking_bytes();
   const double tp_seconds_before = comm_.tp().blocking_seconds();
   StepOutcome outcome;
-  timeline_.set_recording(step - start_step_ < train_.trace_steps());
-  device_spans_->set_enabled(step - start_step_ < train_.trace_steps());
+  const bool tracing = step - start_step_ < train_.trace_steps();
+  timeline_.set_recording(tracing);
+  device_spans_->set_enabled(tracing);
+  comm_.links().set_record_messages(tracing);
   timeline_.ResetWindow();
   model_->ZeroGrads();
   double local_loss = 0;
@@ -121,6 +123,8 @@ StepOutcome Trainer::RunStep(int step) {
   // The step's work has finished: its device spans get their host times.
   for (const device::DeviceSpans::Resolved& span : device_spans_->Resolve())
     timeline_.Record(span.name, span.category, span.start, span.end, span.track);
+  for (const comm::MessageSpan& span : comm_.links().TakeMessageSpans())
+    timeline_.RecordMessage(span.name, span.start, span.end, span.in_compute);
   if (root_) {
     if (!std::isfinite(outcome.loss) && !outcome.skipped) {
       throw NumericalError(Format("step %d: the loss is %f", step + 1, outcome.loss));

@@ -19,6 +19,15 @@ void Timeline::Record(const std::string& name, const std::string& category, Cloc
   spans_.push_back({name, category, start_us, duration_ms * 1000.0, track});
 }
 
+void Timeline::RecordMessage(const std::string& name, Clock::time_point start,
+                             Clock::time_point end, bool in_compute) {
+  if (!recording_) return;
+  const double start_us =
+      std::chrono::duration<double, std::micro>(start.time_since_epoch()).count();
+  const double duration_us = std::chrono::duration<double, std::micro>(end - start).count();
+  spans_.push_back({name, "message", start_us, duration_us, kActionTrack, true, in_compute});
+}
+
 std::string Timeline::TraceEvents(int rank, const std::string& process_name) const {
   nlohmann::json events = nlohmann::json::array();
   events.push_back(
@@ -30,7 +39,9 @@ std::string Timeline::TraceEvents(int rank, const std::string& process_name) con
   static constexpr const char* kTrackNames[] = {
       "actions", "communication", "device: compute stream", "device: communication streams"};
   std::set<int> tracks = {kActionTrack};
-  for (const Span& span : spans_) tracks.insert(span.track);
+  for (const Span& span : spans_) {
+    if (!span.message) tracks.insert(span.track);
+  }
   for (int track : tracks) {
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},
@@ -38,7 +49,32 @@ std::string Timeline::TraceEvents(int rank, const std::string& process_name) con
                       {"tid", track},
                       {"args", {{"name", kTrackNames[track]}}}});
   }
+  int message_id = 0;
   for (const Span& span : spans_) {
+    if (span.message) {
+      // An asynchronous pair: Perfetto lays overlapping messages out side by side.
+      const std::string id = std::to_string(rank) + "." + std::to_string(++message_id);
+      for (const char* phase : {"b", "e"}) {
+        events.push_back(
+            {{"name", span.name},
+             {"cat", span.category},
+             {"ph", phase},
+             {"id", id},
+             {"pid", rank},
+             {"tid", kCommTrack},
+             {"ts", phase[0] == 'b' ? span.start_us : span.start_us + span.duration_us}});
+      }
+      if (span.in_compute) {
+        events.push_back({{"name", "moved: " + span.name},
+                          {"cat", span.category},
+                          {"ph", "i"},
+                          {"s", "t"},
+                          {"pid", rank},
+                          {"tid", kActionTrack},
+                          {"ts", span.start_us + span.duration_us}});
+      }
+      continue;
+    }
     events.push_back({{"name", span.name},
                       {"cat", span.category},
                       {"ph", "X"},

@@ -32,6 +32,12 @@ class Timeline {
   // "device_compute" and "device_comm".
   void Record(const std::string& name, const std::string& category, Clock::time_point start,
               Clock::time_point end, int track = kActionTrack);
+  // A message in flight (comm::MessageSpan), kept while recording and counted in no category: an
+  // asynchronous span of its own (messages overlap each other and the actions). `in_compute`: its
+  // end was seen by the progress run inside a computation, which the action track marks there
+  // ("moved: ..."), so the trace shows a transfer that went on while the rank computed.
+  void RecordMessage(const std::string& name, Clock::time_point start, Clock::time_point end,
+                     bool in_compute);
   void set_recording(bool on) { recording_ = on; }
 
   // Milliseconds per category since the last ResetWindow (per step) and since the start.
@@ -49,6 +55,8 @@ class Timeline {
     double start_us;
     double duration_us;
     int track;
+    bool message = false;  // RecordMessage's
+    bool in_compute = false;
   };
   bool recording_ = true;
   std::vector<Span> spans_;

@@ -43,4 +43,6 @@ void ComputeProgress() {
   last = Clock::now();
 }
 
+bool InsideComputeProgress() { return std::this_thread::get_id() == owner && running; }
+
 }  // namespace bigmac::util

@@ -21,6 +21,10 @@ void SetComputeProgress(std::function<void()> progress, double interval_seconds)
 // clock read.
 void ComputeProgress();
 
+// Whether the caller runs inside the installed progress, called from a compute loop (the trace
+// marks where messages moved while the rank computed).
+bool InsideComputeProgress();
+
 }  // namespace bigmac::util
 
 #endif  // BIGMAC_CORE_UTIL_COMPUTE_PROGRESS_H_

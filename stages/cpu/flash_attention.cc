@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/util/compute_progress.h"
 #include "core/util/simd.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "stages/cpu/math.h"
@@ -51,6 +52,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
         T* o = out + int64_t{bi} * t * c + hi * hs;
         T* l = lse + (int64_t{bi} * h + hi) * t;
         for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
+          ::bigmac::util::ComputeProgress();  // messages in flight move on meanwhile
           const int rows = std::min(kQueryBlock, t - i0);
           const int kend = i0 + rows;  // keys 0 .. kend-1 are visible to some row of the block
           Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * c3, ld, k, ld, T(0),
@@ -97,6 +99,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
           std::fill(dv + ti * c3, dv + ti * c3 + hs, T(0));
         }
         for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
+          ::bigmac::util::ComputeProgress();
           const int rows = std::min(kQueryBlock, t - i0);
           const int kend = i0 + rows;
           // P = exp(scale Q K^T - lse), zero above the diagonal.

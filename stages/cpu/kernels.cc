@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/util/compute_progress.h"
 #include "core/util/simd.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "stages/cpu/math.h"
@@ -306,6 +307,7 @@ BIGMAC_SIMD_CLONES double CrossEntropyLossSum(const T* logits, const int32_t* ta
   std::vector<double> losses(n);
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
+    ::bigmac::util::ComputeProgress();  // a row is a vocabulary's exponentials
     const T* l = logits + int64_t{row} * v;
     double maxval = -INFINITY;
     for (int j = 0; j < v; ++j) maxval = std::max(maxval, double(l[j]));
@@ -323,6 +325,7 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
                                              int n, int v, double scale) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
+    ::bigmac::util::ComputeProgress();
     const T* l = logits + int64_t{row} * v;
     T* d = dlogits + int64_t{row} * v;
     T maxval = -INFINITY;

@@ -131,6 +131,33 @@ void ExpectCommunicationTrack(const nlohmann::json& trace, int ranks) {
   for (const auto& [rank, name] : track_names) EXPECT_EQ(name, "communication") << rank;
 }
 
+// With a pipeline, each rank's messages in flight: asynchronous begin/end pairs, each ending after
+// it begins, the pipeline's named by their action (the tied weight's by the weight).
+void ExpectMessageSpans(const nlohmann::json& trace, int ranks) {
+  std::map<int, std::map<std::string, double>> begins;  // rank -> id -> ts
+  std::map<int, int> ended, pipeline;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event.value("cat", "") != "message" || event["ph"] == "i") continue;
+    const int rank = event["pid"].get<int>();
+    const std::string id = event["id"].get<std::string>();
+    if (event["ph"] == "b") {
+      begins[rank][id] = event["ts"].get<double>();
+      if (event["name"].get<std::string>().find("(micro-batch ") != std::string::npos)
+        ++pipeline[rank];
+    } else {
+      ASSERT_EQ(event["ph"], "e");
+      ASSERT_TRUE(begins[rank].count(id)) << id;
+      EXPECT_GE(event["ts"].get<double>(), begins[rank][id]) << id;
+      ++ended[rank];
+    }
+  }
+  EXPECT_EQ(static_cast<int>(begins.size()), ranks);
+  for (const auto& [rank, ids] : begins) {
+    EXPECT_GT(pipeline[rank], 0) << "rank " << rank;
+    EXPECT_EQ(static_cast<int>(ids.size()), ended[rank]) << "rank " << rank;
+  }
+}
+
 void ExpectSameTraining(const OverlapRun& serial, const OverlapRun& overlapped) {
   ASSERT_EQ(serial.exit_code, 0) << serial.output;
   ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
@@ -173,6 +200,7 @@ void ExpectOverlapChangesOnlyTheTiming(int pp, int dp) {
   ExpectBucketCounts(serial, pp * dp, false);
   ExpectBucketCounts(overlapped, pp * dp, true);
   ExpectCommunicationTrack(overlapped.trace, pp * dp);
+  if (pp > 1) ExpectMessageSpans(overlapped.trace, pp * dp);
   const std::map<int, int> inside = BucketsStartedInsideABackward(overlapped.trace);
   EXPECT_EQ(static_cast<int>(inside.size()), pp * dp);
   for (const auto& [rank, count] : inside) EXPECT_GT(count, 0) << "rank " << rank;

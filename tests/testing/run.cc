@@ -38,10 +38,22 @@ std::string WriteTempFile(const std::string& name, const std::string& contents) 
   return path;
 }
 
-std::string Mpirun(int ranks) {
-  return "mpirun -np " + std::to_string(ranks) +
-         " --oversubscribe --bind-to none --mca btl self,vader --mca "
-         "btl_vader_single_copy_mechanism none";
+std::string Mpirun(int ranks, const std::string& path) {
+  std::string chosen = path;
+  if (chosen.empty()) {
+    const char* env = std::getenv("BIGMAC_TEST_MPI_PATH");
+    chosen = env && *env ? env : "copy";
+  }
+  std::string options;
+  if (chosen == "copy") {
+    options = " --mca btl self,vader --mca btl_vader_single_copy_mechanism none";
+  } else if (chosen == "tcp") {
+    options = " --mca btl self,tcp";
+  } else if (chosen != "cma") {
+    throw std::invalid_argument("Mpirun: unknown Open MPI path '" + chosen +
+                                "' (copy, cma or tcp)");
+  }
+  return "mpirun -np " + std::to_string(ranks) + " --oversubscribe --bind-to none" + options;
 }
 
 std::string PrepareShards(const std::string& name, const std::string& text) {

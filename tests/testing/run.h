@@ -27,8 +27,11 @@ std::string Bigmac();
 // A fresh file under the test's temporary directory holding `contents`; returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& contents);
 
-// "mpirun -np N --oversubscribe" with the settings the CPU tests need (see launch/README).
-std::string Mpirun(int ranks);
+// "mpirun -np N --oversubscribe" with the settings the CPU tests need (see launch/README), and the
+// Open MPI path the messages take: "copy" (shared memory without single-copy, the default: the
+// slowest path on one host), "cma" (with single-copy) or "tcp" (as between hosts). An empty `path`
+// takes $BIGMAC_TEST_MPI_PATH, so that a test target can run a whole test over another path.
+std::string Mpirun(int ranks, const std::string& path = "");
 
 // Token shards of `text` made by `bigmac data prep` under the test's temporary directory, once per
 // `name` and test binary; returns their directory.
