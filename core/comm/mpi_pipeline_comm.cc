@@ -45,6 +45,24 @@ MPI_Datatype MpiType(memory::DType wide) {
 
 MPI_Op MpiOp(ReduceOp op) { return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX; }
 
+std::vector<int64_t> ShapeOf(const std::array<int64_t, kMessageHeaderWords>& header) {
+  std::vector<int64_t> shape;
+  for (int i = 0; i < header[2] && i < 4; ++i) shape.push_back(header[3 + i]);
+  return shape;
+}
+
+// The byte ranges [offset, offset + size) a payload of `bytes` travels in: messages of at most
+// `max_message_bytes`, posted in this order by the sender and the receiver alike.
+template <typename Post>
+void ForEachChunk(int64_t bytes, int64_t max_message_bytes, const Post& post) {
+  for (int64_t offset = 0; offset < bytes; offset += max_message_bytes)
+    post(offset, static_cast<int>(std::min(max_message_bytes, bytes - offset)));
+}
+
+int64_t ChunkCount(int64_t bytes, int64_t max_message_bytes) {
+  return (bytes + max_message_bytes - 1) / max_message_bytes;
+}
+
 }  // namespace
 
 // ---- MpiEngine ---------------------------------------------------------------------------------
@@ -157,6 +175,7 @@ MpiLinks::MpiLinks(std::shared_ptr<MpiEngine> engine, MPI_Comm pp, const Topolog
 MpiLinks::~MpiLinks() {
   engine_->set_delivery_sink(nullptr);
   // Receives still posted (an abnormal exit): MPI may still write their buffers, which leak.
+  expected_.splice(expected_.end(), abandoned_);
   bool posted = false;
   for (Pending& p : expected_) {
     for (MPI_Request& request : p.requests) {
@@ -205,11 +224,11 @@ void MpiLinks::Send(memory::Tensor tensor, int peer, int tag, const std::string&
     send.staging = std::move(staging);
     data = send.staging.data();
   }
-  for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
-    const int64_t n = std::min(max_message_bytes_, tensor.bytes() - offset);
+  send.requests.reserve(send.requests.size() + ChunkCount(tensor.bytes(), max_message_bytes_));
+  ForEachChunk(tensor.bytes(), max_message_bytes_, [&](int64_t offset, int n) {
     send.requests.emplace_back();
-    MPI_Isend(data + offset, static_cast<int>(n), MPI_BYTE, peer, tag, pp_, &send.requests.back());
-  }
+    MPI_Isend(data + offset, n, MPI_BYTE, peer, tag, pp_, &send.requests.back());
+  });
   if (!stage) send.tensor = std::move(tensor);
   engine_->Reap();
 }
@@ -254,49 +273,57 @@ MessageHeader MpiLinks::ReceiveNextHeader(int peer, const std::string& what) {
   return result;
 }
 
-bool MpiLinks::TakeHeader(Pending* p, bool wait, const std::string& from) {
+bool MpiLinks::TryTakeHeader(Pending* p) {
+  // A matched probe: the message found is the one received, without any wait (no wait record,
+  // no deadline: this runs inside computations).
+  int found = 0;
+  MPI_Message message;
   MPI_Status status;
-  if (wait) {
-    status = Probe(p->in.peer, p->in.tag, from);
-  } else {
-    int found = 0;
-    MPI_Iprobe(p->in.peer, p->in.tag, pp_, &found, &status);
-    if (!found) return false;
-  }
+  MPI_Improbe(p->in.peer, p->in.tag, pp_, &found, &message, &status);
+  if (!found) return false;
   int bytes = 0;
   MPI_Get_count(&status, MPI_BYTE, &bytes);
-  MPI_Request request;
   if (bytes != kHeaderBytes) {
-    if (!wait) {
-      p->unusable = true;
-      return false;
-    }
-    // Not a header: take the message off the queue and report it.
-    std::vector<char> junk(std::max(bytes, 1));
-    MPI_Irecv(junk.data(), bytes, MPI_BYTE, p->in.peer, p->in.tag, pp_, &request);
-    engine_->Complete(&request, from + " (receiving the matched message)");
-    throw TransportError(from + ": expected " + DescribeTensor(p->in.dtype, p->in.shape) +
-                         ", got a malformed message (" + std::to_string(bytes) + " bytes)");
+    // No header: left for WaitForHeader to take and report. The message is matched now, so it is
+    // received here into a buffer kept for that.
+    p->junk.resize(std::max(bytes, 1));
+    MPI_Mrecv(p->junk.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+    p->header_bytes = bytes;
+    return true;
   }
-  MPI_Irecv(p->header.data(), bytes, MPI_BYTE, p->in.peer, p->in.tag, pp_, &request);
-  engine_->Complete(&request, from + " (receiving the matched message)");
+  MPI_Mrecv(p->header.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
   p->header_bytes = bytes;
   return true;
 }
 
-namespace {
-std::vector<int64_t> ShapeOf(const std::array<int64_t, kMessageHeaderWords>& header) {
-  std::vector<int64_t> shape;
-  for (int i = 0; i < header[2] && i < 4; ++i) shape.push_back(header[3 + i]);
-  return shape;
+void MpiLinks::WaitForHeader(Pending* p, const std::string& from) {
+  if (p->header_bytes < 0) {
+    const MPI_Status status = Probe(p->in.peer, p->in.tag, from);
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    char* into = reinterpret_cast<char*>(p->header.data());
+    if (bytes != kHeaderBytes) {
+      p->junk.resize(std::max(bytes, 1));
+      into = p->junk.data();
+    }
+    MPI_Request request;
+    MPI_Irecv(into, bytes, MPI_BYTE, p->in.peer, p->in.tag, pp_, &request);
+    engine_->Complete(&request, from + " (receiving the matched message)");
+    p->header_bytes = bytes;
+  }
+  if (p->header_bytes != kHeaderBytes) {
+    throw TransportError(from + ": expected " + DescribeTensor(p->in.dtype, p->in.shape) +
+                         ", got a malformed message (" + std::to_string(p->header_bytes) +
+                         " bytes)");
+  }
 }
-}  // namespace
 
 bool MpiLinks::HeaderMatches(const Pending& p) const {
   int64_t numel = 1;
   for (int64_t extent : p.in.shape) numel *= extent;
-  return p.header[0] == kMagic && ShapeOf(p.header) == p.in.shape &&
-         static_cast<memory::DType>(p.header[1]) == p.in.dtype && p.header[7] == numel;
+  return p.header_bytes == kHeaderBytes && p.header[0] == kMagic &&
+         ShapeOf(p.header) == p.in.shape && static_cast<memory::DType>(p.header[1]) == p.in.dtype &&
+         p.header[7] == numel;
 }
 
 void MpiLinks::ThrowMismatch(const Pending& p, const std::string& from) const {
@@ -308,20 +335,20 @@ void MpiLinks::ThrowMismatch(const Pending& p, const std::string& from) const {
 }
 
 void MpiLinks::PostData(Pending* p) {
-  // Allocated before anything is posted: a failed allocation leaves the message queued.
+  // Everything that can throw comes first, and the destination is in place before MPI may write
+  // it: a failure leaves the message queued and this receive unposted.
   memory::Tensor tensor(p->in.device, p->in.shape, p->in.dtype);
-  char* data = static_cast<char*>(tensor.raw());
-  if (engine_->Staged(p->in.device)) {
-    p->staging = engine_->staging().Acquire(p->in.device, tensor.bytes());
-    data = p->staging.data();
-  }
-  for (int64_t offset = 0; offset < tensor.bytes(); offset += max_message_bytes_) {
-    const int64_t n = std::min(max_message_bytes_, tensor.bytes() - offset);
-    p->requests.emplace_back();
-    MPI_Irecv(data + offset, static_cast<int>(n), MPI_BYTE, p->in.peer, p->in.tag, pp_,
-              &p->requests.back());
-  }
+  StagingPool::Buffer staging;
+  if (engine_->Staged(p->in.device))
+    staging = engine_->staging().Acquire(p->in.device, tensor.bytes());
+  p->requests.reserve(ChunkCount(tensor.bytes(), max_message_bytes_));
   p->tensor = std::move(tensor);
+  p->staging = std::move(staging);
+  char* data = p->staging.data() ? p->staging.data() : static_cast<char*>(p->tensor.raw());
+  ForEachChunk(p->tensor.bytes(), max_message_bytes_, [&](int64_t offset, int n) {
+    p->requests.emplace_back();
+    MPI_Irecv(data + offset, n, MPI_BYTE, p->in.peer, p->in.tag, pp_, &p->requests.back());
+  });
   p->data_posted = true;
   p->posted = std::chrono::steady_clock::now();
 }
@@ -345,18 +372,40 @@ void MpiLinks::Expect(const Incoming& receive) {
 
 void MpiLinks::Progress() {
   engine_->Reap();
+  abandoned_.remove_if([this](Pending& p) { return TestArrived(&p); });
+  std::vector<std::pair<int, int>> waiting;  // (peer, tag) of receives left to their Receive
   for (Pending& p : expected_) {
-    if (p.unusable) continue;
-    if (p.header_bytes < 0) {
-      if (!TakeHeader(&p, false, "")) continue;
-      if (!HeaderMatches(p)) {
-        p.unusable = true;  // Receive reports it
+    const std::pair<int, int> key(p.in.peer, p.in.tag);
+    // A later receive with the same (peer, tag) must not take an earlier one's message.
+    if (std::find(waiting.begin(), waiting.end(), key) != waiting.end()) continue;
+    if (!p.data_posted) {
+      if (p.header_bytes < 0 && !TryTakeHeader(&p)) {
+        waiting.push_back(key);
+        continue;
+      }
+      if (!HeaderMatches(p)) {  // Receive reports it
+        waiting.push_back(key);
         continue;
       }
       PostData(&p);
     }
     TestArrived(&p);
   }
+}
+
+size_t MpiLinks::ForgetExpected() {
+  size_t posted = 0;
+  for (auto it = expected_.begin(); it != expected_.end();) {
+    auto next = std::next(it);
+    if (it->data_posted && !TestArrived(&*it)) {
+      ++posted;  // MPI may still write it: kept apart until it arrives (or leaked at the end)
+      abandoned_.splice(abandoned_.end(), expected_, it);
+    } else {
+      expected_.erase(it);
+    }
+    it = next;
+  }
+  return posted;
 }
 
 memory::Tensor MpiLinks::Receive(int peer, int tag, const std::vector<int64_t>& shape,
@@ -369,29 +418,39 @@ memory::Tensor MpiLinks::Receive(int peer, int tag, const std::vector<int64_t>& 
                                      DescribeTensor(dtype, shape),
                                      tag,
                                      {PeerWorldRank(peer)}});
-  // An expected receive may be under way already; it is what was announced.
-  Pending p;
-  const auto announced = std::find_if(expected_.begin(), expected_.end(), [&](const Pending& e) {
-    return e.in.peer == peer && e.in.tag == tag;
-  });
-  if (announced != expected_.end()) {
-    p = std::move(*announced);
-    expected_.erase(announced);
+  // An announced receive may be under way already; an unannounced one joins the list, so that
+  // buffers MPI may write stay owned by it until they have arrived.
+  auto it = std::find_if(expected_.begin(), expected_.end(),
+                         [&](const Pending& e) { return e.in.peer == peer && e.in.tag == tag; });
+  if (it == expected_.end()) {
+    it = expected_.insert(expected_.end(), Pending{});
+    it->in = {peer, tag, shape, dtype, device, what};
+  } else if (it->in.shape != shape || it->in.dtype != dtype || it->in.device != device) {
+    throw std::logic_error(from + ": announced as " + DescribeTensor(it->in.dtype, it->in.shape) +
+                           ", received as " + DescribeTensor(dtype, shape));
   }
-  p.in = {peer, tag, shape, dtype, device, what};
-  if (p.header_bytes < 0) TakeHeader(&p, true, from);
+  Pending& p = *it;
+  p.in.what = what;
   if (!p.data_posted) {
-    if (!HeaderMatches(p)) ThrowMismatch(p, from);
+    WaitForHeader(&p, from);
+    if (!HeaderMatches(p)) {
+      const Pending mismatched = std::move(p);
+      expected_.erase(it);
+      ThrowMismatch(mismatched, from);
+    }
     PostData(&p);
   }
   for (MPI_Request& request : p.requests) engine_->Complete(&request, from + " (its data)");
   TestArrived(&p);
   if (record_messages()) AddMessageSpan({from, p.posted, p.arrival, p.arrived_in_compute});
-  if (!engine_->Staged(device)) return std::move(p.tensor);
-  p.tensor.CopyFromHost(p.staging.data());
+  memory::Tensor tensor = std::move(p.tensor);
+  const StagingPool::Buffer staging = std::move(p.staging);
+  expected_.erase(it);
+  if (!staging.data()) return tensor;
+  tensor.CopyFromHost(staging.data());
   // A copy from pinned memory may still be reading it: done before the buffer is reused.
   if (device->host_staging_pinned()) device->Synchronize();
-  return std::move(p.tensor);
+  return tensor;
 }
 
 void MpiLinks::FinishSends() {

@@ -69,8 +69,8 @@ class MpiEngine {
   std::vector<int> PendingPeers() const;
   // Frees the buffers of delivered sends; a named one goes to the delivery sink.
   void Reap();
-  // Where the spans of named sends go when they are seen delivered (null: nowhere). The sink's
-  // owner clears it before it goes.
+  // Where the spans of named sends go when they are seen delivered (null: nowhere). One sink per
+  // engine (the links'); its owner clears it before it goes.
   void set_delivery_sink(std::function<void(MessageSpan)> sink) {
     delivery_sink_ = std::move(sink);
   }
@@ -125,8 +125,8 @@ class MpiLinks : public PeerLinks {
   void Expect(const Incoming& receive) override;
   void FinishSends() override;
   void Progress() override;
-  // Expected receives not yet received (tests).
-  size_t expected_receives() const { return expected_.size(); }
+  size_t expected_receives() const override { return expected_.size(); }
+  size_t ForgetExpected() override;
 
   // Posts the header of `tensor` alone (non-blocking; no data follows over MPI).
   void SendHeader(const memory::Tensor& tensor, int peer, int tag);
@@ -140,13 +140,15 @@ class MpiLinks : public PeerLinks {
   int PeerWorldRank(int pp_peer) const;
 
  private:
-  // One receive on its way: its header once taken, then its data's requests.
+  // One receive on its way: its header once taken, then its data's requests. States, in order:
+  // announced (header_bytes < 0), header taken (a header, or a message that is none), data posted,
+  // arrived.
   struct Pending {
     Incoming in;
     std::array<int64_t, kMessageHeaderWords> header{};
-    int header_bytes = -1;  // -1: header not taken yet
-    bool unusable = false;  // a message that is no header is next: left for Receive to report
-    memory::Tensor tensor;  // the destination, unless staged
+    int header_bytes = -1;   // the bytes of the message taken as the header; -1: none taken yet
+    std::vector<char> junk;  // a message taken in place of the header, when it is none
+    memory::Tensor tensor;   // the destination (unless staged: then the staging buffer)
     StagingPool::Buffer staging;
     bool data_posted = false;
     std::vector<MPI_Request> requests;  // the data's
@@ -156,11 +158,13 @@ class MpiLinks : public PeerLinks {
     bool arrived_in_compute = false;
   };
   MpiEngine::Send& PostHeader(const memory::Tensor& tensor, int peer, int tag);
-  // Takes the next message from `p->in`'s (peer, tag) if it is there (`wait`: up to the deadline)
-  // and is a header; returns whether the header was taken. Waiting, a message that is no header
-  // is a TransportError.
-  bool TakeHeader(Pending* p, bool wait, const std::string& from);
-  // Whether the taken header is what `p->in` expects.
+  // Takes the next message of `p->in`'s (peer, tag) if one has arrived, without waiting (a matched
+  // probe); returns whether one was taken.
+  bool TryTakeHeader(Pending* p);
+  // Takes it, waiting up to the deadline, unless taken already; a message that is no header is a
+  // TransportError.
+  void WaitForHeader(Pending* p, const std::string& from);
+  // Whether the taken header is what `p.in` expects.
   bool HeaderMatches(const Pending& p) const;
   [[noreturn]] void ThrowMismatch(const Pending& p, const std::string& from) const;
   // Allocates the destination and posts the data's receives.
@@ -176,7 +180,8 @@ class MpiLinks : public PeerLinks {
   Topology topology_;
   Coords coords_;
   int64_t max_message_bytes_;
-  std::list<Pending> expected_;  // in the order announced
+  std::list<Pending> expected_;   // announced, in order, then any unannounced one being received
+  std::list<Pending> abandoned_;  // forgotten with their data posted: theirs until they arrive
 };
 
 // A group over an MPI communicator. With `ordered_sums` (the dp group), a sum is a reduce-scatter

@@ -81,6 +81,12 @@ class PeerLinks {
   // receive must be received; equal (peer, tag) pairs in the order they will be received.
   // Default: nothing.
   virtual void Expect(const Incoming& /*receive*/) {}
+  // Receives announced and not yet received.
+  virtual size_t expected_receives() const { return 0; }
+  // After a failure between an Expect and its Receive: forgets the announced receives, so that a
+  // later Receive with the same (peer, tag) cannot take their messages. Returns how many had their
+  // data posted already (their buffers stay with the links, which MPI may still write).
+  virtual size_t ForgetExpected() { return 0; }
   // Waits (with the deadline) until every send has been delivered.
   virtual void FinishSends() = 0;
   // Moves sends and expected receives in flight along without blocking. Default: nothing.

@@ -1,6 +1,7 @@
 #include "core/engine/executor.h"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 
 #include "core/comm/progress.h"
@@ -114,6 +115,15 @@ void Executor::RunTail(const std::function<void()>& optimizer_step) {
 void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
                    const std::function<void()>& optimizer_step, bool keep, bool record) {
   size_t expected_until = 0;  // the receives before this index have been announced
+  // Leaving by an exception: the receives announced and not received are forgotten, so that a
+  // later run's receive with the same tag cannot take their messages.
+  struct ForgetOnThrow {
+    comm::PeerLinks& links;
+    int exceptions = std::uncaught_exceptions();
+    ~ForgetOnThrow() {
+      if (std::uncaught_exceptions() > exceptions) links.ForgetExpected();
+    }
+  } forget_on_throw{comm_->links()};
   for (size_t i = 0; i < actions.size();) {
     const auto start = metrics::Timeline::Clock::now();
     size_t end = i + 1;

@@ -106,6 +106,7 @@ StepOutcome Trainer::RunStep(int step) {
   timeline_.set_recording(tracing);
   device_spans_->set_enabled(tracing);
   comm_.links().set_record_messages(tracing);
+  comm_.links().TakeMessageSpans();  // an evaluation's or a generation's since the last step
   timeline_.ResetWindow();
   model_->ZeroGrads();
   double local_loss = 0;

@@ -25,7 +25,7 @@ void Timeline::RecordMessage(const std::string& name, Clock::time_point start,
   const double start_us =
       std::chrono::duration<double, std::micro>(start.time_since_epoch()).count();
   const double duration_us = std::chrono::duration<double, std::micro>(end - start).count();
-  spans_.push_back({name, "message", start_us, duration_us, kActionTrack, true, in_compute});
+  spans_.push_back({name, "message", start_us, duration_us, kCommTrack, true, in_compute});
 }
 
 std::string Timeline::TraceEvents(int rank, const std::string& process_name) const {
@@ -39,9 +39,7 @@ std::string Timeline::TraceEvents(int rank, const std::string& process_name) con
   static constexpr const char* kTrackNames[] = {
       "actions", "communication", "device: compute stream", "device: communication streams"};
   std::set<int> tracks = {kActionTrack};
-  for (const Span& span : spans_) {
-    if (!span.message) tracks.insert(span.track);
-  }
+  for (const Span& span : spans_) tracks.insert(span.track);
   for (int track : tracks) {
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},
@@ -61,7 +59,7 @@ std::string Timeline::TraceEvents(int rank, const std::string& process_name) con
              {"ph", phase},
              {"id", id},
              {"pid", rank},
-             {"tid", kCommTrack},
+             {"tid", span.track},
              {"ts", phase[0] == 'b' ? span.start_us : span.start_us + span.duration_us}});
       }
       if (span.in_compute) {

@@ -50,11 +50,13 @@ struct TwoRanks {
   std::unique_ptr<device::Device> cpu;
   std::unique_ptr<comm::PipelineComm> comm;
   int rank;
-  TwoRanks(const comm::MpiWorld& world, int pp, int dp, double deadline)
+  TwoRanks(const comm::MpiWorld& world, int pp, int dp, double deadline,
+           int64_t max_message_bytes = 0)
       : topology(pp * dp, pp, dp, 1),
         comms(comm::GroupComms::Create(topology, world.rank())),
         cpu(device::MakeCpuDevice(world.rank(), int64_t{1} << 30)),
-        comm(comm::MakeMpiPipelineComm(topology, world.rank(), comms, deadline)),
+        comm(comm::MakeMpiPipelineComm(topology, world.rank(), comms, deadline, 200e-6, false,
+                                       max_message_bytes)),
         rank(world.rank()) {}
   ~TwoRanks() {
     comm.reset();
@@ -87,26 +89,38 @@ int ChildSends(comm::MpiWorld& world) {
 }
 
 // Receives announced ahead (PeerLinks::Expect) start while the receiver computes. Rank 0 sends
-// 8 MiB (a rendezvous), then 3 floats where rank 1 expects 4, then 5 floats. Rank 1 announces the
-// three, computes for 1 s while the compute progress runs (as the GEMMs call it), then receives:
-// the large message arrived during the computation, the wrong one is reported as a Receive
-// reports it, and the third arrives intact.
+// 8 MiB (a rendezvous, in messages of at most 1 MiB), then 3 floats where rank 1 expects 4, then
+// two messages with one tag, then (after 1.5 s) 5 floats. Rank 1 announces them all, computes for
+// 1 s while the compute progress runs (as the GEMMs call it), then receives: the large message
+// arrived during the computation, the wrong one is reported as a Receive reports it, the two with
+// one tag come in the order sent, and the late one, not there while rank 1 computed, arrives in
+// its Receive.
 int ChildEarly(comm::MpiWorld& world) {
-  TwoRanks two(world, 2, 1, 30);
+  TwoRanks two(world, 2, 1, 30, int64_t{1} << 20);
   const int64_t n = int64_t{1} << 21;
   comm::PeerLinks& links = two.comm->links();
   const int big = comm::ActivationTag(1, 0), wrong = comm::ActivationTag(1, 1),
-            small = comm::ActivationTag(1, 2);
+            twice = comm::ActivationTag(1, 2), late = comm::ActivationTag(1, 3);
+  const auto filled = [&](std::vector<float> values) {
+    memory::Tensor tensor(two.cpu.get(), {static_cast<int64_t>(values.size())},
+                          memory::DType::kF32);
+    std::copy(values.begin(), values.end(), tensor.data<float>());
+    return tensor;
+  };
   if (two.rank == 0) {
     memory::Tensor tensor(two.cpu.get(), {n}, memory::DType::kF32);
     for (int64_t i = 0; i < n; ++i) tensor.data<float>()[i] = static_cast<float>(i % 1000);
     links.Send(std::move(tensor), 1, big, "SendAct(micro-batch 0, stage 0)");
-    memory::Tensor three(two.cpu.get(), {3}, memory::DType::kF32);
-    three.Zero();
-    links.Send(std::move(three), 1, wrong, "SendAct(micro-batch 1, stage 0)");
-    memory::Tensor five(two.cpu.get(), {5}, memory::DType::kF32);
-    for (int i = 0; i < 5; ++i) five.data<float>()[i] = 0.5f * i;
-    links.Send(std::move(five), 1, small, "SendAct(micro-batch 2, stage 0)");
+    links.Send(filled({0, 0, 0}), 1, wrong, "SendAct(micro-batch 1, stage 0)");
+    links.Send(filled({1, 2}), 1, twice, "SendAct(micro-batch 2, stage 0)");
+    links.Send(filled({3, 4}), 1, twice, "SendAct(micro-batch 2, stage 0)");
+    // Rank 0 computes for 1.5 s too, with its progress: the sends go on meanwhile.
+    const auto compute_end = Clock::now() + std::chrono::milliseconds(1500);
+    while (Clock::now() < compute_end) {
+      links.Progress();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    links.Send(filled({0, 0.5, 1, 1.5, 2}), 1, late, "SendAct(micro-batch 3, stage 0)");
     links.FinishSends();
     return 0;
   }
@@ -116,7 +130,9 @@ int ChildEarly(comm::MpiWorld& world) {
   };
   links.Expect(incoming(big, n, "RecvAct(micro-batch 0, stage 1) activation"));
   links.Expect(incoming(wrong, 4, "RecvAct(micro-batch 1, stage 1) activation"));
-  links.Expect(incoming(small, 5, "RecvAct(micro-batch 2, stage 1) activation"));
+  links.Expect(incoming(twice, 2, "first of two"));
+  links.Expect(incoming(twice, 2, "second of two"));
+  links.Expect(incoming(late, 5, "RecvAct(micro-batch 3, stage 1) activation"));
   util::SetComputeProgress([&links] { links.Progress(); }, 0);
   const auto compute_end = Clock::now() + std::chrono::seconds(1);
   while (Clock::now() < compute_end) {
@@ -130,7 +146,7 @@ int ChildEarly(comm::MpiWorld& world) {
   bool same = true;
   for (int64_t i = 0; i < n; ++i) same = same && got.data<float>()[i] == float(i % 1000);
   std::printf("RESULT received_intact=%d\n", same ? 1 : 0);
-  const std::vector<comm::MessageSpan> spans = links.TakeMessageSpans();
+  std::vector<comm::MessageSpan> spans = links.TakeMessageSpans();
   std::printf("RESULT spans=%zu\n", spans.size());
   if (!spans.empty()) {
     std::printf("RESULT span_name=%s\n", spans[0].name.c_str());
@@ -143,11 +159,19 @@ int ChildEarly(comm::MpiWorld& world) {
   } catch (const comm::TransportError& error) {
     std::printf("RESULT mismatch=%s\n", error.what());
   }
-  const memory::Tensor five = links.Receive(0, small, {5}, memory::DType::kF32, two.cpu.get(),
-                                            "RecvAct(micro-batch 2, stage 1) activation");
-  std::printf("RESULT small=%g,%g\n", five.data<float>()[1], five.data<float>()[4]);
-  std::printf("RESULT still_expected=%zu\n",
-              static_cast<comm::MpiLinks&>(links).expected_receives());
+  for (const char* which : {"first of two", "second of two"}) {
+    const memory::Tensor pair =
+        links.Receive(0, twice, {2}, memory::DType::kF32, two.cpu.get(), which);
+    std::printf("RESULT twice=%g,%g\n", pair.data<float>()[0], pair.data<float>()[1]);
+  }
+  const Clock::time_point late_called = Clock::now();
+  const memory::Tensor five = links.Receive(0, late, {5}, memory::DType::kF32, two.cpu.get(),
+                                            "RecvAct(micro-batch 3, stage 1) activation");
+  std::printf("RESULT late=%g,%g\n", five.data<float>()[1], five.data<float>()[4]);
+  spans = links.TakeMessageSpans();
+  std::printf("RESULT late_arrived_in_receive=%d\n",
+              !spans.empty() && spans.back().end > late_called && !spans.back().in_compute ? 1 : 0);
+  std::printf("RESULT still_expected=%zu\n", links.expected_receives());
   return 0;
 }
 
@@ -281,8 +305,8 @@ TEST(MpiTransport, ASendReturnsBeforeTheReceiverComputes) {
   EXPECT_EQ(Results(r.output, "received_intact"), std::vector<std::string>{"1"}) << r.output;
 }
 
-// Without single-copy (the test's mpirun) and over TCP: both make the 8 MiB a rendezvous, which
-// moves only while both ranks are inside MPI.
+// Without single-copy and over TCP: both make the 8 MiB a rendezvous, which moves only while both
+// ranks are inside MPI.
 TEST(MpiTransport, AnExpectedReceiveMovesWhileTheReceiverComputes) {
   for (const std::string path : {"copy", "tcp"}) {
     SCOPED_TRACE(path);
@@ -302,7 +326,10 @@ TEST(MpiTransport, AnExpectedReceiveMovesWhileTheReceiverComputes) {
               std::vector<std::string>{"RecvAct(micro-batch 1, stage 1) activation from pp rank "
                                        "0: expected f32[4], got f32[3] (64 bytes)"})
         << r.output;
-    EXPECT_EQ(Results(r.output, "small"), std::vector<std::string>{"0.5,2"}) << r.output;
+    EXPECT_EQ(Results(r.output, "twice"), (std::vector<std::string>{"1,2", "3,4"})) << r.output;
+    EXPECT_EQ(Results(r.output, "late"), std::vector<std::string>{"0.5,2"}) << r.output;
+    EXPECT_EQ(Results(r.output, "late_arrived_in_receive"), std::vector<std::string>{"1"})
+        << r.output;
     EXPECT_EQ(Results(r.output, "still_expected"), std::vector<std::string>{"0"}) << r.output;
   }
 }

@@ -136,8 +136,15 @@ void ExpectCommunicationTrack(const nlohmann::json& trace, int ranks) {
 void ExpectMessageSpans(const nlohmann::json& trace, int ranks) {
   std::map<int, std::map<std::string, double>> begins;  // rank -> id -> ts
   std::map<int, int> ended, pipeline;
+  int moved = 0;  // messages seen complete by the progress inside a computation
   for (const auto& event : trace["traceEvents"]) {
-    if (event.value("cat", "") != "message" || event["ph"] == "i") continue;
+    if (event.value("cat", "") != "message") continue;
+    if (event["ph"] == "i") {
+      EXPECT_EQ(event["name"].get<std::string>().rfind("moved: ", 0), 0u) << event.dump();
+      EXPECT_EQ(event["tid"], 0) << event.dump();
+      ++moved;
+      continue;
+    }
     const int rank = event["pid"].get<int>();
     const std::string id = event["id"].get<std::string>();
     if (event["ph"] == "b") {
@@ -151,6 +158,7 @@ void ExpectMessageSpans(const nlohmann::json& trace, int ranks) {
       ++ended[rank];
     }
   }
+  EXPECT_GT(moved, 0) << "no message moved while a rank computed";
   EXPECT_EQ(static_cast<int>(begins.size()), ranks);
   for (const auto& [rank, ids] : begins) {
     EXPECT_GT(pipeline[rank], 0) << "rank " << rank;
