@@ -56,13 +56,31 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b
                        int h);
 // The same attention, blocked (stages/cpu/flash_attention.cc): the T x T probabilities are not
 // kept. Forward writes out (B,T,C) and lse (B,h,T), each row's log-sum-exp of its scaled scores;
-// backward overwrites dqkv (B,T,3C) from dout, qkv and lse. Sums run in other orders than the
-// full-square kernels above, so the results agree with them to rounding, not bitwise.
+// backward overwrites dqkv from dout, qkv and lse. Sums run in other orders than the full-square
+// kernels above, so the results agree with them to rounding, not bitwise.
+// Grouped-query attention with `kv_heads` key/value heads (dividing h; 0 or h: multi-head, as
+// above): a qkv row is the h query heads, then kv_heads key heads, then kv_heads value heads, each
+// C/h wide (C + 2 * kv_heads * C/h in all, 3C for multi-head); query head i attends with key and
+// value head i / (h / kv_heads).
 template <typename T>
-void FlashAttentionForward(T* out, T* lse, const T* qkv, int b, int t, int c, int h);
+void FlashAttentionForward(T* out, T* lse, const T* qkv, int b, int t, int c, int h,
+                           int kv_heads = 0);
 template <typename T>
 void FlashAttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* lse, int b, int t, int c,
-                            int h);
+                            int h, int kv_heads = 0);
+
+// Rotary position embeddings in Hugging Face Llama's half-rotation convention: in a head of size
+// hs, element i < hs/2 pairs with element i + hs/2 and the pair turns by pos * theta^(-2i/hs).
+// RopeTable fills cos and sin, each (t, hs/2), for positions 0..t-1 (computed in double, rounded
+// once). RopeForward rotates in place the first `heads` heads of each of the b*t rows of x (row
+// stride ld); RopeBackward turns in place a gradient with respect to the rotated values into the
+// one with respect to the inputs (the inverse rotation: the transpose).
+template <typename T>
+void RopeTable(T* cos, T* sin, int t, int hs, double theta);
+template <typename T>
+void RopeForward(T* x, const T* cos, const T* sin, int b, int t, int heads, int hs, int64_t ld);
+template <typename T>
+void RopeBackward(T* dx, const T* cos, const T* sin, int b, int t, int heads, int hs, int64_t ld);
 
 // GELU, tanh approximation (GPT-2).
 template <typename T>

@@ -8,9 +8,14 @@
 // GEMMs cover 5/8 of the T x T square at T = 128 (9/16 at T = 256), and the B*h*T*T floats that
 // forward wrote and backward read are gone.
 //
-// Each (batch, head) is one OpenMP iteration (static schedule), and inside it every sum runs in a
-// fixed order: results do not depend on the thread count. OpenBLAS runs single-threaded inside
-// the parallel region.
+// Grouped-query attention (Llama's GQA; kv_heads = 1 is multi-query): each group of h / kv_heads
+// query heads reads one key head and one value head in place, never copied per query head.
+//
+// One OpenMP iteration (static schedule) per (batch, head) forward and per (batch, kv head)
+// backward, where a group's query heads add into their shared dK and dV in head order; inside an
+// iteration every sum runs in a fixed order: results do not depend on the thread count. With
+// kv_heads = h the arithmetic is that of multi-head attention, bit for bit. OpenBLAS runs
+// single-threaded inside the parallel region.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,31 +36,52 @@ using internal::SoftmaxInPlace;
 
 constexpr int kQueryBlock = 32;
 
+// Where one (batch, kv-head group) reads and writes: the row stride of qkv, and the columns of q
+// head `hi`, of its group's k and of its group's v within a row.
+struct QkvLayout {
+  int hs;            // head size
+  int64_t width;     // qkv row: h query heads, then kv key heads, then kv value heads
+  int group;         // query heads per kv head
+  int64_t k_offset;  // first key column
+  int64_t v_offset;  // first value column
+  QkvLayout(int c, int h, int kv_heads)
+      : hs(c / h),
+        width(int64_t{c} + 2 * int64_t{kv_heads} * (c / h)),
+        group(h / kv_heads),
+        k_offset(c),
+        v_offset(int64_t{c} + int64_t{kv_heads} * (c / h)) {}
+  int64_t Query(int hi) const { return int64_t{hi} * hs; }
+  int64_t Key(int g) const { return k_offset + int64_t{g} * hs; }
+  int64_t Value(int g) const { return v_offset + int64_t{g} * hs; }
+};
+
 }  // namespace
 
 template <typename T>
 BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int b, int t, int c,
-                                              int h) {
-  const int hs = c / h;
+                                              int h, int kv_heads) {
+  if (kv_heads <= 0) kv_heads = h;
+  const QkvLayout L(c, h, kv_heads);
+  const int hs = L.hs;
   const T scale = T(1) / std::sqrt(T(hs));
-  const int64_t c3 = 3 * int64_t{c};
-  const int ld = static_cast<int>(c3);
+  const int ld = static_cast<int>(L.width);
 #pragma omp parallel
   {
     std::vector<T> p(int64_t{std::min(t, kQueryBlock)} * t);  // this thread's score block
 #pragma omp for collapse(2) schedule(static)
     for (int bi = 0; bi < b; ++bi) {
       for (int hi = 0; hi < h; ++hi) {
-        const T* q = qkv + int64_t{bi} * t * c3 + hi * hs;
-        const T* k = q + c;
-        const T* v = q + 2 * c;
+        const T* row0 = qkv + int64_t{bi} * t * L.width;
+        const T* q = row0 + L.Query(hi);
+        const T* k = row0 + L.Key(hi / L.group);  // shared by the group's query heads
+        const T* v = row0 + L.Value(hi / L.group);
         T* o = out + int64_t{bi} * t * c + hi * hs;
         T* l = lse + (int64_t{bi} * h + hi) * t;
         for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
           ::bigmac::util::ComputeProgress();  // messages in flight move on meanwhile
           const int rows = std::min(kQueryBlock, t - i0);
           const int kend = i0 + rows;  // keys 0 .. kend-1 are visible to some row of the block
-          Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * c3, ld, k, ld, T(0),
+          Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * L.width, ld, k, ld, T(0),
                p.data(), kend);
           for (int r = 0; r < rows; ++r) {
             const int visible = i0 + r + 1;
@@ -74,73 +100,82 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
 
 template <typename T>
 BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* lse,
-                                               int b, int t, int c, int h) {
-  const int hs = c / h;
+                                               int b, int t, int c, int h, int kv_heads) {
+  if (kv_heads <= 0) kv_heads = h;
+  const QkvLayout L(c, h, kv_heads);
+  const int hs = L.hs;
   const T scale = T(1) / std::sqrt(T(hs));
-  const int64_t c3 = 3 * int64_t{c};
-  const int ld = static_cast<int>(c3);
+  const int ld = static_cast<int>(L.width);
 #pragma omp parallel
   {
     const int64_t block = int64_t{std::min(t, kQueryBlock)} * t;
     std::vector<T> p(block), ds(block);  // this thread's P, then dP -> dS
+    // One iteration per (batch, kv head): the group's query heads add into its dK and dV one after
+    // the other, in head order, so no two threads write the same dK/dV and the sums' order is
+    // fixed.
 #pragma omp for collapse(2) schedule(static)
     for (int bi = 0; bi < b; ++bi) {
-      for (int hi = 0; hi < h; ++hi) {
-        const T* q = qkv + int64_t{bi} * t * c3 + hi * hs;
-        const T* k = q + c;
-        const T* v = q + 2 * c;
-        T* dq = dqkv + int64_t{bi} * t * c3 + hi * hs;
-        T* dk = dq + c;
-        T* dv = dq + 2 * c;
-        const T* dy = dout + int64_t{bi} * t * c + hi * hs;
-        const T* l = lse + (int64_t{bi} * h + hi) * t;
-        for (int ti = 0; ti < t; ++ti) {  // dK and dV accumulate over the query blocks
-          std::fill(dk + ti * c3, dk + ti * c3 + hs, T(0));
-          std::fill(dv + ti * c3, dv + ti * c3 + hs, T(0));
+      for (int g = 0; g < kv_heads; ++g) {
+        const T* row0 = qkv + int64_t{bi} * t * L.width;
+        T* drow0 = dqkv + int64_t{bi} * t * L.width;
+        const T* k = row0 + L.Key(g);
+        const T* v = row0 + L.Value(g);
+        T* dk = drow0 + L.Key(g);
+        T* dv = drow0 + L.Value(g);
+        for (int ti = 0; ti < t; ++ti) {  // dK and dV accumulate over heads and query blocks
+          std::fill(dk + ti * L.width, dk + ti * L.width + hs, T(0));
+          std::fill(dv + ti * L.width, dv + ti * L.width + hs, T(0));
         }
-        for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
-          ::bigmac::util::ComputeProgress();
-          const int rows = std::min(kQueryBlock, t - i0);
-          const int kend = i0 + rows;
-          // P = exp(scale Q K^T - lse), zero above the diagonal.
-          Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * c3, ld, k, ld, T(0),
-               p.data(), kend);
-          for (int r = 0; r < rows; ++r) {
-            const int visible = i0 + r + 1;
-            T* row = p.data() + int64_t{r} * kend;
-            const T m = l[i0 + r];
+        for (int hi = g * L.group; hi < (g + 1) * L.group; ++hi) {
+          const T* q = row0 + L.Query(hi);
+          T* dq = drow0 + L.Query(hi);
+          const T* dy = dout + int64_t{bi} * t * c + hi * hs;
+          const T* l = lse + (int64_t{bi} * h + hi) * t;
+          for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
+            ::bigmac::util::ComputeProgress();
+            const int rows = std::min(kQueryBlock, t - i0);
+            const int kend = i0 + rows;
+            // P = exp(scale Q K^T - lse), zero above the diagonal.
+            Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * L.width, ld, k, ld, T(0),
+                 p.data(), kend);
+            for (int r = 0; r < rows; ++r) {
+              const int visible = i0 + r + 1;
+              T* row = p.data() + int64_t{r} * kend;
+              const T m = l[i0 + r];
 #pragma omp simd
-            for (int j = 0; j < visible; ++j) row[j] = Exp(row[j] - m);
-            for (int j = visible; j < kend; ++j) row[j] = 0;
+              for (int j = 0; j < visible; ++j) row[j] = Exp(row[j] - m);
+              for (int j = visible; j < kend; ++j) row[j] = 0;
+            }
+            // dV += P^T dO; dP = dO V^T.
+            const T* dyb = dy + int64_t{i0} * c;
+            Gemm(CblasTrans, CblasNoTrans, kend, hs, rows, T(1), p.data(), kend, dyb, c, T(1), dv,
+                 ld);
+            Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, T(1), dyb, c, v, ld, T(0), ds.data(),
+                 kend);
+            // Softmax backward through the scale: dS = P * (dP - rowsum(dP * P)) * scale.
+            for (int r = 0; r < rows; ++r) {
+              const int visible = i0 + r + 1;
+              const T* prow = p.data() + int64_t{r} * kend;
+              T* row = ds.data() + int64_t{r} * kend;
+              SoftmaxBackwardInPlace(row, prow, visible, scale);
+              for (int j = visible; j < kend; ++j) row[j] = 0;
+            }
+            // dQ = dS K; dK += dS^T Q.
+            Gemm(CblasNoTrans, CblasNoTrans, rows, hs, kend, T(1), ds.data(), kend, k, ld, T(0),
+                 dq + i0 * L.width, ld);
+            Gemm(CblasTrans, CblasNoTrans, kend, hs, rows, T(1), ds.data(), kend, q + i0 * L.width,
+                 ld, T(1), dk, ld);
           }
-          // dV += P^T dO; dP = dO V^T.
-          const T* dyb = dy + int64_t{i0} * c;
-          Gemm(CblasTrans, CblasNoTrans, kend, hs, rows, T(1), p.data(), kend, dyb, c, T(1), dv,
-               ld);
-          Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, T(1), dyb, c, v, ld, T(0), ds.data(),
-               kend);
-          // Softmax backward through the scale: dS = P * (dP - rowsum(dP * P)) * scale.
-          for (int r = 0; r < rows; ++r) {
-            const int visible = i0 + r + 1;
-            const T* prow = p.data() + int64_t{r} * kend;
-            T* row = ds.data() + int64_t{r} * kend;
-            SoftmaxBackwardInPlace(row, prow, visible, scale);
-            for (int j = visible; j < kend; ++j) row[j] = 0;
-          }
-          // dQ = dS K; dK += dS^T Q.
-          Gemm(CblasNoTrans, CblasNoTrans, rows, hs, kend, T(1), ds.data(), kend, k, ld, T(0),
-               dq + i0 * c3, ld);
-          Gemm(CblasTrans, CblasNoTrans, kend, hs, rows, T(1), ds.data(), kend, q + i0 * c3, ld,
-               T(1), dk, ld);
         }
       }
     }
   }
 }
 
-#define BIGMAC_INSTANTIATE(T)                                                   \
-  template void FlashAttentionForward<T>(T*, T*, const T*, int, int, int, int); \
-  template void FlashAttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);
+#define BIGMAC_INSTANTIATE(T)                                                                   \
+  template void FlashAttentionForward<T>(T*, T*, const T*, int, int, int, int, int);            \
+  template void FlashAttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int, \
+                                          int);
 
 BIGMAC_INSTANTIATE(float)
 BIGMAC_INSTANTIATE(double)

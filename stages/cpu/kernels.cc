@@ -255,6 +255,55 @@ BIGMAC_SIMD_CLONES void GeluBackward(T* dinp, const T* inp, const T* dout, int64
 }
 
 template <typename T>
+void RopeTable(T* cos, T* sin, int t, int hs, double theta) {
+  const int half = hs / 2;
+  for (int pos = 0; pos < t; ++pos) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = pos * std::pow(theta, -2.0 * i / hs);
+      cos[int64_t{pos} * half + i] = static_cast<T>(std::cos(angle));
+      sin[int64_t{pos} * half + i] = static_cast<T>(std::sin(angle));
+    }
+  }
+}
+
+namespace {
+
+// One rotation for both directions: `sign` +1 turns forward, -1 back (the transpose).
+template <typename T>
+BIGMAC_SIMD_CLONES void Rotate(T* x, const T* cos, const T* sin, int b, int t, int heads, int hs,
+                               int64_t ld, T sign) {
+  const int half = hs / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < int64_t{b} * t; ++row) {
+    const T* c = cos + (row % t) * half;
+    const T* s = sin + (row % t) * half;
+    for (int head = 0; head < heads; ++head) {
+      T* lo = x + row * ld + int64_t{head} * hs;
+      T* hi = lo + half;
+#pragma omp simd
+      for (int i = 0; i < half; ++i) {
+        const T a = lo[i];
+        const T z = hi[i];
+        lo[i] = a * c[i] - sign * z * s[i];
+        hi[i] = z * c[i] + sign * a * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void RopeForward(T* x, const T* cos, const T* sin, int b, int t, int heads, int hs, int64_t ld) {
+  Rotate(x, cos, sin, b, t, heads, hs, ld, T(1));
+}
+
+template <typename T>
+void RopeBackward(T* dx, const T* cos, const T* sin, int b, int t, int heads, int hs, int64_t ld) {
+  Rotate(dx, cos, sin, b, t, heads, hs, ld, T(-1));
+}
+
+template <typename T>
 BIGMAC_SIMD_CLONES void Add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
@@ -353,6 +402,9 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
                                            int);                                                \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                      \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);     \
+  template void RopeTable<T>(T*, T*, int, int, double);                                         \
+  template void RopeForward<T>(T*, const T*, const T*, int, int, int, int, int64_t);            \
+  template void RopeBackward<T>(T*, const T*, const T*, int, int, int, int, int64_t);           \
   template void GeluForward<T>(T*, const T*, int64_t);                                          \
   template void GeluBackward<T>(T*, const T*, const T*, int64_t);                               \
   template void Add<T>(T*, const T*, const T*, int64_t);                                        \
