@@ -133,10 +133,12 @@ int PidOf(const JobRun& run, int rank) {
 TEST(Hang, ARankStoppedBySigstopIsNamedWithItsLastAction) {
   // Four stages; rank 2 stops itself before its Forward of micro-batch 1 in step 3. Rank 0 waits
   // for rank 1, which waits for rank 2: the chain must end at rank 2, not at the rank waited on.
+  // Which rank reports first decides where the chain starts: rank 0 or 1 ("rank 1 waits RecvGrad
+  // mb0 from rank 2"), or rank 3 when rank 2's activation for micro-batch 0 was still in flight
+  // as it stopped ("rank 3 waits RecvAct mb0 from rank 2").
   const JobRun run = Train(4, "BIGMAC_TEST_SIGSTOP=2:3");
   ExpectReport(run,
-               {"waits RecvGrad mb0 from rank 2; rank 2 is stopped in Forward mb1 of step 3 (no "
-                "progress for ",
+               {" mb0 from rank 2; rank 2 is stopped in Forward mb1 of step 3 (no progress for ",
                 "it does not answer, and process ", " is T (stopped by a signal))"},
                "step 2/6", "SIGSTOP of rank 2 in step 3");
   ExpectContains(run.output, "past the deadline of 5 s");
