@@ -113,21 +113,7 @@ TEST(FlashAttentionGradcheck, BackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < out.size(); ++i) j += out[i] * r[i];
     return j;
   };
-  constexpr double kStep = 1e-5;
-  int failures = 0;
-  for (size_t i = 0; i < qkv.size() && failures < 5; ++i) {
-    const double saved = qkv[i];
-    qkv[i] = saved + kStep;
-    const double plus = objective();
-    qkv[i] = saved - kStep;
-    const double minus = objective();
-    qkv[i] = saved;
-    const double numeric = (plus - minus) / (2 * kStep);
-    if (std::abs(numeric - dqkv[i]) > 1e-7 * std::max(1.0, std::abs(numeric))) {
-      ++failures;
-      ADD_FAILURE() << "dqkv[" << i << "]: analytic " << dqkv[i] << ", numeric " << numeric;
-    }
-  }
+  EXPECT_EQ(testutil::FiniteDifferenceMismatches(&qkv, dqkv, objective, 1e-7), "");
 }
 
 }  // namespace

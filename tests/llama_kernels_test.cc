@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "plugins/sdk/cpu_kernels.h"
@@ -55,7 +54,7 @@ struct Attention {
 
 template <typename T>
 Attention<T> RunAttention(int b, int t, int c, int h, int kv, const std::vector<T>& qkv,
-                 const std::vector<T>& dout) {
+                          const std::vector<T>& dout) {
   Attention<T> r{std::vector<T>(int64_t{b} * t * c), std::vector<T>(int64_t{b} * h * t),
                  std::vector<T>(qkv.size(), T(7))};  // dqkv must be overwritten
   FlashAttentionForward(r.out.data(), r.lse.data(), qkv.data(), b, t, c, h, kv);
@@ -122,26 +121,6 @@ TYPED_TEST(GroupedQueryAttention, SameBitsForAnyThreadCount) {
   EXPECT_EQ(one.dqkv, three.dqkv);
 }
 
-// The gradient of J(x) = sum(f(x) * r) against central differences over every element of x.
-void ExpectGradientMatches(std::vector<double>* x, const std::vector<double>& analytic,
-                           const std::function<double()>& objective, double tolerance) {
-  constexpr double kStep = 1e-5;
-  int failures = 0;
-  for (size_t i = 0; i < x->size() && failures < 5; ++i) {
-    const double saved = (*x)[i];
-    (*x)[i] = saved + kStep;
-    const double plus = objective();
-    (*x)[i] = saved - kStep;
-    const double minus = objective();
-    (*x)[i] = saved;
-    const double numeric = (plus - minus) / (2 * kStep);
-    if (std::abs(numeric - analytic[i]) > tolerance * std::max(1.0, std::abs(numeric))) {
-      ++failures;
-      ADD_FAILURE() << "element " << i << ": analytic " << analytic[i] << ", numeric " << numeric;
-    }
-  }
-}
-
 TEST(GroupedQueryAttentionGradcheck, BackwardMatchesFiniteDifferences) {
   for (const GqaShape& s : {GqaShape{1, 40, 16, 4, 2}, GqaShape{1, 35, 12, 3, 1}}) {
     SCOPED_TRACE("kv=" + std::to_string(s.kv));
@@ -149,15 +128,13 @@ TEST(GroupedQueryAttentionGradcheck, BackwardMatchesFiniteDifferences) {
     const std::vector<double> r = Random<double>(int64_t{s.b} * s.t * s.c, 6, 2.0);
     const std::vector<double> dqkv = RunAttention(s.b, s.t, s.c, s.h, s.kv, qkv, r).dqkv;
     std::vector<double> out(r.size()), lse(int64_t{s.b} * s.h * s.t);
-    ExpectGradientMatches(
-        &qkv, dqkv,
-        [&] {
-          FlashAttentionForward(out.data(), lse.data(), qkv.data(), s.b, s.t, s.c, s.h, s.kv);
-          double j = 0;
-          for (size_t i = 0; i < out.size(); ++i) j += out[i] * r[i];
-          return j;
-        },
-        1e-7);
+    const auto objective = [&] {
+      FlashAttentionForward(out.data(), lse.data(), qkv.data(), s.b, s.t, s.c, s.h, s.kv);
+      double j = 0;
+      for (size_t i = 0; i < out.size(); ++i) j += out[i] * r[i];
+      return j;
+    };
+    EXPECT_EQ(testutil::FiniteDifferenceMismatches(&qkv, dqkv, objective, 1e-7), "");
   }
 }
 
@@ -230,16 +207,14 @@ TEST(RopeGradcheck, BackwardMatchesFiniteDifferencesAndInvertsTheForward) {
   std::vector<double> dx = r;
   RopeBackward(dx.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.hs, s.ld);
   std::vector<double> y(x.size());
-  ExpectGradientMatches(
-      &x, dx,
-      [&] {
-        y = x;
-        RopeForward(y.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.hs, s.ld);
-        double j = 0;
-        for (size_t i = 0; i < y.size(); ++i) j += y[i] * r[i];
-        return j;
-      },
-      1e-8);
+  const auto objective = [&] {
+    y = x;
+    RopeForward(y.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.hs, s.ld);
+    double j = 0;
+    for (size_t i = 0; i < y.size(); ++i) j += y[i] * r[i];
+    return j;
+  };
+  EXPECT_EQ(testutil::FiniteDifferenceMismatches(&x, dx, objective, 1e-8), "");
   // A rotation's transpose is its inverse.
   y = x;
   RopeForward(y.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.hs, s.ld);

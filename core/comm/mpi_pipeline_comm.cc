@@ -373,20 +373,16 @@ void MpiLinks::Expect(const Incoming& receive) {
 void MpiLinks::Progress() {
   engine_->Reap();
   abandoned_.remove_if([this](Pending& p) { return TestArrived(&p); });
-  std::vector<std::pair<int, int>> waiting;  // (peer, tag) of receives left to their Receive
-  for (Pending& p : expected_) {
-    const std::pair<int, int> key(p.in.peer, p.in.tag);
-    // A later receive with the same (peer, tag) must not take an earlier one's message.
-    if (std::find(waiting.begin(), waiting.end(), key) != waiting.end()) continue;
+  for (auto it = expected_.begin(); it != expected_.end(); ++it) {
+    Pending& p = *it;
     if (!p.data_posted) {
-      if (p.header_bytes < 0 && !TryTakeHeader(&p)) {
-        waiting.push_back(key);
-        continue;
-      }
-      if (!HeaderMatches(p)) {  // Receive reports it
-        waiting.push_back(key);
-        continue;
-      }
+      // A later receive with the same (peer, tag) must not take an earlier one's message.
+      const bool earlier_unposted = std::any_of(expected_.begin(), it, [&](const Pending& e) {
+        return !e.data_posted && e.in.peer == p.in.peer && e.in.tag == p.in.tag;
+      });
+      if (earlier_unposted) continue;
+      if (p.header_bytes < 0 && !TryTakeHeader(&p)) continue;
+      if (!HeaderMatches(p)) continue;  // Receive reports it
       PostData(&p);
     }
     TestArrived(&p);
@@ -430,7 +426,6 @@ memory::Tensor MpiLinks::Receive(int peer, int tag, const std::vector<int64_t>& 
                            ", received as " + DescribeTensor(dtype, shape));
   }
   Pending& p = *it;
-  p.in.what = what;
   if (!p.data_posted) {
     WaitForHeader(&p, from);
     if (!HeaderMatches(p)) {

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace bigmac::testutil {
@@ -38,6 +40,33 @@ double ScaledError(const std::vector<T>& a, const std::vector<T>& b) {
     err = std::max(err, diff);
   }
   return err / std::max(1.0, MaxAbs(b));
+}
+
+// Central differences (step 1e-5) of `objective` over every element of *x, against `analytic`: a
+// line for each of the first five elements where they differ by more than
+// tolerance * max(1, |numeric|); empty when every element agrees. *x is restored.
+inline std::string FiniteDifferenceMismatches(std::vector<double>* x,
+                                              const std::vector<double>& analytic,
+                                              const std::function<double()>& objective,
+                                              double tolerance) {
+  constexpr double kStep = 1e-5;
+  std::string mismatches;
+  int failures = 0;
+  for (size_t i = 0; i < x->size() && failures < 5; ++i) {
+    const double saved = (*x)[i];
+    (*x)[i] = saved + kStep;
+    const double plus = objective();
+    (*x)[i] = saved - kStep;
+    const double minus = objective();
+    (*x)[i] = saved;
+    const double numeric = (plus - minus) / (2 * kStep);
+    if (std::abs(numeric - analytic[i]) > tolerance * std::max(1.0, std::abs(numeric))) {
+      ++failures;
+      mismatches += "element " + std::to_string(i) + ": analytic " + std::to_string(analytic[i]) +
+                    ", numeric " + std::to_string(numeric) + "\n";
+    }
+  }
+  return mismatches;
 }
 
 }  // namespace bigmac::testutil
