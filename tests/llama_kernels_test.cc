@@ -3,7 +3,9 @@
 // embeddings (RopeTable/RopeForward/RopeBackward). GQA is checked against multi-head attention on
 // K and V repeated per query head (the definition), by central finite differences in double, and
 // for the same bits whatever the thread count; RoPE against Hugging Face's formula written out
-// (x * cos + rotate_half(x) * sin), by finite differences, and for leaving other columns alone.
+// (x * cos + rotate_half(x) * sin), by finite differences, and for leaving other columns alone;
+// RMSNorm and SwiGLU against their formulas written out and by finite differences, and for the
+// same bits whatever the thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -220,6 +222,89 @@ TEST(RopeGradcheck, BackwardMatchesFiniteDifferencesAndInvertsTheForward) {
   RopeForward(y.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.hs, s.ld);
   RopeBackward(y.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.hs, s.ld);
   EXPECT_LT(ScaledError(y, x), 1e-14);
+}
+
+// RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. n = 5 rows of c = 37 (not a multiple of a vector).
+TEST(RmsNorm, ForwardIsTheFormulaAndBackwardMatchesFiniteDifferences) {
+  const int n = 5, c = 37;
+  const double eps = 1e-5;
+  std::vector<double> x = Random<double>(int64_t{n} * c, 11, 2.0);
+  std::vector<double> w = Random<double>(c, 12, 1.5);
+  const std::vector<double> r = Random<double>(x.size(), 13, 1.0);
+  std::vector<double> y(x.size()), rstd(n);
+  RmsNormForward(y.data(), rstd.data(), x.data(), w.data(), n, c, eps);
+  for (int i = 0; i < n; ++i) {
+    double mean_square = 0;
+    for (int j = 0; j < c; ++j) mean_square += x[i * c + j] * x[i * c + j] / c;
+    for (int j = 0; j < c; ++j) {
+      EXPECT_NEAR(y[i * c + j], x[i * c + j] / std::sqrt(mean_square + eps) * w[j], 1e-13);
+    }
+  }
+  // dx accumulates (+=): start from a known value and subtract it.
+  std::vector<double> dx(x.size(), 0.5), dw(c, 0.25);
+  RmsNormBackwardInput(dx.data(), r.data(), x.data(), w.data(), rstd.data(), n, c);
+  RmsNormBackwardWeight(dw.data(), r.data(), x.data(), rstd.data(), n, c);
+  for (double& v : dx) v -= 0.5;
+  for (double& v : dw) v -= 0.25;
+  const auto objective = [&] {
+    std::vector<double> out(x.size()), s(n);
+    RmsNormForward(out.data(), s.data(), x.data(), w.data(), n, c, eps);
+    double j = 0;
+    for (size_t i = 0; i < out.size(); ++i) j += out[i] * r[i];
+    return j;
+  };
+  EXPECT_EQ(testutil::FiniteDifferenceMismatches(&x, dx, objective, 1e-7), "");
+  EXPECT_EQ(testutil::FiniteDifferenceMismatches(&w, dw, objective, 1e-7), "");
+}
+
+// SwiGLU on fused rows [gate | up]: h = gate * sigmoid(gate) * up.
+TEST(Swiglu, ForwardIsTheFormulaAndBackwardMatchesFiniteDifferences) {
+  const int n = 4, width = 19;
+  std::vector<double> gate_up = Random<double>(int64_t{n} * 2 * width, 14, 4.0);
+  const std::vector<double> r = Random<double>(int64_t{n} * width, 15, 1.0);
+  std::vector<double> h(r.size());
+  SwigluForward(h.data(), gate_up.data(), n, width);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < width; ++j) {
+      const double g = gate_up[i * 2 * width + j], u = gate_up[i * 2 * width + width + j];
+      EXPECT_NEAR(h[i * width + j], g / (1 + std::exp(-g)) * u, 1e-14);
+    }
+  }
+  std::vector<double> d(gate_up.size(), 7.0);  // overwritten
+  SwigluBackward(d.data(), r.data(), gate_up.data(), n, width);
+  const auto objective = [&] {
+    std::vector<double> out(r.size());
+    SwigluForward(out.data(), gate_up.data(), n, width);
+    double j = 0;
+    for (size_t i = 0; i < out.size(); ++i) j += out[i] * r[i];
+    return j;
+  };
+  EXPECT_EQ(testutil::FiniteDifferenceMismatches(&gate_up, d, objective, 1e-8), "");
+}
+
+TEST(RmsNormAndSwiglu, FloatBitsDoNotDependOnTheThreadCount) {
+  const int n = 64, c = 96;
+  const std::vector<float> x = Random<float>(int64_t{n} * c, 16, 2.0);
+  const std::vector<float> w = Random<float>(c, 17, 1.0);
+  const std::vector<float> dy = Random<float>(x.size(), 18, 1.0);
+  const auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<float> y(x.size()), rstd(n), dx(x.size(), 0.f), dw(c, 0.f), h(n * c / 2),
+        dgu(x.size());
+    RmsNormForward(y.data(), rstd.data(), x.data(), w.data(), n, c, 1e-5);
+    RmsNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+    RmsNormBackwardWeight(dw.data(), dy.data(), x.data(), rstd.data(), n, c);
+    SwigluForward(h.data(), x.data(), n, c / 2);
+    SwigluBackward(dgu.data(), dy.data(), x.data(), n, c / 2);
+    std::vector<float> all;
+    for (const auto* v : {&y, &rstd, &dx, &dw, &h, &dgu}) all.insert(all.end(), v->begin(), v->end());
+    return all;
+  };
+  const int threads = omp_get_max_threads();
+  const std::vector<float> one = run(1), three = run(3);
+  omp_set_num_threads(threads);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], three[i]) << "element " << i;
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ std::vector<Mapping> Gpt2Mappings(const ModelState& state,
   };
   for (int i = 0; i < state.num_layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    if (block_types.empty() || block_types.at(i) == config::kDefaultBlockType) {
+    if (block_types.empty() || block_types.at(i) == layer::LayerTypesOf(layer::Arch::kGpt).block) {
       for (const Mapping& m : Gpt2BlockMappings(i, h)) mappings.push_back(m);
       continue;
     }

@@ -72,7 +72,9 @@ int RunCkptExport(const std::string& dir, const std::string& safetensors,
         {"n_positions", std::to_string(resolved.values().train().seq_length())}};
     const bool plugin_blocks =
         std::any_of(resolved.block_types.begin(), resolved.block_types.end(),
-                    [](const std::string& type) { return type != config::kDefaultBlockType; });
+                    [&](const std::string& type) {
+                      return type != config::DefaultBlockType(resolved.values());
+                    });
     if (plugin_blocks) metadata["bigmac_block_types"] = util::Join(resolved.block_types, ",");
     checkpoint::WriteSafetensors(
         safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State(), resolved.block_types),

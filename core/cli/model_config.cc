@@ -55,7 +55,7 @@ std::vector<std::string> CheckLayerBackends(const config::ResolvedConfig& resolv
   // implemented, while plan and --dry-run still show its layouts. The built-in types come with
   // the backend, so only the other (plugin) types are held to it then.
   const bool build_has_backend = BuiltInBackends().count(backend) > 0;
-  const engine::ModelDescription model = engine::GptModel(resolved);
+  const engine::ModelDescription model = engine::ModelOf(resolved);
   // (type, who uses it), in model order, each type once.
   std::vector<std::pair<std::string, std::string>> uses = {
       {model.embedding_type, "the model's embedding"}};

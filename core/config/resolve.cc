@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 
 #include "core/config/errors.h"
 #include "core/config/schema.h"
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "core/memory/allocator.h"
 #include "core/schedule/constraints.h"
 
@@ -136,7 +137,7 @@ std::vector<std::string> BlockTypes(const Config& values, std::vector<std::strin
   const Model& model = values.model();
   const int num_layers = model.num_layers();
   const int origin = model.layers_per_stage_origin();
-  std::vector<std::string> types(std::max(num_layers, 0), kDefaultBlockType);
+  std::vector<std::string> types(std::max(num_layers, 0), DefaultBlockType(values));
   std::vector<int> set_by(types.size(), -1);  // which entry set each block
   for (int entry = 0; entry < model.layer_types_size(); ++entry) {
     const std::string& text = model.layer_types(entry);
@@ -186,6 +187,67 @@ std::vector<std::string> BlockTypes(const Config& values, std::vector<std::strin
   return types;
 }
 
+// model.arch's rules: the llama keys shape a llama model only, and a llama model's heads, key/value
+// heads and SwiGLU width must divide as grouped-query attention, RoPE and tensor parallelism need.
+void CheckArchRules(const LoadedConfig& loaded, const Describer& describe, int tp,
+                    std::vector<std::string>& problems) {
+  const Model& model = loaded.values.model();
+  static const char* const kLlamaKeys[] = {"model.num_kv_heads", "model.intermediate_size",
+                                           "model.rope_theta", "model.rms_norm_eps",
+                                           "model.tie_embeddings"};
+  if (model.arch() != "llama") {
+    for (const char* key : kLlamaKeys) {
+      if (loaded.sources.IsDefault(key)) continue;
+      problems.push_back(std::string(key) + " (" + loaded.sources.Get(key).ToString() +
+                         ") shapes a llama model only, and " +
+                         describe("model.arch", model.arch()) +
+                         " (rule: GPT-2 has num_heads key/value heads, a 4*hidden_size GELU MLP, "
+                         "learned positions, LayerNorm and a tied head; set model.arch: llama)");
+    }
+    return;
+  }
+  const layer::ModelDims dims = ModelDimsOf(loaded.values);
+  const int kv = dims.kv_heads();
+  if (kv > model.num_heads() || model.num_heads() % kv != 0) {
+    problems.push_back(describe("model.num_heads", model.num_heads()) + " must be divisible by " +
+                       describe("model.num_kv_heads", model.num_kv_heads()) +
+                       " (rule: each group of num_heads/num_kv_heads query heads shares one key "
+                       "and value head; 1 is multi-query, num_heads or 0 multi-head)");
+  } else if (kv % tp != 0) {
+    problems.push_back("model.num_kv_heads=" + std::to_string(kv) + " (" +
+                       loaded.sources.Get("model.num_kv_heads").ToString() +
+                       (model.num_kv_heads() == 0 ? ", 0 means num_heads" : "") +
+                       ") must be divisible by " + describe("parallel.tp_size", tp) +
+                       " (rule: each tensor-parallel rank holds num_kv_heads/tp_size key and value "
+                       "heads with their query heads)");
+  }
+  if (model.hidden_size() % model.num_heads() == 0 && dims.head_dim() % 2 != 0) {
+    problems.push_back(describe("model.hidden_size", model.hidden_size()) + " / " +
+                       describe("model.num_heads", model.num_heads()) + " = head_dim " +
+                       std::to_string(dims.head_dim()) +
+                       " must be even (rule: rotary embeddings turn pairs of a head's dimensions)");
+  }
+  if (dims.intermediate_size % tp != 0) {
+    problems.push_back("model.intermediate_size=" + std::to_string(dims.intermediate_size) + " (" +
+                       loaded.sources.Get("model.intermediate_size").ToString() +
+                       (model.intermediate_size() == 0 ? ", 0 means 8/3*hidden_size rounded up "
+                                                         "to a multiple of 256"
+                                                       : "") +
+                       ") must be divisible by " + describe("parallel.tp_size", tp) +
+                       " (rule: gate and up are column-parallel, down row-parallel: each rank "
+                       "holds intermediate_size/tp_size of the SwiGLU)");
+  }
+  const auto positive = [&](const char* key, double value, const char* rule) {
+    if (value > 0 && std::isfinite(value)) return;
+    problems.push_back(std::string(key) + "=" + FormatDouble(value) + " (" +
+                       loaded.sources.Get(key).ToString() + ") must be a positive number (rule: " +
+                       rule + ")");
+  };
+  positive("model.rope_theta", model.rope_theta(), "the base of the rotary frequencies");
+  positive("model.rms_norm_eps", model.rms_norm_eps(),
+           "it keeps RMSNorm finite on a row of zeros");
+}
+
 std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_size) {
   std::vector<std::string> problems;
   const Describer describe(loaded);
@@ -224,6 +286,7 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                        " (rule: each tensor-parallel rank holds hidden_size/tp_size columns of "
                        "the attention and hidden_size*4/tp_size of the MLP)");
   }
+  CheckArchRules(loaded, describe, tp, problems);
   const int accum = train.gradient_accumulation_steps();
   const int microbatches = NumMicrobatches(values);
   if (accum % microbatches != 0) {
@@ -365,10 +428,28 @@ uint64_t ConfigHash(const Config& values) {
   return hash;
 }
 
+std::string DefaultBlockType(const Config& values) {
+  return layer::LayerTypesOf(ModelDimsOf(values).arch).block;
+}
+
 layer::ModelDims ModelDimsOf(const Config& values) {
   const Model& model = values.model();
-  return {model.vocab_size(), model.hidden_size(), model.num_heads(), model.num_layers(),
-          values.train().seq_length()};
+  layer::ModelDims dims;
+  dims.vocab_size = model.vocab_size();
+  dims.hidden_size = model.hidden_size();
+  dims.num_heads = model.num_heads();
+  dims.num_layers = model.num_layers();
+  dims.max_seq_length = values.train().seq_length();
+  if (model.arch() != "llama") return dims;
+  dims.arch = layer::Arch::kLlama;
+  dims.num_kv_heads = model.num_kv_heads() > 0 ? model.num_kv_heads() : model.num_heads();
+  dims.intermediate_size = model.intermediate_size() > 0
+                               ? model.intermediate_size()
+                               : layer::DefaultIntermediateSize(model.hidden_size());
+  dims.rope_theta = model.rope_theta();
+  dims.rms_norm_eps = model.rms_norm_eps();
+  dims.tie_embeddings = model.tie_embeddings();
+  return dims;
 }
 
 }  // namespace bigmac::config

@@ -51,12 +51,13 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
 // `world_source` says how the launcher told us the world size. Throws ConfigError.
 ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& world_source);
 
-// The layer type of each block (layer_id 0..num_layers-1): gpt_block unless model.layer_types
-// names another for its range. Appends a problem for each malformed, out-of-range or overlapping
+// The layer type of each block (layer_id 0..num_layers-1): the architecture's block
+// (DefaultBlockType) unless model.layer_types names another for its range. Appends a problem for each malformed, out-of-range or overlapping
 // entry (the registry check comes later, once the plugins are loaded).
 std::vector<std::string> BlockTypes(const Config& values, std::vector<std::string>* problems);
 
-inline constexpr char kDefaultBlockType[] = "gpt_block";
+// model.arch's block type: gpt_block or llama_block.
+std::string DefaultBlockType(const Config& values);
 
 // FNV-1a of the deterministic serialization of the effective values.
 uint64_t ConfigHash(const Config& values);

@@ -14,19 +14,23 @@ const std::string& ModelDescription::TypeOf(int layer_id) const {
   return block_types[layer_id];
 }
 
-ModelDescription GptModel(int num_layers, const std::vector<std::string>& block_types) {
+ModelDescription ModelOf(const layer::ModelDims& dims, const std::vector<std::string>& block_types) {
+  const layer::ArchLayerTypes types = layer::LayerTypesOf(dims.arch);
   ModelDescription model;
-  model.embedding_type = "gpt_embedding";
-  model.block_types =
-      block_types.empty() ? std::vector<std::string>(num_layers, "gpt_block") : block_types;
-  model.head_type = "gpt_head";
-  model.tied.push_back(
-      {{layer::kEmbeddingLayerId, "wte"}, {layer::HeadLayerId(num_layers), "wte"}});
+  model.embedding_type = types.embedding;
+  model.block_types = block_types.empty()
+                          ? std::vector<std::string>(dims.num_layers, types.block)
+                          : block_types;
+  model.head_type = types.head;
+  if (dims.tied_head()) {
+    model.tied.push_back(
+        {{layer::kEmbeddingLayerId, "wte"}, {layer::HeadLayerId(dims.num_layers), "wte"}});
+  }
   return model;
 }
 
-ModelDescription GptModel(const config::ResolvedConfig& config) {
-  return GptModel(config.values().model().num_layers(), config.block_types);
+ModelDescription ModelOf(const config::ResolvedConfig& config) {
+  return ModelOf(config::ModelDimsOf(config.values()), config.block_types);
 }
 
 }  // namespace bigmac::engine

@@ -34,10 +34,12 @@ struct ModelDescription {
   const std::string& TypeOf(int layer_id) const;
 };
 
-// GPT-2: gpt_embedding, the blocks (gpt_block unless model.layer_types says otherwise), gpt_head,
-// and the token embedding `wte` tied between the embedding (owner) and the head.
-ModelDescription GptModel(int num_layers, const std::vector<std::string>& block_types = {});
-ModelDescription GptModel(const config::ResolvedConfig& config);
+// The model of `dims.arch` (layer::LayerTypesOf): its embedding, the blocks (the arch's block
+// unless `block_types`, model.layer_types resolved, says otherwise), its head, and the token
+// embedding `wte` tied between the embedding (owner) and the head when dims.tied_head().
+ModelDescription ModelOf(const layer::ModelDims& dims,
+                         const std::vector<std::string>& block_types = {});
+ModelDescription ModelOf(const config::ResolvedConfig& config);
 
 }  // namespace bigmac::engine
 

@@ -14,7 +14,7 @@ RankModel::RankModel(const RankModelOptions& options, const partition::Partition
                      int pp_rank)
     : options_(options) {
   if (options_.model.empty())
-    options_.model = GptModel(options_.dims.num_layers, options_.block_types);
+    options_.model = ModelOf(options_.dims, options_.block_types);
   const ModelDescription& model = options_.model;
   const int head_id = layer::HeadLayerId(options.dims.num_layers);
   auto add = [&](int layer_id, int stage) {

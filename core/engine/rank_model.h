@@ -24,7 +24,7 @@ struct RankModelOptions {
   device::Device* device = nullptr;       // outlives the stage
   bool activation_checkpointing = false;  // every block
   uint64_t seed = 1337;
-  // What to build (GptModel(config) for the trainer); empty: GPT-2 with block_types.
+  // What to build (ModelOf(config) for the trainer); empty: ModelOf(dims, block_types).
   ModelDescription model;
   // Layer type of each block when `model` is empty; empty: all gpt_block.
   std::vector<std::string> block_types;

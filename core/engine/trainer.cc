@@ -240,7 +240,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   model_options_.device = device_;
   model_options_.activation_checkpointing = train_.activation_checkpointing();
   model_options_.seed = static_cast<uint64_t>(train_.seed());
-  model_options_.model = GptModel(resolved);
+  model_options_.model = ModelOf(resolved);
   if (comm.tp().size() > 1) {
     tp_group_ = std::make_unique<CommTpGroup>(comm.tp());
     model_options_.tp = tp_group_.get();

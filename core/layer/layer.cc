@@ -63,6 +63,16 @@ std::unique_ptr<Layer> WrapWithActivationConversion(std::unique_ptr<Layer> layer
 
 int HeadLayerId(int num_layers) { return num_layers; }
 
+ArchLayerTypes LayerTypesOf(Arch arch) {
+  if (arch == Arch::kLlama) return {"llama_embedding", "llama_block", "llama_head"};
+  return {"gpt_embedding", "gpt_block", "gpt_head"};
+}
+
+int DefaultIntermediateSize(int hidden_size) {
+  const int64_t width = int64_t{8} * hidden_size / 3;
+  return static_cast<int>((width + 255) / 256 * 256);
+}
+
 std::string LayerIdName(int layer_id, int num_layers) {
   if (layer_id == kEmbeddingLayerId) return "embedding";
   if (layer_id == HeadLayerId(num_layers)) return "head";

@@ -23,13 +23,42 @@ inline constexpr int kEmbeddingLayerId = -1;
 int HeadLayerId(int num_layers);
 std::string LayerIdName(int layer_id, int num_layers);  // "embedding", "block 3", "head"
 
+// The built-in architectures (model.arch): GPT-2, and the Llama family (docs/llama.md).
+enum class Arch { kGpt, kLlama };
+
 struct ModelDims {
   int vocab_size = 256;
   int hidden_size = 64;
   int num_heads = 4;
   int num_layers = 2;
-  int max_seq_length = 64;  // rows of the position embedding
+  int max_seq_length = 64;  // rows of the position embedding (GPT), of the RoPE table (llama)
+  Arch arch = Arch::kGpt;
+  // Llama only (GPT-2 has num_heads, 4 * hidden_size and a tied head):
+  int num_kv_heads = 0;       // resolved: dividing num_heads (0 only in a default ModelDims)
+  int intermediate_size = 0;  // resolved SwiGLU width
+  double rope_theta = 10000;
+  double rms_norm_eps = 1e-5;
+  bool tie_embeddings = false;
+
+  int head_dim() const { return hidden_size / num_heads; }
+  int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  // The MLP's inner width: GPT-2's 4 * hidden_size, or llama's intermediate_size.
+  int mlp_width() const { return arch == Arch::kLlama ? intermediate_size : 4 * hidden_size; }
+  // Whether the head's output matrix is the embedding's `wte` (GPT-2 always; llama optionally).
+  bool tied_head() const { return arch == Arch::kGpt || tie_embeddings; }
 };
+
+// The built-in layer types an architecture is made of.
+struct ArchLayerTypes {
+  const char* embedding;
+  const char* block;  // the blocks model.layer_types does not name
+  const char* head;
+};
+ArchLayerTypes LayerTypesOf(Arch arch);
+
+// Llama's default SwiGLU width for `hidden_size` (model.intermediate_size 0): 8/3 of it, rounded
+// up to a multiple of 256 (Meta's reference code, multiple_of = 256).
+int DefaultIntermediateSize(int hidden_size);
 
 // What a layer is built from. The device outlives the layer.
 struct LayerSpec {

@@ -6,7 +6,7 @@
 
 #include "core/config/resolve.h"
 #include "core/engine/rank_model.h"
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "core/memory/allocator.h"
 #include "core/schedule/simulator.h"
 #include "core/util/format.h"

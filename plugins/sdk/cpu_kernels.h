@@ -1,7 +1,7 @@
 #ifndef BIGMAC_PLUGINS_SDK_CPU_KERNELS_H_
 #define BIGMAC_PLUGINS_SDK_CPU_KERNELS_H_
 
-// Plugin SDK: the public CPU kernel library, the kernels of the built-in GPT layers, for
+// Plugin SDK: the public CPU kernel library, the kernels of the built-in GPT and llama layers, for
 // T = float (training) and T = double (gradient checks); instantiated for those two only.
 // Target //plugins/sdk:cpu_kernels; implemented in stages/cpu/kernels.cc.
 //
@@ -82,6 +82,24 @@ void RopeForward(T* x, const T* cos, const T* sin, int b, int t, int heads, int 
 template <typename T>
 void RopeBackward(T* dx, const T* cos, const T* sin, int b, int t, int heads, int hs, int64_t ld);
 
+// RMSNorm (Llama): out = inp * rstd * w per row, rstd = 1 / sqrt(mean(inp^2) + eps), kept (N) for
+// the backward. BackwardInput accumulates into dinp (+=), as LayerNorm's does.
+template <typename T>
+void RmsNormForward(T* out, T* rstd, const T* inp, const T* w, int n, int c, double eps);
+template <typename T>
+void RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, const T* rstd, int n,
+                          int c);
+template <typename T>
+void RmsNormBackwardWeight(T* dw, const T* dout, const T* inp, const T* rstd, int n, int c);
+
+// SwiGLU (Llama's MLP) on the fused gate/up projection: each of the n rows of gate_up holds
+// `width` gate values, then `width` up values; h(n, width) = silu(gate) * up, silu(g) =
+// g * sigmoid(g). The backward overwrites dgate_up (same layout as gate_up).
+template <typename T>
+void SwigluForward(T* h, const T* gate_up, int n, int width);
+template <typename T>
+void SwigluBackward(T* dgate_up, const T* dh, const T* gate_up, int n, int width);
+
 // GELU, tanh approximation (GPT-2).
 template <typename T>
 void GeluForward(T* out, const T* inp, int64_t n);
@@ -93,7 +111,7 @@ void Add(T* out, const T* a, const T* b, int64_t n);
 template <typename T>
 void AddInPlace(T* out, const T* a, int64_t n);
 
-// out(B,T,C) = wte[token] + wpe[position].
+// out(B,T,C) = wte[token] + wpe[position]; wpe (and dwpe) null: no position embedding (llama).
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int b, int t,
                       int c);

@@ -159,6 +159,64 @@ BIGMAC_SIMD_CLONES void LayerNormBackwardWeight(T* dw, T* db, const T* dout, con
   }
 }
 
+template <typename T>
+BIGMAC_SIMD_CLONES void RmsNormForward(T* out, T* rstd, const T* inp, const T* w, int n, int c,
+                                       double eps) {
+#pragma omp parallel for schedule(static)
+  for (int row = 0; row < n; ++row) {
+    const T* x = inp + int64_t{row} * c;
+    T sum_squares = 0;
+#pragma omp simd reduction(+ : sum_squares)
+    for (int i = 0; i < c; ++i) sum_squares += x[i] * x[i];
+    const T s = T(1) / std::sqrt(sum_squares / c + T(eps));
+    T* o = out + int64_t{row} * c;
+    for (int i = 0; i < c; ++i) o[i] = x[i] * s * w[i];
+    rstd[row] = s;
+  }
+}
+
+// y_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_j = -s^3 x_j / C:
+// dx_j = s w_j dy_j - x_j s^3 / C * sum_i(w_i dy_i x_i).
+template <typename T>
+BIGMAC_SIMD_CLONES void RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w,
+                                             const T* rstd, int n, int c) {
+#pragma omp parallel for schedule(static)
+  for (int row = 0; row < n; ++row) {
+    const T* x = inp + int64_t{row} * c;
+    const T* dy = dout + int64_t{row} * c;
+    T* dx = dinp + int64_t{row} * c;
+    const T s = rstd[row];
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int i = 0; i < c; ++i) dot += w[i] * dy[i] * x[i];
+    const T scale = s * s * s * dot / c;
+    for (int i = 0; i < c; ++i) dx[i] += s * w[i] * dy[i] - x[i] * scale;
+  }
+}
+
+template <typename T>
+BIGMAC_SIMD_CLONES void RmsNormBackwardWeight(T* dw, const T* dout, const T* inp, const T* rstd,
+                                              int n, int c) {
+  // As LayerNormBackwardWeight: threads own columns and walk the rows in order.
+#pragma omp parallel
+  {
+    const std::pair<int, int> columns = ThreadColumns(c);
+    const int begin = columns.first;
+    const int end = columns.second;
+    if (begin < end) {
+      std::vector<T> sum_w(end - begin, T(0));
+      for (int row = 0; row < n; ++row) {
+        const T* d = dout + int64_t{row} * c + begin;
+        const T* x = inp + int64_t{row} * c + begin;
+        const T s = rstd[row];
+#pragma omp simd
+        for (int j = 0; j < end - begin; ++j) sum_w[j] += d[j] * x[j] * s;
+      }
+      for (int j = begin; j < end; ++j) dw[j] += sum_w[j - begin];
+    }
+  }
+}
+
 // Attention runs as per-(batch, head) GEMMs on strided views of qkv: S = scale Q K^T, P = causal
 // softmax(S), O = P V (and the transposes in backward). The GEMMs also compute the masked upper
 // triangle (twice the flops of the loops this replaced), but at BLAS speed (bench/NOTES.md).
@@ -254,6 +312,38 @@ BIGMAC_SIMD_CLONES void GeluBackward(T* dinp, const T* inp, const T* dout, int64
   }
 }
 
+// silu(g) = g sigmoid(g); d silu / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
+template <typename T>
+BIGMAC_SIMD_CLONES void SwigluForward(T* h, const T* gate_up, int n, int width) {
+#pragma omp parallel for schedule(static)
+  for (int row = 0; row < n; ++row) {
+    const T* gate = gate_up + int64_t{row} * 2 * width;
+    const T* up = gate + width;
+    T* out = h + int64_t{row} * width;
+#pragma omp simd
+    for (int i = 0; i < width; ++i) out[i] = gate[i] / (T(1) + Exp(-gate[i])) * up[i];
+  }
+}
+
+template <typename T>
+BIGMAC_SIMD_CLONES void SwigluBackward(T* dgate_up, const T* dh, const T* gate_up, int n,
+                                       int width) {
+#pragma omp parallel for schedule(static)
+  for (int row = 0; row < n; ++row) {
+    const T* gate = gate_up + int64_t{row} * 2 * width;
+    const T* up = gate + width;
+    const T* d = dh + int64_t{row} * width;
+    T* dgate = dgate_up + int64_t{row} * 2 * width;
+    T* dup = dgate + width;
+#pragma omp simd
+    for (int i = 0; i < width; ++i) {
+      const T sig = T(1) / (T(1) + Exp(-gate[i]));
+      dgate[i] = d[i] * up[i] * sig * (T(1) + gate[i] * (T(1) - sig));
+      dup[i] = d[i] * gate[i] * sig;
+    }
+  }
+}
+
 template <typename T>
 void RopeTable(T* cos, T* sin, int t, int hs, double theta) {
   const int half = hs / 2;
@@ -321,8 +411,12 @@ BIGMAC_SIMD_CLONES void EmbeddingForward(T* out, const int32_t* tokens, const T*
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < b * t; ++row) {
     const T* te = wte + int64_t{tokens[row]} * c;
-    const T* pe = wpe + int64_t{row % t} * c;
     T* o = out + int64_t{row} * c;
+    if (wpe == nullptr) {
+      std::copy(te, te + c, o);
+      continue;
+    }
+    const T* pe = wpe + int64_t{row % t} * c;
     for (int i = 0; i < c; ++i) o[i] = te[i] + pe[i];
   }
 }
@@ -340,12 +434,12 @@ BIGMAC_SIMD_CLONES void EmbeddingBackwardWeight(T* dwte, T* dwpe, const T* dout,
     for (int row = 0; row < b * t && begin < end; ++row) {
       const T* g = dout + int64_t{row} * c;
       T* te = dwte + int64_t{tokens[row]} * c;
+#pragma omp simd
+      for (int i = begin; i < end; ++i) te[i] += g[i];
+      if (dwpe == nullptr) continue;
       T* pe = dwpe + int64_t{row % t} * c;
 #pragma omp simd
-      for (int i = begin; i < end; ++i) {
-        te[i] += g[i];
-        pe[i] += g[i];
-      }
+      for (int i = begin; i < end; ++i) pe[i] += g[i];
     }
   }
 }
@@ -402,6 +496,11 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
                                            int);                                                \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                      \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);     \
+  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, double);               \
+  template void RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, int, int);  \
+  template void RmsNormBackwardWeight<T>(T*, const T*, const T*, const T*, int, int);           \
+  template void SwigluForward<T>(T*, const T*, int, int);                                       \
+  template void SwigluBackward<T>(T*, const T*, const T*, int, int);                            \
   template void RopeTable<T>(T*, T*, int, int, double);                                         \
   template void RopeForward<T>(T*, const T*, const T*, int, int, int, int, int64_t);            \
   template void RopeBackward<T>(T*, const T*, const T*, int, int, int, int, int64_t);           \

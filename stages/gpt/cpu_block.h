@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "stages/gpt/params.h"

@@ -1,6 +1,6 @@
 // GPT-2 embedding: token embedding plus learned position embedding. Owns the tied token
 // embedding `wte` that the head also uses.
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "plugins/sdk/init.h"

@@ -1,6 +1,6 @@
 // GPT-2 head: final LayerNorm, output projection tied to the token embedding, cross-entropy.
 // The head holds a read-only copy of the embedding's `wte` (the embedding's stage owns it).
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "plugins/sdk/init.h"

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "core/layer/tp_layer.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "core/layer/gpt_cost.h"
+#include "core/layer/cost.h"
 #include "stages/cuda/gemm.h"
 #include "stages/cuda/kernels.h"
 #include "stages/cuda/sdpa.h"

@@ -1,5 +1,5 @@
-#ifndef BIGMAC_CORE_LAYER_GPT_COST_H_
-#define BIGMAC_CORE_LAYER_GPT_COST_H_
+#ifndef BIGMAC_CORE_LAYER_COST_H_
+#define BIGMAC_CORE_LAYER_COST_H_
 
 #include <cstdint>
 
@@ -7,8 +7,9 @@
 
 namespace bigmac::layer {
 
-// The cost model of the built-in GPT layers, in one place: the layers report it (ForwardFlops,
-// ActivationBytes) and the planner and the balanced partition use it without building a model.
+// The cost model of the built-in layers (GPT-2 and llama, by ModelDims::arch), in one place: the
+// layers report it (ForwardFlops, ActivationBytes) and the planner and the balanced partition use
+// it without building a model.
 struct LayerCost {
   int64_t parameters = 0;        // owned (the head's tied copy not counted)
   int64_t forward_flops = 0;     // a multiply-add counts 2
@@ -22,15 +23,15 @@ struct LayerCost {
 LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq);
 LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
                     int bytes_per_element = 4);
-// One tp rank's share of a block split over `tp` ranks (stages/gpt/tp_block.cc): the sliced
-// matrices and activations divided by tp, LayerNorms, row-parallel biases and the block's
-// input, residual and LayerNorm outputs whole, and four all-reduces of (batch, seq, hidden)
+// One tp rank's share of a block split over `tp` ranks (stages/gpt/tp_block.cc,
+// stages/llama/tp_block.cc): the sliced matrices and activations divided by tp, norms,
+// row-parallel biases and the block's input, residual and norm outputs whole, and four all-reduces of (batch, seq, hidden)
 // (six with recomputation). tp = 1 gives BlockCost.
 LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
                       bool activation_checkpointing, int bytes_per_element = 4);
 LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element = 4);
 
-// One tp rank's share of the vocab-parallel embedding and head (stages/gpt/tp_vocab.cc): wte
+// One tp rank's share of the vocab-parallel embedding and head (stages/vocab): wte
 // rows of the padded vocabulary split over tp, the logits too; all-reduces of the embedding's
 // output, and of the head's row statistics and input gradient. tp = 1 gives the whole layers.
 int64_t TpVocabRows(const ModelDims& dims, int tp);  // this rank's rows of wte
@@ -39,4 +40,4 @@ LayerCost TpHeadCost(const ModelDims& dims, int tp, int batch, int seq, int byte
 
 }  // namespace bigmac::layer
 
-#endif  // BIGMAC_CORE_LAYER_GPT_COST_H_
+#endif  // BIGMAC_CORE_LAYER_COST_H_

@@ -1,0 +1,122 @@
+#include "core/layer/cost.h"
+
+#include "core/layer/tp_layer.h"
+
+namespace bigmac::layer {
+
+namespace {
+
+// A block's matrices and per-token activations, whole (tp = 1); a tp rank holds 1/tp of the
+// `sliced` parts. GPT-2: qkv 3C, proj C, fc 4C, proj back 4C, LayerNorms with biases, biases on
+// every GEMM. Llama: q C, k and v kv_heads * head_dim each, o C, gate and up I, down I, RMSNorms,
+// no biases.
+struct BlockShape {
+  int64_t sliced_matrix_params = 0;  // per rank: / tp
+  int64_t sliced_vector_params = 0;  // column-parallel biases: / tp
+  int64_t replicated_params = 0;     // norms and row-parallel biases
+  int64_t sliced_activations = 0;    // per token, / tp: qkv, attention output, MLP inner rows
+  int64_t replicated_activations = 0;  // per token: input, norms' outputs, residual, statistics
+};
+
+BlockShape BlockShapeOf(const ModelDims& dims) {
+  const int64_t c = dims.hidden_size;
+  BlockShape shape;
+  if (dims.arch == Arch::kLlama) {
+    const int64_t kv_width = int64_t{dims.kv_heads()} * dims.head_dim();
+    const int64_t inner = dims.intermediate_size;
+    shape.sliced_matrix_params = 2 * c * c + 2 * c * kv_width + 3 * c * inner;
+    shape.replicated_params = 2 * c;
+    // qkv (C + 2 kv_width), attention output C, gate and up 2I, SwiGLU I.
+    shape.sliced_activations = 2 * c + 2 * kv_width + 3 * inner;
+    // x, norm 1, residual, norm 2; two RMS statistics.
+    shape.replicated_activations = 4 * c + 2;
+    return shape;
+  }
+  shape.sliced_matrix_params = 12 * c * c;
+  shape.sliced_vector_params = 7 * c;  // qkv 3C and fc 4C biases
+  shape.replicated_params = 6 * c;     // two LayerNorms and the two row-parallel biases
+  shape.sliced_activations = 12 * c;   // qkv 3C, attention output C, fc 4C, gelu 4C
+  shape.replicated_activations = 4 * c + 4;
+  return shape;
+}
+
+}  // namespace
+
+LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq) {
+  const int64_t c = dims.hidden_size;
+  LayerCost cost;
+  cost.parameters = int64_t{dims.vocab_size} * c;
+  if (dims.arch == Arch::kGpt) cost.parameters += int64_t{dims.max_seq_length} * c;  // wpe
+  cost.forward_flops = int64_t{batch} * seq * c;
+  cost.backward_flops = cost.forward_flops;
+  return cost;
+}
+
+LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
+                    int bytes_per_element) {
+  return TpBlockCost(dims, 1, batch, seq, activation_checkpointing, bytes_per_element);
+}
+
+LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
+                      bool activation_checkpointing, int bytes_per_element) {
+  tp = tp < 1 ? 1 : tp;
+  const int64_t n = int64_t{batch} * seq;
+  const int64_t c = dims.hidden_size;
+  const BlockShape shape = BlockShapeOf(dims);
+  LayerCost cost;
+  cost.parameters =
+      (shape.sliced_matrix_params + shape.sliced_vector_params) / tp + shape.replicated_params;
+  // The matmuls, and causal attention (QK^T and PV over half the T x T scores).
+  cost.forward_flops =
+      2 * n * shape.sliced_matrix_params / tp + 2 * int64_t{batch} * seq * seq * c / tp;
+  cost.backward_flops =
+      2 * cost.forward_flops + (activation_checkpointing ? cost.forward_flops : 0);
+  // Kept: the per-token rows and the attention probabilities (a layer that keeps only each
+  // row's log-sum-exp reports less); only x with recomputation.
+  const int64_t elements =
+      activation_checkpointing
+          ? n * c
+          : n * (shape.replicated_activations + shape.sliced_activations / tp) +
+                int64_t{batch} * (dims.num_heads / tp) * seq * seq;
+  cost.activation_bytes = elements * bytes_per_element;
+  if (tp > 1) cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;
+  return cost;
+}
+
+LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element) {
+  return TpHeadCost(dims, 1, batch, seq, bytes_per_element);
+}
+
+int64_t TpVocabRows(const ModelDims& dims, int tp) {
+  return tp <= 1 ? dims.vocab_size : PaddedVocabSize(dims.vocab_size, tp) / tp;
+}
+
+LayerCost TpEmbeddingCost(const ModelDims& dims, int tp, int batch, int seq) {
+  LayerCost cost = EmbeddingCost(dims, batch, seq);
+  if (tp <= 1) return cost;
+  const int64_t c = dims.hidden_size;
+  cost.parameters = TpVocabRows(dims, tp) * c;
+  if (dims.arch == Arch::kGpt) cost.parameters += int64_t{dims.max_seq_length} * c;
+  cost.tp_allreduce_bytes = int64_t{batch} * seq * c * 4;
+  return cost;
+}
+
+LayerCost TpHeadCost(const ModelDims& dims, int tp, int batch, int seq, int bytes_per_element) {
+  const int64_t n = int64_t{batch} * seq;
+  const int64_t c = dims.hidden_size;
+  const int64_t rows = TpVocabRows(dims, tp);
+  LayerCost cost;
+  // The final norm (GPT-2's LayerNorm has a bias); the output matrix when it is the head's own.
+  cost.parameters = dims.arch == Arch::kGpt ? 2 * c : c;
+  if (!dims.tied_head()) cost.parameters += rows * c;
+  cost.forward_flops = 2 * n * c * rows;
+  cost.backward_flops = 2 * cost.forward_flops;
+  // x, the norm's output and statistics, the logits (and, split, the row max and sum).
+  cost.activation_bytes = (2 * n * c + (tp > 1 ? 4 : 2) * n + n * rows) * bytes_per_element;
+  // Row maxima, the f64 sums of exponentials and target logits, the input gradient.
+  if (tp > 1)
+    cost.tp_allreduce_bytes = n * bytes_per_element + 2 * n * 8 + n * c * bytes_per_element;
+  return cost;
+}
+
+}  // namespace bigmac::layer
