@@ -33,15 +33,33 @@ TEST(GradCheck, Block) { CheckLayerGradients("gpt_block", 1, false); }
 TEST(GradCheck, BlockWithActivationCheckpointing) { CheckLayerGradients("gpt_block", 1, true); }
 TEST(GradCheck, Head) { CheckLayerGradients("gpt_head", 3, false); }
 
-// The whole model: embedding, 3 blocks, head, with the tied token embedding (its gradient is the
-// sum of the embedding's and the head's contributions).
-TEST(GradCheck, WholeModelWithTiedEmbedding) {
+// Llama: RMSNorm, RoPE, grouped-query attention (4 query heads over 2 key/value heads), SwiGLU.
+TEST(GradCheck, LlamaEmbedding) {
+  CheckLayerGradients("llama_embedding", layer::kEmbeddingLayerId, false,
+                      testutil::LlamaGradcheckDims());
+}
+TEST(GradCheck, LlamaBlock) {
+  CheckLayerGradients("llama_block", 1, false, testutil::LlamaGradcheckDims());
+}
+TEST(GradCheck, LlamaBlockWithActivationCheckpointing) {
+  CheckLayerGradients("llama_block", 1, true, testutil::LlamaGradcheckDims());
+}
+TEST(GradCheck, LlamaBlockMultiQuery) {
+  layer::ModelDims dims = testutil::LlamaGradcheckDims();
+  dims.num_kv_heads = 1;
+  CheckLayerGradients("llama_block", 1, false, dims);
+}
+TEST(GradCheck, LlamaHead) { CheckLayerGradients("llama_head", 3, false, testutil::LlamaGradcheckDims()); }
+
+// The whole model: embedding, 3 blocks, head; with a tied token embedding its gradient is the sum
+// of the embedding's and the head's contributions.
+void CheckWholeModel(const layer::ModelDims& dims) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
   partition::PartitionSpec pspec;
-  pspec.num_layers = Dims().num_layers;
+  pspec.num_layers = dims.num_layers;
   const partition::Partition partition = partition::MakePartition(pspec);
   engine::RankModelOptions options;
-  options.dims = Dims();
+  options.dims = dims;
   options.dtype = DType::kF64;
   options.device = cpu.get();
   options.seed = 11;
@@ -57,6 +75,20 @@ TEST(GradCheck, WholeModelWithTiedEmbedding) {
   }
 }
 
+TEST(GradCheck, WholeModelWithTiedEmbedding) { CheckWholeModel(Dims()); }
+// The whole llama model at GPT's check size (hidden 8, 2 query heads sharing 1 key/value head,
+// SwiGLU 8 wide): a whole-model check costs two forwards per parameter.
+layer::ModelDims SmallLlama(bool tied) {
+  layer::ModelDims dims = testutil::LlamaGradcheckDims(tied);
+  dims.hidden_size = 8;
+  dims.num_heads = 2;
+  dims.num_kv_heads = 1;
+  dims.intermediate_size = 8;
+  return dims;
+}
+TEST(GradCheck, WholeLlamaModelUntied) { CheckWholeModel(SmallLlama(false)); }
+TEST(GradCheck, WholeLlamaModelTied) { CheckWholeModel(SmallLlama(true)); }
+
 TEST(Registry, UnknownLayerTypeListsTheKnownOnes) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 20);
   layer::LayerSpec spec;
@@ -67,7 +99,8 @@ TEST(Registry, UnknownLayerTypeListsTheKnownOnes) {
     FAIL();
   } catch (const std::invalid_argument& error) {
     EXPECT_NE(std::string(error.what())
-                  .find("unknown type 'gpt_blok'; known types: gpt_block, gpt_embedding, gpt_head"),
+                  .find("unknown type 'gpt_blok'; known types: gpt_block, gpt_embedding, gpt_head, "
+                        "llama_block, llama_embedding, llama_head"),
               std::string::npos)
         << error.what();
   }
@@ -96,6 +129,28 @@ TEST(LayerReports, ActivationBytesMatchWhatForwardKeeps) {
     // 12 C^2 multiply-adds per token for the four matmuls, plus causal attention.
     const int64_t c = spec.dims.hidden_size;
     EXPECT_EQ(block->ForwardFlops(2, 6), 2 * 12 * 12 * c * c + 2 * 2 * 36 * c);
+  }
+}
+
+TEST(LayerReports, LlamaActivationBytesMatchWhatForwardKeeps) {
+  for (bool checkpointing : {false, true}) {
+    const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
+    const layer::ModelDims dims = testutil::LlamaGradcheckDims();
+    const layer::LayerSpec spec =
+        testutil::GradcheckSpec("llama_block", 0, DType::kF32, cpu.get(), checkpointing, dims);
+    auto block = layer::CreateLayer(spec);
+    block->InitParams(1);
+    Batch batch = MakeBatch(2, 6, dims.vocab_size);
+    Tensor x(cpu.get(), {2, 6, dims.hidden_size}, DType::kF32);
+    layer::Saved saved;
+    Tensor y;
+    block->Forward(batch.mb, x, &y, &saved);
+    EXPECT_EQ(saved.bytes(), block->ActivationBytes(2, 6)) << "checkpointing=" << checkpointing;
+    // q and o C^2, k and v C * kv_width, gate, up and down C * I multiply-adds per token, plus
+    // causal attention.
+    const int64_t c = dims.hidden_size, kv_width = 2 * (c / 4), inner = dims.intermediate_size;
+    EXPECT_EQ(block->ForwardFlops(2, 6),
+              2 * 12 * (2 * c * c + 2 * c * kv_width + 3 * c * inner) + 2 * 2 * 36 * c);
   }
 }
 

@@ -239,6 +239,25 @@ TEST(TpShard, SlicesAndAssemblesWithPadding) {
   std::vector<float> local(3);
   layer::FullToLocal(qkv, fused.data(), local.data(), sizeof(float));
   EXPECT_EQ(local, (std::vector<float>{1, 3, 5}));
+  // Grouped-query q, k, v: unequal parts (4 query rows, 2 key, 2 value), each split over the
+  // ranks; the round trip through every rank restores the whole.
+  layer::TpShard gqa;
+  gqa.dim = 0;
+  gqa.parts = {4, 2, 2};
+  gqa.size = 2;
+  gqa.full_shape = {8, 1};
+  const std::vector<float> rows = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> whole(8, -1);
+  for (int rank = 0; rank < 2; ++rank) {
+    gqa.rank = rank;
+    ASSERT_EQ(gqa.LocalShape(), (std::vector<int64_t>{4, 1}));
+    std::vector<float> mine(4);
+    layer::FullToLocal(gqa, rows.data(), mine.data(), sizeof(float));
+    EXPECT_EQ(mine, rank == 0 ? (std::vector<float>{0, 1, 4, 6})
+                              : (std::vector<float>{2, 3, 5, 7}));
+    layer::LocalToFull(gqa, mine.data(), whole.data(), sizeof(float));
+  }
+  EXPECT_EQ(whole, rows);
 }
 
 }  // namespace

@@ -44,25 +44,35 @@ void Copy(const TpShard& shard, const char* from, char* to, int64_t element_byte
 
 }  // namespace
 
-int64_t TpShard::SliceLength() const {
-  const int64_t part = full_shape.at(dim) / blocks;
-  return padded > 0 ? padded / size : (part + size - 1) / size;
+int64_t TpShard::PartLength(int part) const {
+  return parts.empty() ? full_shape.at(dim) / blocks : parts.at(part);
+}
+
+int64_t TpShard::SliceLength(int part) const {
+  return padded > 0 ? padded / size : (PartLength(part) + size - 1) / size;
 }
 
 std::vector<int64_t> TpShard::LocalShape() const {
   std::vector<int64_t> shape = full_shape;
   if (!sliced()) return shape;
-  shape[dim] = blocks * SliceLength();
+  shape[dim] = 0;
+  for (int part = 0; part < PartCount(); ++part) shape[dim] += SliceLength(part);
   return shape;
 }
 
 int64_t TpShard::FullIndex(int64_t i) const {
   if (!sliced()) return i;
-  const int64_t part = full_shape.at(dim) / blocks;
-  const int64_t slice = SliceLength();
-  const int64_t block = i / slice;
-  const int64_t within = rank * slice + i % slice;
-  return within < part ? block * part + within : -1;
+  int64_t part_begin = 0;  // in the full tensor
+  for (int part = 0; part < PartCount(); ++part) {
+    const int64_t slice = SliceLength(part);
+    if (i < slice) {
+      const int64_t within = rank * slice + i;
+      return within < PartLength(part) ? part_begin + within : -1;
+    }
+    i -= slice;
+    part_begin += PartLength(part);
+  }
+  throw std::out_of_range("TpShard::FullIndex: local index past the slice");
 }
 
 void FullToLocal(const TpShard& shard, const void* full, void* local, int64_t element_bytes) {

@@ -32,13 +32,15 @@ class TpGroup {
 
 // How a tp rank holds one parameter. Replicated (dim < 0): the whole tensor on every tp rank,
 // updated identically, counted once in norms and checkpoints. Sliced: along `dim`, the full
-// dimension is `blocks` equal parts (3 for the fused q, k, v; else 1), each cut into `size`
-// consecutive slices of equal length (the last padded with rows that hold zeros and never reach
-// the loss when the part does not divide: the padded vocabulary); rank `rank` holds slice
-// `rank` of every part, parts in order.
+// dimension is a sequence of parts (`blocks` equal ones: 3 for GPT's fused q, k, v, 2 for
+// llama's fused gate and up, else 1; or the lengths in `parts`: llama's q, k and v of
+// grouped-query attention), each cut into `size` consecutive slices of equal length (the last
+// padded with rows that hold zeros and never reach the loss when the part does not divide: the
+// padded vocabulary); rank `rank` holds slice `rank` of every part, parts in order.
 struct TpShard {
   int dim = -1;
   int blocks = 1;
+  std::vector<int64_t> parts;  // lengths along dim, summing to full_shape[dim]; empty: blocks
   int rank = 0;
   int size = 1;
   std::vector<int64_t> full_shape;  // the unsharded tensor: what checkpoints hold
@@ -46,9 +48,12 @@ struct TpShard {
   // size * ceil(part / size).
   int64_t padded = 0;
   bool sliced() const { return dim >= 0; }
-  // The length of one part's slice along `dim`.
-  int64_t SliceLength() const;
-  // This rank's shape: full_shape with dim's length blocks * SliceLength().
+  int PartCount() const { return parts.empty() ? blocks : static_cast<int>(parts.size()); }
+  // The full length of part `part` along `dim`.
+  int64_t PartLength(int part = 0) const;
+  // The length of part `part`'s slice along `dim`.
+  int64_t SliceLength(int part = 0) const;
+  // This rank's shape: full_shape with dim's length the sum of the parts' slices.
   std::vector<int64_t> LocalShape() const;
   // Index along `dim` of the full tensor for local index `i`, or -1 for a padding row.
   int64_t FullIndex(int64_t i) const;

@@ -1,34 +1,18 @@
 #ifndef BIGMAC_STAGES_GPT_PARAMS_H_
 #define BIGMAC_STAGES_GPT_PARAMS_H_
 
-// The GPT layers' parameters, backend-neutral: names (what checkpoints store), shapes, weight
-// decay, the tied copy, and initialisation. The CPU layers (stages/gpt) and the CUDA layers
-// (stages/gpt/cuda) both build from these tables, so a checkpoint and a seed mean the same
-// weights on either backend; they differ only in their kernels. Index a layer's parameters with
-// the enums (the tables are in enum order).
+// The GPT layers' parameter tables (stages/param_spec.h): the CPU layers (stages/gpt) and the
+// CUDA layers (stages/gpt/cuda) both build from them. Index a layer's parameters with the enums
+// (the tables are in enum order).
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "core/layer/layer.h"
-#include "plugins/sdk/init.h"
+#include "stages/param_spec.h"
 
 namespace bigmac::stages::gpt {
-
-struct ParamSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool weight_decay = false;
-  enum class Init { kZeros, kOnes, kNormal } init = Init::kZeros;
-  double std = 0;
-  // kNormal draws from the stream of (seed, init_layer_id, name); the head's copy of wte draws
-  // the embedding's, so the copy starts equal to the owner even before the first exchange.
-  bool own_layer_stream = true;
-  bool tied_copy = false;
-  std::string tied_owner;
-};
 
 enum BlockParam {
   kLn1Weight,
@@ -121,37 +105,6 @@ inline std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
        /*tied_copy=*/true,
        "embedding/wte"},
   };
-}
-
-// Writes a parameter's initial master value (on the host; uploaded once on a GPU).
-inline void InitParam(const ParamSpec& spec, memory::Tensor* value, uint64_t seed, int layer_id) {
-  switch (spec.init) {
-    case ParamSpec::Init::kZeros:
-      sdk::FillConstant(value, 0.0);
-      break;
-    case ParamSpec::Init::kOnes:
-      sdk::FillConstant(value, 1.0);
-      break;
-    case ParamSpec::Init::kNormal:
-      sdk::FillNormal(value, spec.std, seed,
-                      spec.own_layer_stream ? layer_id : layer::kEmbeddingLayerId, spec.name);
-      break;
-  }
-}
-
-// A Param for `spec` on `layer_spec`'s device: master and gradient of the master dtype, plus a
-// bf16 compute copy under precision bf16.
-inline layer::Param MakeParam(const ParamSpec& spec, const layer::LayerSpec& layer_spec) {
-  layer::Param param;
-  param.name = spec.name;
-  param.value = memory::Tensor(layer_spec.device, spec.shape, layer_spec.dtype);
-  param.grad = memory::Tensor(layer_spec.device, spec.shape, layer_spec.dtype);
-  if (layer_spec.bf16)
-    param.compute = memory::Tensor(layer_spec.device, spec.shape, memory::DType::kBF16);
-  param.weight_decay = spec.weight_decay;
-  param.tied_copy = spec.tied_copy;
-  param.tied_owner = spec.tied_owner;
-  return param;
 }
 
 }  // namespace bigmac::stages::gpt

@@ -34,6 +34,18 @@ layer::ModelDims GradcheckDims() {
   return dims;
 }
 
+layer::ModelDims LlamaGradcheckDims(bool tied) {
+  layer::ModelDims dims = GradcheckDims();
+  dims.arch = layer::Arch::kLlama;
+  dims.hidden_size = 16;
+  dims.num_heads = 4;
+  dims.num_kv_heads = 2;
+  dims.intermediate_size = 24;
+  dims.rope_theta = 100;
+  dims.tie_embeddings = tied;
+  return dims;
+}
+
 Batch MakeBatch(int b, int t, int vocab) {
   Batch batch;
   for (int i = 0; i < b * t; ++i) {
@@ -49,11 +61,12 @@ Batch MakeBatch(int b, int t, int vocab) {
 }
 
 layer::LayerSpec GradcheckSpec(const std::string& type, int layer_id, DType dtype,
-                               device::Device* device, bool checkpointing) {
+                               device::Device* device, bool checkpointing,
+                               const layer::ModelDims& dims) {
   layer::LayerSpec spec;
   spec.type = type;
   spec.layer_id = layer_id;
-  spec.dims = GradcheckDims();
+  spec.dims = dims;
   spec.dtype = dtype;
   spec.device = device;
   spec.activation_checkpointing = checkpointing;
@@ -84,10 +97,11 @@ void CheckAllElements(const std::string& what, Tensor* value, const Tensor& anal
   EXPECT_EQ(bad, 0) << what;
 }
 
-void CheckLayerGradients(const std::string& type, int layer_id, bool checkpointing) {
+void CheckLayerGradients(const std::string& type, int layer_id, bool checkpointing,
+                         const layer::ModelDims& dims) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, int64_t{1} << 30);
   const layer::LayerSpec spec =
-      GradcheckSpec(type, layer_id, DType::kF64, cpu.get(), checkpointing);
+      GradcheckSpec(type, layer_id, DType::kF64, cpu.get(), checkpointing, dims);
   const bool is_embedding = layer_id == layer::kEmbeddingLayerId;
   const bool is_head = layer_id == layer::HeadLayerId(spec.dims.num_layers);
   auto layer = layer::CreateLayer(spec);

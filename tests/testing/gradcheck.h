@@ -14,6 +14,9 @@ namespace bigmac::testutil {
 
 // The small model every check uses: vocab 11, hidden 8, 2 heads, 3 blocks, sequences up to 6.
 layer::ModelDims GradcheckDims();
+// Its llama twin: hidden 16, 4 query heads over 2 key/value heads, SwiGLU width 24, untied head
+// (`tied`: tied), a RoPE base of 100 so that every pair turns visibly over 5 positions.
+layer::ModelDims LlamaGradcheckDims(bool tied = false);
 
 struct Batch {
   std::vector<int32_t> tokens;
@@ -26,7 +29,8 @@ Batch MakeBatch(int b, int t, int vocab);
 
 // A layer of the check's model (the device outlives it).
 layer::LayerSpec GradcheckSpec(const std::string& type, int layer_id, memory::DType dtype,
-                               device::Device* device, bool checkpointing = false);
+                               device::Device* device, bool checkpointing = false,
+                               const layer::ModelDims& dims = GradcheckDims());
 
 // Compares `analytic` with central differences of `objective` over every element of `value`
 // (gtest failures for the first five mismatches).
@@ -37,7 +41,8 @@ void CheckAllElements(
 // Every parameter's and the input's gradient of the registered layer `type` at `layer_id`
 // (kEmbeddingLayerId: no input gradient; the head's id: its loss is the objective, otherwise
 // J = sum(y * R) for a seeded R), with parameters perturbed off their initial values.
-void CheckLayerGradients(const std::string& type, int layer_id, bool checkpointing);
+void CheckLayerGradients(const std::string& type, int layer_id, bool checkpointing,
+                         const layer::ModelDims& dims = GradcheckDims());
 
 }  // namespace bigmac::testutil
 
