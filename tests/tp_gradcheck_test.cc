@@ -1,4 +1,5 @@
-// The tensor-parallel GPT block (stages/gpt/tp_block.cc) in double precision: its gradients
+// The tensor-parallel GPT and llama blocks (stages/gpt/tp_block.cc, stages/llama/block.cc) in
+// double precision: its gradients
 // against central finite differences, and its output and gradients against the tp = 1 block's
 // from the same initial weights. The tp ranks are threads of this process joined by an
 // in-process TpGroup (the layer sees only that interface; tests/mpi/tp_test.cc covers MPI).
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -77,9 +79,11 @@ struct TpBlocks {
   testutil::Batch batch = testutil::MakeBatch(2, 5, testutil::GradcheckDims().vocab_size);
   Tensor x, r;
 
-  TpBlocks(int tp, bool checkpointing) : group(tp) {
+  TpBlocks(int tp, bool checkpointing, const std::string& type = "gpt_block",
+           const layer::ModelDims& dims = testutil::GradcheckDims())
+      : group(tp) {
     const layer::LayerSpec spec =
-        testutil::GradcheckSpec("gpt_block", 1, DType::kF64, cpu.get(), checkpointing);
+        testutil::GradcheckSpec(type, 1, DType::kF64, cpu.get(), checkpointing, dims);
     for (int rank = 0; rank < tp; ++rank) {
       members.push_back(std::make_unique<ThreadGroup::Member>(&group, rank));
       layer::TpBuiltLayer built = layer::CreateTpLayer(spec, members.back().get());
@@ -140,9 +144,10 @@ struct TpBlocks {
   }
 };
 
-void CheckTpBlock(int tp, bool checkpointing) {
+void CheckTpBlock(int tp, bool checkpointing, const std::string& type = "gpt_block",
+                  const layer::ModelDims& dims = testutil::GradcheckDims()) {
   omp_set_num_threads(1);
-  TpBlocks blocks(tp, checkpointing);
+  TpBlocks blocks(tp, checkpointing, type, dims);
   const Tensor dx = blocks.Backward();
   testutil::CheckAllElements("tp block input", &blocks.x, dx, [&] { return blocks.Objective(); });
   for (size_t p = 0; p < blocks.shards.size(); ++p) {
@@ -168,15 +173,22 @@ void CheckTpBlock(int tp, bool checkpointing) {
 
 TEST(TpGradCheck, BlockOnTwoRanks) { CheckTpBlock(2, false); }
 TEST(TpGradCheck, BlockOnTwoRanksWithActivationCheckpointing) { CheckTpBlock(2, true); }
+// 4 query heads over 2 key/value heads: each rank holds one group (2 q, 1 k, 1 v).
+TEST(TpGradCheck, LlamaBlockOnTwoRanks) {
+  CheckTpBlock(2, false, "llama_block", testutil::LlamaGradcheckDims());
+}
+TEST(TpGradCheck, LlamaBlockOnTwoRanksWithActivationCheckpointing) {
+  CheckTpBlock(2, true, "llama_block", testutil::LlamaGradcheckDims());
+}
 
 // From the same seed, the tp = 2 block's output equals the tp = 1 block's, and each rank's
 // gradient slice equals the matching slice of the full gradient (double precision: only the
 // order of the row-parallel sums differs).
-TEST(TpBlock, MatchesTheUnshardedBlock) {
+void CheckMatchesTheUnshardedBlock(const std::string& type, const layer::ModelDims& dims) {
   omp_set_num_threads(1);
-  TpBlocks split(2, false);
+  TpBlocks split(2, false, type, dims);
   const layer::LayerSpec spec =
-      testutil::GradcheckSpec("gpt_block", 1, DType::kF64, split.cpu.get(), false);
+      testutil::GradcheckSpec(type, 1, DType::kF64, split.cpu.get(), false, dims);
   std::unique_ptr<Layer> whole = layer::CreateLayer(spec);
   whole->InitParams(5);
   // The tp ranks' weights (with their noise), assembled into the full tensors.
@@ -207,6 +219,13 @@ TEST(TpBlock, MatchesTheUnshardedBlock) {
             << full[p]->name << " rank " << rank;
     }
   }
+}
+
+TEST(TpBlock, MatchesTheUnshardedBlock) {
+  CheckMatchesTheUnshardedBlock("gpt_block", testutil::GradcheckDims());
+}
+TEST(TpBlock, LlamaMatchesTheUnshardedBlock) {
+  CheckMatchesTheUnshardedBlock("llama_block", testutil::LlamaGradcheckDims());
 }
 
 // Slices and their inverse, with the padding of a vocabulary that tp does not divide.
