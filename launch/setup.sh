@@ -98,6 +98,11 @@ if ((bench)); then
     /usr/bin/python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check numpy 'torch>=2.4' >/dev/null
   fi
+  # transformers for bench/hf_llama_check.py (LlamaForCausalLM on an exported checkpoint).
+  if ! "$venv/bin/python" -c 'import transformers, safetensors' 2>/dev/null; then
+    echo "setup: installing transformers and safetensors from PyPI into $venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check transformers safetensors >/dev/null
+  fi
   # MKL for bench/gemm_libraries (its libmkl_rt.so.3 lands in $venv/lib).
   if [[ ! -e "$venv/lib/libmkl_rt.so.3" ]]; then
     echo "setup: installing MKL from PyPI into $venv"

@@ -2,6 +2,7 @@
 // checkpoints, plugin libraries and safetensors files. Each case runs bigmac in a fresh working
 // directory and must give its exit code and message, and write nothing: the directory (inputs
 // included) is byte-identical afterwards.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -256,11 +257,18 @@ TEST_P(CorpusTest, GivesItsErrorAndWritesNothing) {
         << "`:\n"
         << run.output;
   }
-  // `scratch` names the one place under the case directory a case may write (a command that
-  // succeeds, such as an --overwrite); everything else must be byte-identical.
-  const std::string scratch = node["scratch"].as<std::string>("");
-  auto in_scratch = [&scratch](const std::string& path) {
-    return !scratch.empty() && (path == scratch || path.rfind(scratch + "/", 0) == 0);
+  // `scratch` names the places under the case directory a case may write (a command that
+  // succeeds, such as an --overwrite): one path or a list; everything else must be byte-identical.
+  std::vector<std::string> scratches;
+  if (node["scratch"] && node["scratch"].IsSequence()) {
+    for (const YAML::Node& path : node["scratch"]) scratches.push_back(path.as<std::string>());
+  } else if (node["scratch"]) {
+    scratches.push_back(node["scratch"].as<std::string>());
+  }
+  auto in_scratch = [&scratches](const std::string& path) {
+    return std::any_of(scratches.begin(), scratches.end(), [&](const std::string& scratch) {
+      return path == scratch || path.rfind(scratch + "/", 0) == 0;
+    });
   };
   std::map<std::string, std::string> after = Snapshot(dir);
   for (auto* tree : {&before, &after}) {

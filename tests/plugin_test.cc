@@ -49,7 +49,8 @@ TEST(Plugin, ExampleCarriesNoBuiltInLayers) {
   std::ifstream file(ExamplePlugin(), std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   ASSERT_GT(bytes.size(), 0u);
-  for (const char* name : {"gpt_block", "gpt_embedding", "gpt_head"}) {
+  for (const char* name :
+       {"gpt_block", "gpt_embedding", "gpt_head", "llama_block", "llama_embedding", "llama_head"}) {
     EXPECT_EQ(bytes.find(name), std::string::npos) << name;
   }
   EXPECT_NE(bytes.find("rms_swiglu_block"), std::string::npos);

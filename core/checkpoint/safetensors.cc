@@ -18,59 +18,100 @@
 namespace bigmac::checkpoint {
 namespace {
 
-// Our parameter name -> (Hugging Face name, transposed?).
+// Our parameter name -> (Hugging Face name, transposed?, which rows). A fused tensor of ours
+// (llama's q|k|v and gate|up) is several of theirs, each a range of its rows.
 struct Mapping {
   int layer_id;
   std::string ours;
   std::string theirs;
-  bool transpose;
+  bool transpose = false;
+  int64_t row_begin = 0;
+  int64_t rows = -1;  // -1: all
 };
 
 // A GPT-2 block's parameters and their Hugging Face names under `h` ("transformer.h.3.").
 std::vector<Mapping> Gpt2BlockMappings(int i, const std::string& h) {
   return {
-      {i, "ln1.weight", h + "ln_1.weight", false},
-      {i, "ln1.bias", h + "ln_1.bias", false},
+      {i, "ln1.weight", h + "ln_1.weight"},
+      {i, "ln1.bias", h + "ln_1.bias"},
       {i, "attn.qkv.weight", h + "attn.c_attn.weight", true},
-      {i, "attn.qkv.bias", h + "attn.c_attn.bias", false},
+      {i, "attn.qkv.bias", h + "attn.c_attn.bias"},
       {i, "attn.proj.weight", h + "attn.c_proj.weight", true},
-      {i, "attn.proj.bias", h + "attn.c_proj.bias", false},
-      {i, "ln2.weight", h + "ln_2.weight", false},
-      {i, "ln2.bias", h + "ln_2.bias", false},
+      {i, "attn.proj.bias", h + "attn.c_proj.bias"},
+      {i, "ln2.weight", h + "ln_2.weight"},
+      {i, "ln2.bias", h + "ln_2.bias"},
       {i, "mlp.fc.weight", h + "mlp.c_fc.weight", true},
-      {i, "mlp.fc.bias", h + "mlp.c_fc.bias", false},
+      {i, "mlp.fc.bias", h + "mlp.c_fc.bias"},
       {i, "mlp.proj.weight", h + "mlp.c_proj.weight", true},
-      {i, "mlp.proj.bias", h + "mlp.c_proj.bias", false},
+      {i, "mlp.proj.bias", h + "mlp.c_proj.bias"},
   };
 }
 
-// Every parameter of `state` and its name in the file: GPT-2 blocks under Hugging Face's names;
-// a block of another type (a plugin's, `block_types`) under its own parameter names
-// ("transformer.h.1.norm1.weight"), as stored, which no Hugging Face class reads but import
-// reads back.
-std::vector<Mapping> Gpt2Mappings(const ModelState& state,
-                                  const std::vector<std::string>& block_types) {
-  std::vector<Mapping> mappings = {
-      {layer::kEmbeddingLayerId, "wte", "transformer.wte.weight", false},
-      {layer::kEmbeddingLayerId, "wpe", "transformer.wpe.weight", false},
+// A llama block's parameters under LlamaForCausalLM's names (`h`: "model.layers.3."): the same
+// [out, in] layout as ours; q|k|v and gate|up split by rows.
+std::vector<Mapping> LlamaBlockMappings(int i, const std::string& h, const layer::ModelDims& dims) {
+  const int64_t c = dims.hidden_size;
+  const int64_t kv_width = int64_t{dims.kv_heads()} * dims.head_dim();
+  const int64_t inner = dims.intermediate_size;
+  const std::string qkv = "self_attn.qkv_proj.weight";
+  const std::string gate_up = "mlp.gate_up_proj.weight";
+  return {
+      {i, "input_layernorm.weight", h + "input_layernorm.weight"},
+      {i, qkv, h + "self_attn.q_proj.weight", false, 0, c},
+      {i, qkv, h + "self_attn.k_proj.weight", false, c, kv_width},
+      {i, qkv, h + "self_attn.v_proj.weight", false, c + kv_width, kv_width},
+      {i, "self_attn.o_proj.weight", h + "self_attn.o_proj.weight"},
+      {i, "post_attention_layernorm.weight", h + "post_attention_layernorm.weight"},
+      {i, gate_up, h + "mlp.gate_proj.weight", false, 0, inner},
+      {i, gate_up, h + "mlp.up_proj.weight", false, inner, inner},
+      {i, "mlp.down_proj.weight", h + "mlp.down_proj.weight"},
   };
+}
+
+// Every parameter of `state` and its name in the file: the architecture's blocks under Hugging
+// Face's names; a block of another type (a plugin's, `block_types`) under its own parameter names
+// ("transformer.h.1.norm1.weight"), as stored, which no Hugging Face class reads but import reads
+// back.
+std::vector<Mapping> HuggingFaceMappings(const ModelState& state, const layer::ModelDims& dims,
+                                         const std::vector<std::string>& block_types) {
+  const bool llama = dims.arch == layer::Arch::kLlama;
+  const int head = layer::HeadLayerId(state.num_layers);
+  std::vector<Mapping> mappings;
+  if (llama) {
+    mappings.push_back({layer::kEmbeddingLayerId, "wte", "model.embed_tokens.weight"});
+  } else {
+    mappings.push_back({layer::kEmbeddingLayerId, "wte", "transformer.wte.weight"});
+    mappings.push_back({layer::kEmbeddingLayerId, "wpe", "transformer.wpe.weight"});
+  }
+  const std::string own_block = config::LayerTypesOf(dims.arch).block;
   for (int i = 0; i < state.num_layers; ++i) {
-    const std::string h = "transformer.h." + std::to_string(i) + ".";
-    if (block_types.empty() || block_types.at(i) == layer::LayerTypesOf(layer::Arch::kGpt).block) {
-      for (const Mapping& m : Gpt2BlockMappings(i, h)) mappings.push_back(m);
+    const std::string h = (llama ? "model.layers." : "transformer.h.") + std::to_string(i) + ".";
+    if (block_types.empty() || block_types.at(i) == own_block) {
+      for (const Mapping& m : llama ? LlamaBlockMappings(i, h, dims) : Gpt2BlockMappings(i, h))
+        mappings.push_back(m);
       continue;
     }
     for (const LayerParams& layer : state.layers) {
       if (layer.layer_id != i) continue;
-      for (const layer::Param* param : layer.params)
-        mappings.push_back({i, param->name, h + param->name, false});
+      for (const layer::Param* param : layer.params) mappings.push_back({i, param->name, h + param->name});
     }
   }
-  mappings.push_back(
-      {layer::HeadLayerId(state.num_layers), "lnf.weight", "transformer.ln_f.weight", false});
-  mappings.push_back(
-      {layer::HeadLayerId(state.num_layers), "lnf.bias", "transformer.ln_f.bias", false});
+  if (llama) {
+    mappings.push_back({head, "norm.weight", "model.norm.weight"});
+    if (!dims.tied_head()) mappings.push_back({head, "lm_head.weight", "lm_head.weight"});
+  } else {
+    mappings.push_back({head, "lnf.weight", "transformer.ln_f.weight"});
+    mappings.push_back({head, "lnf.bias", "transformer.ln_f.bias"});
+  }
   return mappings;
+}
+
+// The shape of mapping `m`'s tensor in the file, from our parameter's.
+std::vector<int64_t> TheirShape(const Mapping& m, const layer::Param& param) {
+  std::vector<int64_t> shape = param.value.shape();
+  if (m.rows >= 0) shape[0] = m.rows;
+  if (m.transpose) std::swap(shape[0], shape[1]);
+  return shape;
 }
 
 layer::Param* FindParam(const ModelState& state, int layer_id, const std::string& name) {
@@ -282,48 +323,51 @@ std::vector<NamedTensor> ParseSafetensors(const std::string& path,
 
 }  // namespace
 
-std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state,
-                                           const std::vector<std::string>& block_types) {
+std::vector<NamedTensor> ToHuggingFace(const ModelState& state, const layer::ModelDims& dims,
+                                       const std::vector<std::string>& block_types) {
   std::vector<NamedTensor> tensors;
-  for (const Mapping& m : Gpt2Mappings(state, block_types)) {
+  for (const Mapping& m : HuggingFaceMappings(state, dims, block_types)) {
     layer::Param* param = FindParam(state, m.layer_id, m.ours);
     if (!param) throw CheckpointError("export needs the whole model; " + m.ours + " is not here");
     std::vector<float> host(param->value.numel());
     param->value.CopyToHost(host.data());  // device memory through the host
-    const float* data = host.data();
     NamedTensor t;
     t.name = m.theirs;
-    t.shape = param->value.shape();
+    t.shape = TheirShape(m, *param);
     if (m.transpose) {
-      t.data = Transposed(data, t.shape[0], t.shape[1]);
-      std::swap(t.shape[0], t.shape[1]);
+      t.data = Transposed(host.data(), t.shape[1], t.shape[0]);
     } else {
-      t.data.assign(data, data + param->value.numel());
+      const int64_t row = param->value.shape().size() > 1 ? param->value.shape()[1] : 1;
+      const int64_t begin = m.row_begin * row;
+      const int64_t count = m.rows >= 0 ? m.rows * row : param->value.numel();
+      t.data.assign(host.begin() + begin, host.begin() + begin + count);
     }
     tensors.push_back(std::move(t));
   }
   return tensors;
 }
 
-std::vector<std::string> HuggingFaceGpt2Names(const ModelState& state,
-                                              const std::vector<std::string>& block_types) {
+std::vector<std::string> HuggingFaceNames(const ModelState& state, const layer::ModelDims& dims,
+                                          const std::vector<std::string>& block_types) {
   std::vector<std::string> names;
-  for (const Mapping& m : Gpt2Mappings(state, block_types)) names.push_back(m.theirs);
+  for (const Mapping& m : HuggingFaceMappings(state, dims, block_types)) names.push_back(m.theirs);
   return names;
 }
 
-void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
-                         const std::vector<std::string>& block_types, const std::string& source) {
+void FromHuggingFace(const std::vector<NamedTensor>& tensors, const ModelState& state,
+                     const layer::ModelDims& dims, const std::vector<std::string>& block_types,
+                     const std::string& source) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  // Each parameter's new value, assembled on the host (a fused one from several tensors).
+  std::map<layer::Param*, std::vector<float>> values;
   std::map<std::string, const layer::Param*> set;  // by checkpoint name, for the tied copies
-  for (const Mapping& m : Gpt2Mappings(state, block_types)) {
+  for (const Mapping& m : HuggingFaceMappings(state, dims, block_types)) {
     layer::Param* param = FindParam(state, m.layer_id, m.ours);
     if (!param) throw CheckpointError("import needs the whole model; " + m.ours + " is not here");
     auto it = by_name.find(m.theirs);
     if (it == by_name.end()) throw CheckpointError(source + ": " + m.theirs + " is missing");
-    std::vector<int64_t> want = param->value.shape();
-    if (m.transpose) std::swap(want[0], want[1]);
+    const std::vector<int64_t> want = TheirShape(m, *param);
     const NamedTensor& t = *it->second;
     // A Hugging Face position table may be longer than our sequence: take its first rows.
     const bool longer_positions = m.theirs == "transformer.wpe.weight" && t.shape.size() == 2 &&
@@ -335,13 +379,18 @@ void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelSta
       throw CheckpointError(source + ": " + m.theirs + " has shape [" + got +
                             "], this config needs [" + wanted + "]");
     }
+    std::vector<float>& value = values[param];
+    value.resize(param->value.numel());
     if (m.transpose) {
-      param->value.CopyFromHost(Transposed(t.data.data(), want[0], want[1]).data());
+      value = Transposed(t.data.data(), want[0], want[1]);
     } else {
-      param->value.CopyFromHost(t.data.data());
+      const int64_t row = param->value.shape().size() > 1 ? param->value.shape()[1] : 1;
+      const int64_t count = m.rows >= 0 ? m.rows * row : param->value.numel();
+      std::copy(t.data.begin(), t.data.begin() + count, value.begin() + m.row_begin * row);
     }
     set[ParamName(state, m.layer_id, *param)] = param;
   }
+  for (auto& [param, value] : values) param->value.CopyFromHost(value.data());
   for (const LayerParams& layer : state.layers) {
     for (layer::Param* param : layer.params) {
       if (!param->tied_copy) continue;
@@ -353,6 +402,47 @@ void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelSta
       param->value.CopyFrom(owner->second->value);
     }
   }
+}
+
+std::string HuggingFaceConfigJson(const layer::ModelDims& dims) {
+  nlohmann::ordered_json config;
+  if (dims.arch == layer::Arch::kLlama) {
+    config = {
+        {"architectures", {"LlamaForCausalLM"}},
+        {"model_type", "llama"},
+        {"vocab_size", dims.vocab_size},
+        {"hidden_size", dims.hidden_size},
+        {"intermediate_size", dims.intermediate_size},
+        {"num_hidden_layers", dims.num_layers},
+        {"num_attention_heads", dims.num_heads},
+        {"num_key_value_heads", dims.kv_heads()},
+        {"head_dim", dims.head_dim()},
+        {"hidden_act", "silu"},
+        {"max_position_embeddings", dims.max_seq_length},
+        {"rms_norm_eps", dims.rms_norm_eps},
+        {"rope_theta", dims.rope_theta},
+        {"attention_bias", false},
+        {"mlp_bias", false},
+        {"tie_word_embeddings", dims.tie_embeddings},
+        {"torch_dtype", "float32"},
+    };
+  } else {
+    config = {
+        {"architectures", {"GPT2LMHeadModel"}},
+        {"model_type", "gpt2"},
+        {"vocab_size", dims.vocab_size},
+        {"n_embd", dims.hidden_size},
+        {"n_layer", dims.num_layers},
+        {"n_head", dims.num_heads},
+        {"n_positions", dims.max_seq_length},
+        {"n_inner", 4 * dims.hidden_size},
+        {"activation_function", "gelu_new"},
+        {"layer_norm_epsilon", 1e-5},
+        {"tie_word_embeddings", true},
+        {"torch_dtype", "float32"},
+    };
+  }
+  return config.dump(2) + "\n";
 }
 
 }  // namespace bigmac::checkpoint

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/checkpoint/model_state.h"
+#include "core/layer/layer.h"
 
 namespace bigmac::checkpoint {
 
@@ -32,23 +33,30 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& t
 std::vector<NamedTensor> ReadSafetensors(const std::string& path,
                                          const std::vector<std::string>& required = {});
 
-// The names ToHuggingFaceGpt2 writes for `state`: what an import requires.
-std::vector<std::string> HuggingFaceGpt2Names(const ModelState& state,
-                                              const std::vector<std::string>& block_types);
+// The names ToHuggingFace writes for `state`: what an import requires.
+std::vector<std::string> HuggingFaceNames(const ModelState& state, const layer::ModelDims& dims,
+                                          const std::vector<std::string>& block_types);
 
-// The model's parameters under Hugging Face GPT-2 names and layouts (Conv1D weights are
-// [in, out], the transpose of ours): transformer.wte.weight, transformer.h.0.attn.c_attn.weight,
-// ... `state` must hold the whole model (pp = 1). `block_types` (config::ResolvedConfig's; empty:
-// every block gpt_block): a block of another type (a plugin's) has no GPT-2 names, and its
-// parameters go under their own: transformer.h.1.norm1.weight.
-std::vector<NamedTensor> ToHuggingFaceGpt2(const ModelState& state,
-                                           const std::vector<std::string>& block_types = {});
+// The model's parameters under Hugging Face's names and layouts for dims.arch: GPT2LMHeadModel's
+// (Conv1D weights are [in, out], the transpose of ours: transformer.wte.weight,
+// transformer.h.0.attn.c_attn.weight, ...) or LlamaForCausalLM's (model.embed_tokens.weight,
+// model.layers.0.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight unless tied; our
+// fused q|k|v and gate|up split by rows). `state` must hold the whole model (pp = 1).
+// `block_types` (config::ResolvedConfig's; empty: the architecture's block): a block of another
+// type (a plugin's) has no Hugging Face names, and its parameters go under their own:
+// transformer.h.1.norm1.weight.
+std::vector<NamedTensor> ToHuggingFace(const ModelState& state, const layer::ModelDims& dims,
+                                       const std::vector<std::string>& block_types = {});
 
-// The reverse: sets the master values of `state` (tied copies too) from Hugging Face GPT-2
-// tensors, checking that every one is present with the shape the config implies. Throws
-// CheckpointError.
-void FromHuggingFaceGpt2(const std::vector<NamedTensor>& tensors, const ModelState& state,
-                         const std::vector<std::string>& block_types, const std::string& source);
+// The reverse: sets the master values of `state` (tied copies too) from those tensors, checking
+// that every one is present with the shape the config implies. Throws CheckpointError.
+void FromHuggingFace(const std::vector<NamedTensor>& tensors, const ModelState& state,
+                     const layer::ModelDims& dims, const std::vector<std::string>& block_types,
+                     const std::string& source);
+
+// The config.json that transformers' from_pretrained reads beside the weights: LlamaConfig's
+// or GPT2Config's fields for `dims`.
+std::string HuggingFaceConfigJson(const layer::ModelDims& dims);
 
 }  // namespace bigmac::checkpoint
 

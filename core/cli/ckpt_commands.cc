@@ -21,6 +21,7 @@
 #include "core/optim/adamw.h"
 #include "core/util/dir_lock.h"
 #include "core/util/format.h"
+#include "core/util/output_file.h"
 
 namespace bigmac::cli {
 namespace {
@@ -53,37 +54,53 @@ int RunCkptInspect(const std::string& dir) {
 int RunCkptExport(const std::string& dir, const std::string& safetensors,
                   const std::vector<std::string>& plugins, bool overwrite) {
   try {
-    if (std::string problem = OutputFileProblem("--safetensors", safetensors, overwrite);
-        !problem.empty())
-      return ReportFailure(problem, kExitOutput);
+    // transformers' from_pretrained reads the weights' directory: config.json goes beside them.
+    const std::string config_json =
+        (std::filesystem::path(safetensors).parent_path() / "config.json").string();
+    for (const auto& [label, file] : {std::pair{"--safetensors", safetensors},
+                                      std::pair{"config.json beside --safetensors", config_json}}) {
+      if (std::string problem = OutputFileProblem(label, file, overwrite); !problem.empty())
+        return ReportFailure(problem, kExitOutput);
+    }
     int64_t step = 0;
     std::string step_dir;
     const SingleRankModel model = LoadSingleRankModel(dir, plugins, &step, &step_dir);
     const config::ResolvedConfig& resolved = model.resolved;
-    const config::Model& m = resolved.values().model();
+    const layer::ModelDims dims = config::ModelDimsOf(resolved.values());
+    const bool llama = dims.arch == layer::Arch::kLlama;
     std::map<std::string, std::string> metadata = {
         {"format", "pt"},
         {"source", "bigmac " + step_dir},
         {"step", std::to_string(step)},
-        {"n_layer", std::to_string(m.num_layers())},
-        {"n_embd", std::to_string(m.hidden_size())},
-        {"n_head", std::to_string(m.num_heads())},
-        {"vocab_size", std::to_string(m.vocab_size())},
-        {"n_positions", std::to_string(resolved.values().train().seq_length())}};
+        {"arch", resolved.values().model().arch()},
+        {"n_layer", std::to_string(dims.num_layers)},
+        {"n_embd", std::to_string(dims.hidden_size)},
+        {"n_head", std::to_string(dims.num_heads)},
+        {"vocab_size", std::to_string(dims.vocab_size)},
+        {"n_positions", std::to_string(dims.max_seq_length)}};
+    const std::string own_block = config::DefaultBlockType(resolved.values());
     const bool plugin_blocks =
         std::any_of(resolved.block_types.begin(), resolved.block_types.end(),
-                    [&](const std::string& type) {
-                      return type != config::DefaultBlockType(resolved.values());
-                    });
+                    [&](const std::string& type) { return type != own_block; });
     if (plugin_blocks) metadata["bigmac_block_types"] = util::Join(resolved.block_types, ",");
     checkpoint::WriteSafetensors(
-        safetensors, checkpoint::ToHuggingFaceGpt2(model.stage->State(), resolved.block_types),
+        safetensors, checkpoint::ToHuggingFace(model.stage->State(), dims, resolved.block_types),
         metadata);
-    std::printf("exported %s (step %lld) to %s with Hugging Face GPT-2 names%s\n", step_dir.c_str(),
-                static_cast<long long>(step), safetensors.c_str(),
-                plugin_blocks ? " (blocks of other types under their own parameter names: "
-                                "bigmac ckpt import reads them back, Hugging Face's GPT-2 does not)"
+    if (std::string problem =
+            util::WriteWholeFile(config_json, checkpoint::HuggingFaceConfigJson(dims));
+        !problem.empty())
+      throw util::OutputError(problem);
+    const char* names = llama ? "LlamaForCausalLM" : "GPT-2";
+    std::printf("exported %s (step %lld) to %s with Hugging Face %s names%s\n", step_dir.c_str(),
+                static_cast<long long>(step), safetensors.c_str(), names,
+                plugin_blocks ? (std::string(" (blocks of other types under their own parameter "
+                                             "names: bigmac ckpt import reads them back, Hugging "
+                                             "Face's ") +
+                                 names + " does not)")
+                                    .c_str()
                               : "");
+    std::printf("wrote %s beside it (what transformers' from_pretrained reads with the weights)\n",
+                config_json.c_str());
     return kExitOk;
   } catch (const checkpoint::CheckpointError& error) {
     return ReportFailure(error.what(), kExitCheckpoint);
@@ -122,10 +139,11 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
     const SingleRankModel model = BuildSingleRankModel(std::move(single));
     const config::ResolvedConfig& resolved = model.resolved;
     const checkpoint::ModelState state = model.stage->State();
-    checkpoint::FromHuggingFaceGpt2(
-        checkpoint::ReadSafetensors(safetensors,
-                                    checkpoint::HuggingFaceGpt2Names(state, resolved.block_types)),
-        state, resolved.block_types, safetensors);
+    const layer::ModelDims dims = config::ModelDimsOf(resolved.values());
+    checkpoint::FromHuggingFace(
+        checkpoint::ReadSafetensors(
+            safetensors, checkpoint::HuggingFaceNames(state, dims, resolved.block_types)),
+        state, dims, resolved.block_types, safetensors);
     // A training run writing this directory would have `latest` moved under it: one writer.
     std::string problem, note;
     const std::unique_ptr<util::DirectoryLock> lock =

@@ -428,8 +428,13 @@ uint64_t ConfigHash(const Config& values) {
   return hash;
 }
 
+ArchLayerTypes LayerTypesOf(layer::Arch arch) {
+  if (arch == layer::Arch::kLlama) return {"llama_embedding", "llama_block", "llama_head"};
+  return {"gpt_embedding", "gpt_block", "gpt_head"};
+}
+
 std::string DefaultBlockType(const Config& values) {
-  return layer::LayerTypesOf(ModelDimsOf(values).arch).block;
+  return LayerTypesOf(ModelDimsOf(values).arch).block;
 }
 
 layer::ModelDims ModelDimsOf(const Config& values) {

@@ -56,6 +56,15 @@ ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& w
 // entry (the registry check comes later, once the plugins are loaded).
 std::vector<std::string> BlockTypes(const Config& values, std::vector<std::string>* problems);
 
+// The built-in layer types an architecture is made of (here, not in core/layer, so that a plugin,
+// which links core/layer, carries no built-in type names).
+struct ArchLayerTypes {
+  const char* embedding;
+  const char* block;  // the blocks model.layer_types does not name
+  const char* head;
+};
+ArchLayerTypes LayerTypesOf(layer::Arch arch);
+
 // model.arch's block type: gpt_block or llama_block.
 std::string DefaultBlockType(const Config& values);
 

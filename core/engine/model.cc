@@ -15,7 +15,7 @@ const std::string& ModelDescription::TypeOf(int layer_id) const {
 }
 
 ModelDescription ModelOf(const layer::ModelDims& dims, const std::vector<std::string>& block_types) {
-  const layer::ArchLayerTypes types = layer::LayerTypesOf(dims.arch);
+  const config::ArchLayerTypes types = config::LayerTypesOf(dims.arch);
   ModelDescription model;
   model.embedding_type = types.embedding;
   model.block_types = block_types.empty()

@@ -34,7 +34,7 @@ struct ModelDescription {
   const std::string& TypeOf(int layer_id) const;
 };
 
-// The model of `dims.arch` (layer::LayerTypesOf): its embedding, the blocks (the arch's block
+// The model of `dims.arch` (config::LayerTypesOf): its embedding, the blocks (the arch's block
 // unless `block_types`, model.layer_types resolved, says otherwise), its head, and the token
 // embedding `wte` tied between the embedding (owner) and the head when dims.tied_head().
 ModelDescription ModelOf(const layer::ModelDims& dims,

@@ -63,11 +63,6 @@ std::unique_ptr<Layer> WrapWithActivationConversion(std::unique_ptr<Layer> layer
 
 int HeadLayerId(int num_layers) { return num_layers; }
 
-ArchLayerTypes LayerTypesOf(Arch arch) {
-  if (arch == Arch::kLlama) return {"llama_embedding", "llama_block", "llama_head"};
-  return {"gpt_embedding", "gpt_block", "gpt_head"};
-}
-
 int DefaultIntermediateSize(int hidden_size) {
   const int64_t width = int64_t{8} * hidden_size / 3;
   return static_cast<int>((width + 255) / 256 * 256);

@@ -48,14 +48,6 @@ struct ModelDims {
   bool tied_head() const { return arch == Arch::kGpt || tie_embeddings; }
 };
 
-// The built-in layer types an architecture is made of.
-struct ArchLayerTypes {
-  const char* embedding;
-  const char* block;  // the blocks model.layer_types does not name
-  const char* head;
-};
-ArchLayerTypes LayerTypesOf(Arch arch);
-
 // Llama's default SwiGLU width for `hidden_size` (model.intermediate_size 0): 8/3 of it, rounded
 // up to a multiple of 256 (Meta's reference code, multiple_of = 256).
 int DefaultIntermediateSize(int hidden_size);

@@ -419,7 +419,9 @@ TEST(Safetensors, ExportFollowsTheSpecAndRoundTrips) {
           imported,
       60);
   ASSERT_EQ(import.exit_code, 0) << import.output;
-  const std::string again = TempDir() + "/again.safetensors";
+  // Its own directory: config.json goes beside each export.
+  std::filesystem::create_directories(TempDir() + "/again");
+  const std::string again = TempDir() + "/again/again.safetensors";
   ASSERT_EQ(
       RunCommand(Bigmac() + " ckpt export " + imported + " --safetensors " + again, 60).exit_code,
       0);

@@ -2,17 +2,21 @@
 // schedule and pipeline layout gives one rank's losses and weights bit for bit (one replica, no
 // clipping); dp with ZeRO-1 and tensor parallelism (q by heads, k and v by key/value-head groups,
 // gate|up column-parallel, o and down row-parallel) within 1e-5; a tied head across stages; bf16;
-// a checkpoint saved under tp2 x pp2 resumed on one rank; generate from it.
+// a checkpoint saved under tp2 x pp2 resumed on one rank; generate from it; Hugging Face export
+// and import.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tests/testing/dump.h"
 #include "tests/testing/run.h"
 
@@ -192,6 +196,76 @@ TEST(LlamaCheckpoint, SavedUnderTpAndPpResumesOnOneRankAndGenerates) {
   ASSERT_EQ(generated.exit_code, 0) << generated.output;
   EXPECT_NE(generated.output.find("Query head "), std::string::npos) << generated.output;
   EXPECT_NE(generated.output.find("24 tokens"), std::string::npos) << generated.output;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// ckpt export writes LlamaForCausalLM's names (q|k|v and gate|up split by rows) and a config.json
+// that transformers reads (bench/hf_llama_check.py loads both with transformers); ckpt import
+// reads the file back, and its export holds the same tensors.
+TEST(LlamaExport, HuggingFaceNamesAndConfigRoundTrip) {
+  const std::string dir = TempDir() + "/llama_export";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/hf");
+  std::filesystem::create_directories(dir + "/again");
+  const TrainRun trained =
+      Train({"1f1b", 1}, "--set checkpoint.interval=3 --set train.max_steps=3 --set checkpoint.dir=" +
+                             dir + "/ckpt",
+            "export");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const testutil::RunResult exported = RunCommand(
+      Bigmac() + " ckpt export " + dir + "/ckpt --safetensors " + dir + "/hf/model.safetensors", 60);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("LlamaForCausalLM names"), std::string::npos) << exported.output;
+  const nlohmann::json config = nlohmann::json::parse(ReadFile(dir + "/hf/config.json"));
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["intermediate_size"], 48);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  const std::string file = ReadFile(dir + "/hf/model.safetensors");
+  ASSERT_GT(file.size(), 8u);
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<unsigned char>(file[i])} << (8 * i);
+  const nlohmann::json header = nlohmann::json::parse(file.substr(8, length));
+  // Hidden 32, head_dim 8: q is 32 rows, k and v 2 * 8; gate and up 48 each.
+  for (const auto& [name, rows] : std::vector<std::pair<std::string, int>>{
+           {"model.layers.3.self_attn.q_proj.weight", 32},
+           {"model.layers.3.self_attn.k_proj.weight", 16},
+           {"model.layers.3.self_attn.v_proj.weight", 16},
+           {"model.layers.0.mlp.gate_proj.weight", 48},
+           {"model.layers.0.mlp.up_proj.weight", 48},
+           {"model.layers.0.mlp.down_proj.weight", 32},
+           {"model.embed_tokens.weight", 256},
+           {"lm_head.weight", 256}}) {
+    ASSERT_TRUE(header.contains(name)) << name << " in " << header.dump();
+    EXPECT_EQ(header[name]["shape"][0], rows) << name;
+  }
+  EXPECT_TRUE(header.contains("model.norm.weight"));
+  EXPECT_TRUE(header.contains("model.layers.1.post_attention_layernorm.weight"));
+
+  const std::string model = " --set model.num_layers=4 --set model.hidden_size=32"
+                            " --set model.num_heads=4 --set model.num_kv_heads=2"
+                            " --set model.intermediate_size=48 --set train.seq_length=16";
+  const testutil::RunResult imported =
+      RunCommand(Bigmac() + " ckpt import --safetensors " + dir + "/hf/model.safetensors --config " +
+                     Runfile("configs/llama_tiny.yaml") + model + " --output " + dir + "/imported",
+                 60);
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  const testutil::RunResult again =
+      RunCommand(Bigmac() + " ckpt export " + dir + "/imported --safetensors " + dir +
+                     "/again/model.safetensors",
+                 60);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  // The tensors (everything after the header) are the same bytes; the header's metadata names
+  // another source.
+  const std::string second = ReadFile(dir + "/again/model.safetensors");
+  uint64_t second_length = 0;
+  for (int i = 0; i < 8; ++i)
+    second_length |= uint64_t{static_cast<unsigned char>(second[i])} << (8 * i);
+  EXPECT_TRUE(file.substr(8 + length) == second.substr(8 + second_length));
 }
 
 }  // namespace
