@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The demo: train a small character-level GPT on real English text (the fortunes corpus) on one
-# CPU rank, look at its TensorBoard file and generate text from its checkpoint, and train once more on
-# a SentencePiece vocabulary (bits per byte compared); simulate pipeline schedules; train a 4-stage
-# pipeline and compare it with one rank;
+# CPU rank, look at its TensorBoard file and generate text from its checkpoint; train a llama of the
+# same size beside it (both validation losses), and shorter runs in bf16 and on a SentencePiece
+# vocabulary (bits per byte compared); simulate pipeline schedules; train a 4-stage pipeline and
+# compare it with one rank;
 # plan a layout, dry-run it under mpirun with 8 ranks, change a value with --set and see it in the
 # [cfg] log, and watch a bad layout get refused.
 set -euo pipefail
@@ -38,27 +39,43 @@ step "generate: text from the checkpoint the run saved (any layout loads on one 
   bazel-bin/bigmac generate --checkpoint data/ckpt_tiny --prompt "The " --tokens 200 --seed 7
 bazel-bin/bigmac generate --checkpoint data/ckpt_tiny --prompt "The " --tokens 200 --seed 7
 
-step "the same model in bf16: fp32 masters, bf16 compute copies and activations (CPU numerics)" \
-  bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=bf16
-bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=bf16 "$@" |
-  grep -E '^(step|\[val\]|\[train\] precision)' | tee data/demo_bf16.log
-echo "final losses:"
+step "llama: configs/llama_tiny.yaml (RMSNorm, RoPE, 4 query heads over 2 key/value heads, SwiGLU, untied head), GPT tiny's size and steps" \
+  bazel-bin/bigmac train --config configs/llama_tiny.yaml --set checkpoint.dir=data/ckpt_llama
+rm -rf data/ckpt_llama
+bazel-bin/bigmac train --config configs/llama_tiny.yaml --set checkpoint.dir=data/ckpt_llama "$@" |
+  grep -E '^(\[train\] model|step (300|600)/|\[val\] step (300|600) )' | tee data/demo_llama.log
+bazel-bin/bigmac generate --checkpoint data/ckpt_llama --prompt "The " --tokens 120 --seed 7
+echo "validation loss after 600 steps (nats per byte):"
+printf '  %-6s %s parameters, val_loss %s\n' \
+  gpt "$(grep -o 'model: [0-9]*' data/demo_fp32.log | grep -o '[0-9]*')" "$(grep '^\[val\] step 600 ' data/demo_fp32.log | awk '{print $6}')" \
+  llama "$(grep -o 'model: [0-9]*' data/demo_llama.log | grep -o '[0-9]*')" "$(grep '^\[val\] step 600 ' data/demo_llama.log | awk '{print $6}')"
+
+# Shorter repeated runs: 150 steps each (the learning-rate schedule follows train.max_steps, so the
+# fp32 baseline is run at 150 steps too).
+short=(--set train.max_steps=150 --set train.eval_interval=150 --set train.log_interval=50)
+step "the same GPT for 150 steps in fp32 and in bf16: fp32 masters, bf16 compute copies and activations (CPU numerics)" \
+  bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=bf16 --set train.max_steps=150
 for p in fp32 bf16; do
-  printf '  %s: %s | %s\n' "$p" "$(grep '^step' "data/demo_$p.log" | tail -1 | cut -d'|' -f1-2)" \
-    "$(grep '^\[val\]' "data/demo_$p.log" | tail -1 | cut -d'|' -f2)"
+  bazel-bin/bigmac train --config configs/tiny.yaml --set precision.dtype=$p "${short[@]}" "$@" |
+    grep -E '^(step 150/|\[val\] step 150 |\[train\] precision)' >"data/demo_short_$p.log"
+done
+echo "losses at step 150:"
+for p in fp32 bf16; do
+  printf '  %s: %s | %s\n' "$p" "$(grep '^step 150/' "data/demo_short_$p.log" | cut -d'|' -f1-2)" \
+    "$(grep '^\[val\]' "data/demo_short_$p.log" | cut -d'|' -f2)"
 done
 
-step "SentencePiece: a 2048-piece BPE vocabulary trained on the same text, the same model and steps; val loss per token and per byte" \
+step "SentencePiece: a 2048-piece BPE vocabulary trained on the same text, the same model for 150 steps; val loss per token and per byte" \
   bazel-bin/bigmac data prep --input ... --output data/fortunes_sp --tokenizer sentencepiece --vocab-size 2048
 bazel-bin/bigmac data prep --input $corpus --output data/fortunes_sp --overwrite \
   --tokenizer sentencepiece --vocab-size 2048
 bazel-bin/bigmac train --config configs/tiny.yaml --set data.dir=data/fortunes_sp \
-  --set model.vocab_size=2048 "$@" | grep -E '^(step|\[val\])' | tee data/demo_sp.log | grep '^\[val\]'
+  --set model.vocab_size=2048 "${short[@]}" "$@" | grep -E '^\[val\] step 150 ' >data/demo_short_sp.log
 # bits/byte = nats/token / ln 2 * tokens/bytes (docs/data.md); byte-level: one byte per token.
 json_field() { grep -o "\"$2\": [0-9]*" "$1" | grep -o '[0-9]*$'; }
 for run in fp32:1:1 sp:$(json_field data/fortunes_sp/tokenizer.json val_tokens):$(json_field data/fortunes_sp/tokenizer.json val_bytes); do
   IFS=: read -r name tokens bytes <<<"$run"
-  grep '^\[val\]' "data/demo_$name.log" | tail -1 | awk -v n="$name" -v t="$tokens" -v b="$bytes" \
+  grep '^\[val\]' "data/demo_short_$name.log" | tail -1 | awk -v n="$name" -v t="$tokens" -v b="$bytes" \
     '{printf "  %-13s val_loss %.4f nats/token = %.4f bits/byte\n", (n == "sp" ? "sentencepiece" : "byte-level"), $6, $6 / log(2) * t / b}'
 done
 

@@ -2,9 +2,9 @@
 // checkpoints, plugin libraries and safetensors files. Each case runs bigmac in a fresh working
 // directory and must give its exit code and message, and write nothing: the directory (inputs
 // included) is byte-identical afterwards.
-#include <algorithm>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>

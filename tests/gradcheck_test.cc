@@ -49,7 +49,9 @@ TEST(GradCheck, LlamaBlockMultiQuery) {
   dims.num_kv_heads = 1;
   CheckLayerGradients("llama_block", 1, false, dims);
 }
-TEST(GradCheck, LlamaHead) { CheckLayerGradients("llama_head", 3, false, testutil::LlamaGradcheckDims()); }
+TEST(GradCheck, LlamaHead) {
+  CheckLayerGradients("llama_head", 3, false, testutil::LlamaGradcheckDims());
+}
 
 // The whole model: embedding, 3 blocks, head; with a tied token embedding its gradient is the sum
 // of the embedding's and the head's contributions.

@@ -297,7 +297,8 @@ TEST(RmsNormAndSwiglu, FloatBitsDoNotDependOnTheThreadCount) {
     SwigluForward(h.data(), x.data(), n, c / 2);
     SwigluBackward(dgu.data(), dy.data(), x.data(), n, c / 2);
     std::vector<float> all;
-    for (const auto* v : {&y, &rstd, &dx, &dw, &h, &dgu}) all.insert(all.end(), v->begin(), v->end());
+    for (const auto* v : {&y, &rstd, &dx, &dw, &h, &dgu})
+      all.insert(all.end(), v->begin(), v->end());
     return all;
   };
   const int threads = omp_get_max_threads();

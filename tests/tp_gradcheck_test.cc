@@ -272,8 +272,8 @@ TEST(TpShard, SlicesAndAssemblesWithPadding) {
     ASSERT_EQ(gqa.LocalShape(), (std::vector<int64_t>{4, 1}));
     std::vector<float> mine(4);
     layer::FullToLocal(gqa, rows.data(), mine.data(), sizeof(float));
-    EXPECT_EQ(mine, rank == 0 ? (std::vector<float>{0, 1, 4, 6})
-                              : (std::vector<float>{2, 3, 5, 7}));
+    EXPECT_EQ(mine,
+              rank == 0 ? (std::vector<float>{0, 1, 4, 6}) : (std::vector<float>{2, 3, 5, 7}));
     layer::LocalToFull(gqa, mine.data(), whole.data(), sizeof(float));
   }
   EXPECT_EQ(whole, rows);

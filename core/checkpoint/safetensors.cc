@@ -93,7 +93,8 @@ std::vector<Mapping> HuggingFaceMappings(const ModelState& state, const layer::M
     }
     for (const LayerParams& layer : state.layers) {
       if (layer.layer_id != i) continue;
-      for (const layer::Param* param : layer.params) mappings.push_back({i, param->name, h + param->name});
+      for (const layer::Param* param : layer.params)
+        mappings.push_back({i, param->name, h + param->name});
     }
   }
   if (llama) {
@@ -428,18 +429,12 @@ std::string HuggingFaceConfigJson(const layer::ModelDims& dims) {
     };
   } else {
     config = {
-        {"architectures", {"GPT2LMHeadModel"}},
-        {"model_type", "gpt2"},
-        {"vocab_size", dims.vocab_size},
-        {"n_embd", dims.hidden_size},
-        {"n_layer", dims.num_layers},
-        {"n_head", dims.num_heads},
-        {"n_positions", dims.max_seq_length},
-        {"n_inner", 4 * dims.hidden_size},
-        {"activation_function", "gelu_new"},
-        {"layer_norm_epsilon", 1e-5},
-        {"tie_word_embeddings", true},
-        {"torch_dtype", "float32"},
+        {"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"},
+        {"vocab_size", dims.vocab_size},        {"n_embd", dims.hidden_size},
+        {"n_layer", dims.num_layers},           {"n_head", dims.num_heads},
+        {"n_positions", dims.max_seq_length},   {"n_inner", 4 * dims.hidden_size},
+        {"activation_function", "gelu_new"},    {"layer_norm_epsilon", 1e-5},
+        {"tie_word_embeddings", true},          {"torch_dtype", "float32"},
     };
   }
   return config.dump(2) + "\n";

@@ -303,21 +303,23 @@ int main(int argc, char** argv) {
       ->required();
   CLI::App* export_cmd = ckpt->add_subcommand(
       "export",
-      "Write a checkpoint's weights as safetensors with Hugging Face names and layouts (GPT2LMHeadModel or LlamaForCausalLM, by model.arch), and config.json beside them.");
+      "Write a checkpoint's weights as safetensors with Hugging Face names and layouts "
+      "(GPT2LMHeadModel or LlamaForCausalLM, by model.arch), and config.json beside them.");
   export_cmd
       ->add_option("dir", ckpt_dir, "a step directory, or a checkpoint directory (uses latest)")
       ->required();
   export_cmd->add_option("--safetensors", safetensors, "output .safetensors file")->required();
   bool export_overwrite = false;
   export_cmd->add_flag("--overwrite", export_overwrite,
-                      "replace an existing --safetensors file and config.json beside it");
+                       "replace an existing --safetensors file and config.json beside it");
   std::vector<std::string> ckpt_plugins;
   export_cmd->add_option("--plugin", ckpt_plugins,
                          "load a layer plugin library first (repeatable); else the plugins the "
                          "checkpoint recorded (docs/plugins.md)");
-  CLI::App* import_cmd = ckpt->add_subcommand(
-      "import",
-      "Turn Hugging Face GPT-2 or Llama safetensors (model.arch of --config) into a step-0 checkpoint to start training from.");
+  CLI::App* import_cmd =
+      ckpt->add_subcommand("import",
+                           "Turn Hugging Face GPT-2 or Llama safetensors (model.arch of --config) "
+                           "into a step-0 checkpoint to start training from.");
   import_cmd->add_option("--safetensors", safetensors, "input .safetensors file")->required();
   import_cmd->add_option("--config", import_config, "the config describing the model")->required();
   import_cmd->add_option("--set", import_overrides, "override a key (as for train)");

@@ -37,6 +37,7 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
   if (r.tp > 1) {
     // Tensor-parallel peers are neighbours in rank order (docs/topology.md).
     const int groups = r.world_size / r.tp;
+    const layer::ModelDims dims = ModelDimsOf(values);
     std::string list;
     for (int g = 0; g < std::min(groups, 4); ++g) {
       list += (g ? " " : "") + std::string("[") + std::to_string(g * r.tp) + "-" +
@@ -44,8 +45,12 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
     }
     add("tp groups: " + list + (groups > 4 ? " ..." : "") + " (" + std::to_string(groups) +
         " of tp=" + std::to_string(r.tp) + " consecutive ranks); per block each rank holds " +
-        "num_heads/tp = " + std::to_string(values.model().num_heads() / r.tp) +
-        " heads and 4*hidden/tp = " + std::to_string(4 * values.model().hidden_size() / r.tp) +
+        "num_heads/tp = " + std::to_string(dims.num_heads / r.tp) + " heads" +
+        (dims.arch == layer::Arch::kLlama
+             ? " (num_kv_heads/tp = " + std::to_string(dims.kv_heads() / r.tp) +
+                   " key/value heads) and intermediate_size/tp = " +
+                   std::to_string(dims.mlp_width() / r.tp)
+             : " and 4*hidden/tp = " + std::to_string(dims.mlp_width() / r.tp)) +
         " MLP columns");
     const int64_t vocab = values.model().vocab_size();
     add("vocab_size=" + std::to_string(vocab) + " padded to " +

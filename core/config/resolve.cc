@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -240,12 +240,11 @@ void CheckArchRules(const LoadedConfig& loaded, const Describer& describe, int t
   const auto positive = [&](const char* key, double value, const char* rule) {
     if (value > 0 && std::isfinite(value)) return;
     problems.push_back(std::string(key) + "=" + FormatDouble(value) + " (" +
-                       loaded.sources.Get(key).ToString() + ") must be a positive number (rule: " +
-                       rule + ")");
+                       loaded.sources.Get(key).ToString() +
+                       ") must be a positive number (rule: " + rule + ")");
   };
   positive("model.rope_theta", model.rope_theta(), "the base of the rotary frequencies");
-  positive("model.rms_norm_eps", model.rms_norm_eps(),
-           "it keeps RMSNorm finite on a row of zeros");
+  positive("model.rms_norm_eps", model.rms_norm_eps(), "it keeps RMSNorm finite on a row of zeros");
 }
 
 std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_size) {
@@ -426,6 +425,19 @@ uint64_t ConfigHash(const Config& values) {
     }
   }
   return hash;
+}
+
+std::string DescribeModel(const layer::ModelDims& dims) {
+  const bool llama = dims.arch == layer::Arch::kLlama;
+  std::string text = std::string(llama ? "llama" : "gpt") + ": " + std::to_string(dims.num_layers) +
+                     " blocks, hidden " + std::to_string(dims.hidden_size) + ", " +
+                     std::to_string(dims.num_heads) + " heads";
+  if (llama) {
+    text += " over " + std::to_string(dims.kv_heads()) + " key/value heads, SwiGLU " +
+            std::to_string(dims.intermediate_size) + ", " +
+            (dims.tie_embeddings ? "tied" : "untied") + " head";
+  }
+  return text + ", vocab " + std::to_string(dims.vocab_size);
 }
 
 ArchLayerTypes LayerTypesOf(layer::Arch arch) {

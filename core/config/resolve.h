@@ -52,8 +52,9 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
 ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& world_source);
 
 // The layer type of each block (layer_id 0..num_layers-1): the architecture's block
-// (DefaultBlockType) unless model.layer_types names another for its range. Appends a problem for each malformed, out-of-range or overlapping
-// entry (the registry check comes later, once the plugins are loaded).
+// (DefaultBlockType) unless model.layer_types names another for its range. Appends a problem for
+// each malformed, out-of-range or overlapping entry (the registry check comes later, once the
+// plugins are loaded).
 std::vector<std::string> BlockTypes(const Config& values, std::vector<std::string>* problems);
 
 // The built-in layer types an architecture is made of (here, not in core/layer, so that a plugin,
@@ -74,6 +75,10 @@ uint64_t ConfigHash(const Config& values);
 // The model's dimensions (model.* and train.seq_length as the position table's rows): the one
 // place a config becomes layer::ModelDims.
 layer::ModelDims ModelDimsOf(const Config& values);
+
+// "llama: 4 blocks, hidden 128, 4 heads over 2 key/value heads, SwiGLU 384, untied head, vocab
+// 256" (GPT-2: "gpt: 4 blocks, hidden 128, 4 heads, vocab 256"): the [train] and [cfg] lines.
+std::string DescribeModel(const layer::ModelDims& dims);
 
 // The partition spec the model section describes (layer numbers converted to 0-based layer_ids).
 partition::PartitionSpec PartitionSpecOf(const Config& values, const Provenance& sources);

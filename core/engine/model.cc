@@ -14,13 +14,13 @@ const std::string& ModelDescription::TypeOf(int layer_id) const {
   return block_types[layer_id];
 }
 
-ModelDescription ModelOf(const layer::ModelDims& dims, const std::vector<std::string>& block_types) {
+ModelDescription ModelOf(const layer::ModelDims& dims,
+                         const std::vector<std::string>& block_types) {
   const config::ArchLayerTypes types = config::LayerTypesOf(dims.arch);
   ModelDescription model;
   model.embedding_type = types.embedding;
-  model.block_types = block_types.empty()
-                          ? std::vector<std::string>(dims.num_layers, types.block)
-                          : block_types;
+  model.block_types =
+      block_types.empty() ? std::vector<std::string>(dims.num_layers, types.block) : block_types;
   model.head_type = types.head;
   if (dims.tied_head()) {
     model.tied.push_back(

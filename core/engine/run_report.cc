@@ -100,13 +100,10 @@ void RunReport::Model(const std::string& data_description) {
     if (view_.stage.CountsOnce(named.param)) counted_once += named.param->value.numel();
   const double total_params = comm.world().SumToRoot(
       comm.dp().rank() == 0 ? double(counted_once) : 0.0, "the parameter count on rank 0");
-  Log(
-      Format("[train] model: %.0f parameters, %d blocks, hidden %d, %d heads, vocab %d | %s | %d "
-             "flush(es) of %d "
-             "micro-batches per step",
-             total_params, cfg_.model().num_layers(), cfg_.model().hidden_size(),
-             cfg_.model().num_heads(), cfg_.model().vocab_size(), data_description.c_str(),
-             view_.resolved.batch.flushes_per_step, view_.resolved.batch.num_microbatches));
+  Log(Format("[train] model: %.0f parameters, %s | %s | %d flush(es) of %d micro-batches per step",
+             total_params, config::DescribeModel(config::ModelDimsOf(cfg_)).c_str(),
+             data_description.c_str(), view_.resolved.batch.flushes_per_step,
+             view_.resolved.batch.num_microbatches));
   if (view_.resolved.bf16) {
     Log("[train] precision: bf16 compute copies and activations, fp32 masters, gradients, "
         "AdamW moments, loss and norm (" +

@@ -11,10 +11,10 @@ namespace {
 // every GEMM. Llama: q C, k and v kv_heads * head_dim each, o C, gate and up I, down I, RMSNorms,
 // no biases.
 struct BlockShape {
-  int64_t sliced_matrix_params = 0;  // per rank: / tp
-  int64_t sliced_vector_params = 0;  // column-parallel biases: / tp
-  int64_t replicated_params = 0;     // norms and row-parallel biases
-  int64_t sliced_activations = 0;    // per token, / tp: qkv, attention output, MLP inner rows
+  int64_t sliced_matrix_params = 0;    // per rank: / tp
+  int64_t sliced_vector_params = 0;    // column-parallel biases: / tp
+  int64_t replicated_params = 0;       // norms and row-parallel biases
+  int64_t sliced_activations = 0;      // per token, / tp: qkv, attention output, MLP inner rows
   int64_t replicated_activations = 0;  // per token: input, norms' outputs, residual, statistics
 };
 
@@ -79,7 +79,8 @@ LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
           : n * (shape.replicated_activations + shape.sliced_activations / tp) +
                 int64_t{batch} * (dims.num_heads / tp) * seq * seq;
   cost.activation_bytes = elements * bytes_per_element;
-  if (tp > 1) cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;
+  if (tp > 1)
+    cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;
   return cost;
 }
 

@@ -165,7 +165,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
         tp_bytes += double(embedding.tp_allreduce_bytes);
         stage.forward_ms += times.embedding_forward;
         stage.backward_ms += times.embedding_backward;
-        stage.notes += "embedding (owns tied wte)";
+        stage.notes += dims.tied_head() ? "embedding (owns tied wte)" : "embedding";
       }
       if (range.has_head) {
         stage.parameters += head.parameters;
@@ -173,7 +173,8 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
         tp_bytes += double(head.tp_allreduce_bytes);
         stage.forward_ms += times.head_forward;
         stage.backward_ms += times.head_backward;
-        stage.notes += std::string(stage.notes.empty() ? "" : ", ") + "head (tied copy of wte)";
+        stage.notes += std::string(stage.notes.empty() ? "" : ", ") +
+                       (dims.tied_head() ? "head (tied copy of wte)" : "head (own lm_head)");
       }
       stage.activation_mib = activation / kMiB;
       stage.tp_allreduce_mib = tp_bytes * microbatches_per_step / kMiB;
@@ -188,10 +189,11 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       // The rank's in-flight count covers all its chunks; spread it evenly over them.
       stage.in_flight = (sim.max_in_flight[rank] + v - 1) / v;
       // The head's copy of wte is memory, not a parameter it owns.
-      const double copy_bytes = stage.range.has_head && !stage.range.has_embedding
-                                    ? double(layer::TpVocabRows(dims, config.tp)) *
-                                          dims.hidden_size * 8  // value + gradient
-                                    : 0.0;
+      const double copy_bytes =
+          dims.tied_head() && stage.range.has_head && !stage.range.has_embedding
+              ? double(layer::TpVocabRows(dims, config.tp)) * dims.hidden_size *
+                    8  // value + gradient
+              : 0.0;
       stage.optimizer_mib = double(stage.parameters) * 8 / kMiB;
       stage.optimizer_zero_mib = stage.optimizer_mib / config.dp;
       const bool zero = config.values().parallel().zero_stage() == 1;

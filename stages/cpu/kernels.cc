@@ -496,7 +496,7 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
                                            int);                                                \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                      \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);     \
-  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, double);               \
+  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, double);                \
   template void RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, int, int);  \
   template void RmsNormBackwardWeight<T>(T*, const T*, const T*, const T*, int, int);           \
   template void SwigluForward<T>(T*, const T*, int, int);                                       \

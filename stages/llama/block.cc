@@ -33,8 +33,9 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
       : Base(spec), group_(group), specs_(BlockParams(spec.dims)) {
     const layer::ModelDims& d = spec.dims;
     const int tp = group ? group->size() : 1;
-    if (d.hidden_size % d.num_heads != 0 || d.head_dim() % 2 != 0 || d.num_heads % d.kv_heads() != 0 ||
-        d.kv_heads() % tp != 0 || d.intermediate_size % tp != 0) {
+    if (d.hidden_size % d.num_heads != 0 || d.head_dim() % 2 != 0 ||
+        d.num_heads % d.kv_heads() != 0 || d.kv_heads() % tp != 0 ||
+        d.intermediate_size % tp != 0) {
       throw std::invalid_argument(
           "llama_block: hidden_size " + std::to_string(d.hidden_size) + ", num_heads " +
           std::to_string(d.num_heads) + ", num_kv_heads " + std::to_string(d.kv_heads()) +
@@ -110,8 +111,7 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
     s[kQkv] = Tensor();
     Rotate(&dqkv, mb, /*inverse=*/true);  // the gradient of the values before the rotation
     Tensor dnorm1 = this->NewForOverwrite({n, c});
-    cpu::MatmulBackwardInput(Base::D(dnorm1), Base::D(dqkv), this->W(kQkvWeight), n, c,
-                             QkvWidth());
+    cpu::MatmulBackwardInput(Base::D(dnorm1), Base::D(dqkv), this->W(kQkvWeight), n, c, QkvWidth());
     SumOverGroup(&dnorm1, "tp llama block: input gradient of self_attn.qkv_proj (f)");
     *dx = dres2.Clone();
     cpu::RmsNormBackwardInput(Base::D(*dx), Base::D(dnorm1), Base::D(s[kX]),
@@ -133,8 +133,8 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
                                  Base::D(s[kNorm2]), n, c, 2 * il_);
     cpu::RmsNormBackwardWeight(this->G(kMlpNormWeight), Base::D(s[kDNorm2]), Base::D(s[kRes2]),
                                Base::D(s[kRstd2]), n, c);
-    cpu::MatmulBackwardWeight<T>(this->G(kOWeight), nullptr, Base::D(s[kDRes2]),
-                                 Base::D(s[kAtty]), n, cl(), c);
+    cpu::MatmulBackwardWeight<T>(this->G(kOWeight), nullptr, Base::D(s[kDRes2]), Base::D(s[kAtty]),
+                                 n, cl(), c);
     cpu::MatmulBackwardWeight<T>(this->G(kQkvWeight), nullptr, Base::D(s[kDQkv]),
                                  Base::D(s[kNorm1]), n, c, QkvWidth());
     cpu::RmsNormBackwardWeight(this->G(kAttnNormWeight), Base::D(s[kDNorm1]), Base::D(s[kX]),
@@ -152,7 +152,7 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
   }
 
  private:
-  int cl() const { return hl_ * hs_; }                  // this rank's query width
+  int cl() const { return hl_ * hs_; }                     // this rank's query width
   int QkvWidth() const { return (hl_ + 2 * kvl_) * hs_; }  // this rank's q|k|v row
 
   layer::LayerCost Cost(int batch, int seq) const {
@@ -217,8 +217,8 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
     cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kLse]), Base::D(s[kQkv]), mb.batch,
                                mb.seq, cl(), hl_, kvl_);
     Tensor attn_out = this->NewForOverwrite({n, c});
-    cpu::MatmulForward<T>(Base::D(attn_out), Base::D(s[kAtty]), this->W(kOWeight), nullptr, n,
-                          cl(), c);
+    cpu::MatmulForward<T>(Base::D(attn_out), Base::D(s[kAtty]), this->W(kOWeight), nullptr, n, cl(),
+                          c);
     SumOverGroup(&attn_out, "tp llama block: self_attn.o_proj output (g)");
     cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
     cpu::RmsNormForward(Base::D(s[kNorm2]), Base::D(s[kRstd2]), Base::D(s[kRes2]),
@@ -239,10 +239,10 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
   layer::TpGroup* group_;  // null at tp = 1; else outlives the layer
   std::vector<ParamSpec> specs_;
   std::vector<layer::TpShard> shards_;
-  int hs_ = 0;   // head_dim
-  int hl_ = 0;   // query heads on this rank
-  int kvl_ = 0;  // key/value heads on this rank
-  int il_ = 0;   // SwiGLU width on this rank
+  int hs_ = 0;                          // head_dim
+  int hl_ = 0;                          // query heads on this rank
+  int kvl_ = 0;                         // key/value heads on this rank
+  int il_ = 0;                          // SwiGLU width on this rank
   std::vector<T> rope_cos_, rope_sin_;  // (rope_rows_, head_dim / 2)
   int rope_rows_ = 0;
 };
@@ -254,8 +254,8 @@ class PlainBlock : public Block<T> {
   explicit PlainBlock(const LayerSpec& spec) : Block<T>(spec, nullptr) {}
 };
 
-const registry::Registrar<layer::Layer, const LayerSpec&> kRegister("llama_block", "cpu",
-                                                                    layer::MakeForDType<PlainBlock>);
+const registry::Registrar<layer::Layer, const LayerSpec&> kRegister(
+    "llama_block", "cpu", layer::MakeForDType<PlainBlock>);
 const registry::Registrar<layer::Layer, const LayerSpec&, layer::TpGroup*> kRegisterTp(
     "llama_block", "cpu", MakeTpForDType<Block>);
 

@@ -107,8 +107,8 @@ class VocabLayer : public sdk::CpuLayer<T> {
   void NormBackwardInput(sdk::Tensor* dx, const sdk::Tensor& dnorm, const sdk::Tensor& x,
                          const sdk::Tensor& mean, const sdk::Tensor& rstd, int n) {
     if constexpr (Family::kRmsNorm) {
-      sdk::cpu::RmsNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(x),
-                                     this->W(kNormWeight), Base::D(rstd), n, this->C());
+      sdk::cpu::RmsNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(x), this->W(kNormWeight),
+                                     Base::D(rstd), n, this->C());
     } else {
       sdk::cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dnorm), Base::D(x),
                                        this->W(kNormWeight), Base::D(mean), Base::D(rstd), n,
@@ -224,8 +224,8 @@ class Head : public VocabLayer<T, Family> {
     const int n = mb.batch * mb.seq;
     auto& s = saved->tensors;
     Tensor dlogits = this->New({n, this->V()});
-    sdk::cpu::CrossEntropyBackward(Base::D(dlogits), Base::D(s[kLogits]), mb.targets, n,
-                                   this->V(), mb.loss_scale);
+    sdk::cpu::CrossEntropyBackward(Base::D(dlogits), Base::D(s[kLogits]), mb.targets, n, this->V(),
+                                   mb.loss_scale);
     s[kLogits] = Tensor();  // no longer needed
     Tensor dnorm = this->New({n, this->C()});
     sdk::cpu::MatmulBackwardInput(Base::D(dnorm), Base::D(dlogits), this->W(Base::kOutput), n,
@@ -512,8 +512,7 @@ struct Registration {
 
  private:
   registry::Registrar<layer::Layer, const sdk::LayerSpec&> embedding_, head_;
-  registry::Registrar<layer::Layer, const sdk::LayerSpec&, layer::TpGroup*> tp_embedding_,
-      tp_head_;
+  registry::Registrar<layer::Layer, const sdk::LayerSpec&, layer::TpGroup*> tp_embedding_, tp_head_;
 };
 
 }  // namespace bigmac::stages::vocab

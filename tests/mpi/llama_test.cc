@@ -76,8 +76,8 @@ TrainRun Train(const Layout& l, const std::string& extra, const std::string& nam
       " --set train.eval_batches=2 --set train.eval_interval=0 --set train.log_interval=1" +
       " --set optim.warmup_steps=2 --set optim.lr=3e-3 --set optim.eps=1e-6" +
       " --set parallel.schedule=" + l.schedule + " --set parallel.pp_size=" + std::to_string(l.pp) +
-      " --set parallel.tp_size=" + std::to_string(l.tp) + " --set parallel.virtual_stages=" +
-      (l.schedule == "interleaved_1f1b" ? "2" : "1") +
+      " --set parallel.tp_size=" + std::to_string(l.tp) +
+      " --set parallel.virtual_stages=" + (l.schedule == "interleaved_1f1b" ? "2" : "1") +
       " --set parallel.num_microbatches=" + std::to_string(microbatches) +
       " --set train.gradient_accumulation_steps=" + std::to_string(microbatches) + " " + extra;
   const testutil::RunResult r = RunCommand(command, 240);
@@ -113,8 +113,8 @@ TEST(LlamaEquivalence, SchedulesAndStagesAreBitwiseOneRank) {
   EXPECT_LT(reference.losses.back(), reference.losses.front()) << "it learns";
   EXPECT_NE(reference.output.find("layer_types: 0-3 llama_block"), std::string::npos)
       << reference.output;
-  for (const Layout& l : {Layout{"gpipe", 2}, Layout{"1f1b", 4}, Layout{"interleaved_1f1b", 2},
-                          Layout{"zb_h1", 2}}) {
+  for (const Layout& l :
+       {Layout{"gpipe", 2}, Layout{"1f1b", 4}, Layout{"interleaved_1f1b", 2}, Layout{"zb_h1", 2}}) {
     const TrainRun run = Train(l, no_clip, "bitwise_" + l.Name());
     ASSERT_EQ(run.exit_code, 0) << run.output;
     EXPECT_EQ(run.losses, reference.losses) << l.Name();
@@ -172,13 +172,14 @@ TEST(LlamaBf16, TwoStagesEqualOneRankBitwise) {
 TEST(LlamaCheckpoint, SavedUnderTpAndPpResumesOnOneRankAndGenerates) {
   const std::string dir = TempDir() + "/llama_ckpt";
   std::filesystem::remove_all(dir);
-  const TrainRun full = Train({"1f1b", 2, 1, 2},
-                              "--set checkpoint.interval=5 --set checkpoint.dir=" + dir, "ckpt_full");
+  const TrainRun full = Train(
+      {"1f1b", 2, 1, 2}, "--set checkpoint.interval=5 --set checkpoint.dir=" + dir, "ckpt_full");
   ASSERT_EQ(full.exit_code, 0) << full.output;
   ASSERT_EQ(full.losses.size(), size_t{kSteps});
-  const TrainRun resumed = Train({"1f1b", 1}, "--resume " + dir + "/step_000005 --set checkpoint.dir=" +
-                                                  TempDir() + "/llama_ckpt_resumed",
-                                 "ckpt_resumed");
+  const TrainRun resumed = Train(
+      {"1f1b", 1},
+      "--resume " + dir + "/step_000005 --set checkpoint.dir=" + TempDir() + "/llama_ckpt_resumed",
+      "ckpt_resumed");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ASSERT_EQ(resumed.losses.size(), size_t{kSteps - 5}) << resumed.output;
   double worst = 0;
@@ -211,13 +212,14 @@ TEST(LlamaExport, HuggingFaceNamesAndConfigRoundTrip) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/hf");
   std::filesystem::create_directories(dir + "/again");
-  const TrainRun trained =
-      Train({"1f1b", 1}, "--set checkpoint.interval=3 --set train.max_steps=3 --set checkpoint.dir=" +
-                             dir + "/ckpt",
-            "export");
+  const TrainRun trained = Train(
+      {"1f1b", 1},
+      "--set checkpoint.interval=3 --set train.max_steps=3 --set checkpoint.dir=" + dir + "/ckpt",
+      "export");
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const testutil::RunResult exported = RunCommand(
-      Bigmac() + " ckpt export " + dir + "/ckpt --safetensors " + dir + "/hf/model.safetensors", 60);
+      Bigmac() + " ckpt export " + dir + "/ckpt --safetensors " + dir + "/hf/model.safetensors",
+      60);
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   EXPECT_NE(exported.output.find("LlamaForCausalLM names"), std::string::npos) << exported.output;
   const nlohmann::json config = nlohmann::json::parse(ReadFile(dir + "/hf/config.json"));
@@ -231,28 +233,29 @@ TEST(LlamaExport, HuggingFaceNamesAndConfigRoundTrip) {
   for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<unsigned char>(file[i])} << (8 * i);
   const nlohmann::json header = nlohmann::json::parse(file.substr(8, length));
   // Hidden 32, head_dim 8: q is 32 rows, k and v 2 * 8; gate and up 48 each.
-  for (const auto& [name, rows] : std::vector<std::pair<std::string, int>>{
-           {"model.layers.3.self_attn.q_proj.weight", 32},
-           {"model.layers.3.self_attn.k_proj.weight", 16},
-           {"model.layers.3.self_attn.v_proj.weight", 16},
-           {"model.layers.0.mlp.gate_proj.weight", 48},
-           {"model.layers.0.mlp.up_proj.weight", 48},
-           {"model.layers.0.mlp.down_proj.weight", 32},
-           {"model.embed_tokens.weight", 256},
-           {"lm_head.weight", 256}}) {
+  for (const auto& [name, rows] :
+       std::vector<std::pair<std::string, int>>{{"model.layers.3.self_attn.q_proj.weight", 32},
+                                                {"model.layers.3.self_attn.k_proj.weight", 16},
+                                                {"model.layers.3.self_attn.v_proj.weight", 16},
+                                                {"model.layers.0.mlp.gate_proj.weight", 48},
+                                                {"model.layers.0.mlp.up_proj.weight", 48},
+                                                {"model.layers.0.mlp.down_proj.weight", 32},
+                                                {"model.embed_tokens.weight", 256},
+                                                {"lm_head.weight", 256}}) {
     ASSERT_TRUE(header.contains(name)) << name << " in " << header.dump();
     EXPECT_EQ(header[name]["shape"][0], rows) << name;
   }
   EXPECT_TRUE(header.contains("model.norm.weight"));
   EXPECT_TRUE(header.contains("model.layers.1.post_attention_layernorm.weight"));
 
-  const std::string model = " --set model.num_layers=4 --set model.hidden_size=32"
-                            " --set model.num_heads=4 --set model.num_kv_heads=2"
-                            " --set model.intermediate_size=48 --set train.seq_length=16";
-  const testutil::RunResult imported =
-      RunCommand(Bigmac() + " ckpt import --safetensors " + dir + "/hf/model.safetensors --config " +
-                     Runfile("configs/llama_tiny.yaml") + model + " --output " + dir + "/imported",
-                 60);
+  const std::string model =
+      " --set model.num_layers=4 --set model.hidden_size=32"
+      " --set model.num_heads=4 --set model.num_kv_heads=2"
+      " --set model.intermediate_size=48 --set train.seq_length=16";
+  const testutil::RunResult imported = RunCommand(
+      Bigmac() + " ckpt import --safetensors " + dir + "/hf/model.safetensors --config " +
+          Runfile("configs/llama_tiny.yaml") + model + " --output " + dir + "/imported",
+      60);
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
   const testutil::RunResult again =
       RunCommand(Bigmac() + " ckpt export " + dir + "/imported --safetensors " + dir +
