@@ -12,6 +12,8 @@
 //   kF32Sum     1e-5, 1e-5  fp32 results of reductions summed in another order
 //   kBF16       1e-2, 1e-3  bf16 outputs vs the fp32 CPU result (one rounding, half an ulp is
 //                           2^-9 relative)
+//   RoPE, SwiGLU: kF32 (pointwise; SwiGLU's expf vs the CPU's exp); grouped-query attention
+//   against the CPU's blocked attention: kF32Sum (the sums run in other orders).
 //   cross-entropy dlogits in fp32: rel 1e-5, floor 1e-6 * scale (softmax - onehot cancels for a
 //   peaked target; the onehot's size, scale, is the natural unit); the loss: rel 1e-5, floor
 //   2e-6 * scale per row (the GPU sums exp in fp32, the CPU in double).
@@ -629,6 +631,255 @@ TEST(CudaKernels, AttentionRefusesChannelsNotDivisibleByHeads) {
   EXPECT_THROW(AttentionForward<float>(gpu.Site("attention test"), out.get(), att.get(), qkv.get(),
                                        b, t, c, h),
                DeviceError);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+void CheckRmsNorm(const Gpu& gpu, int n, int c, uint32_t seed) {
+  SCOPED_TRACE(std::string(TypeName<T>()) + " n=" + std::to_string(n) + " c=" + std::to_string(c));
+  std::mt19937 gen(seed);
+  const size_t nc = size_t(n) * c;
+  const double eps = 1e-6;
+  const std::vector<float> inp = Rounded<T>(Normal(nc, gen, 0.3f, 2.0f));
+  const std::vector<float> w = Rounded<T>(Normal(c, gen, 1.0f, 0.2f));
+  const std::vector<float> dout = Rounded<T>(Normal(nc, gen));
+  const std::vector<float> dinp0 = Rounded<T>(Uniform(nc, gen));
+  const std::vector<float> dw0 = Uniform(c, gen);
+
+  std::vector<float> out(nc), rstd(n);
+  cpu::RmsNormForward(out.data(), rstd.data(), inp.data(), w.data(), n, c, eps);
+  std::vector<float> dinp = dinp0;
+  cpu::RmsNormBackwardInput(dinp.data(), dout.data(), inp.data(), w.data(), rstd.data(), n, c);
+  std::vector<float> dw = dw0;
+  cpu::RmsNormBackwardWeight(dw.data(), dout.data(), inp.data(), rstd.data(), n, c);
+
+  const CallSite site = gpu.Site("rmsnorm test");
+  Buffer<T> g_inp(ToDevice<T>(inp)), g_w(ToDevice<T>(w)), g_dout(ToDevice<T>(dout));
+  Buffer<T> g_out(ToDevice<T>(Uniform(nc, gen)));
+  Buffer<float> g_rstd(Uniform(n, gen));
+  RmsNormForward<T>(site, g_out.get(), g_rstd.get(), g_inp.get(), g_w.get(), n, c, eps);
+  ExpectClose(ToHost(g_out.Download()), out, OutTol<T>(kF32Sum), "RmsNormForward out");
+  ExpectClose(g_rstd.Download(), rstd, kF32Sum, "RmsNormForward rstd");
+
+  // The backward kernels start from the CPU's statistics, so each is checked on its own.
+  Buffer<float> c_rstd(rstd);
+  Buffer<T> g_dinp(ToDevice<T>(dinp0));
+  RmsNormBackwardInput<T>(site, g_dinp.get(), g_dout.get(), g_inp.get(), g_w.get(), c_rstd.get(), n,
+                          c);
+  ExpectClose(ToHost(g_dinp.Download()), dinp, OutTol<T>(kF32Sum), "RmsNormBackwardInput");
+
+  std::vector<float> first_dw;
+  for (int run = 0; run < 2; ++run) {
+    Buffer<float> g_dw(dw0);
+    RmsNormBackwardWeight<T>(site, g_dw.get(), g_dout.get(), g_inp.get(), c_rstd.get(), n, c);
+    const std::vector<float> got_dw = g_dw.Download();
+    if (run == 0) {
+      ExpectClose(got_dw, dw, kF32Sum, "RmsNormBackwardWeight dw");
+      first_dw = got_dw;
+    } else {
+      EXPECT_TRUE(Bitwise(got_dw, first_dw)) << "RmsNormBackwardWeight dw is not deterministic";
+    }
+  }
+}
+
+TEST(CudaKernels, RmsNormMatchesCpu) {
+  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Gpu gpu;
+  const int shapes[][2] = {{1, 8}, {7, 50}, {37, 96}, {130, 771}, {1000, 256}, {3001, 64}};
+  uint32_t seed = 600;
+  for (const auto& s : shapes) {
+    CheckRmsNorm<float>(gpu, s[0], s[1], seed);
+    CheckRmsNorm<bf16>(gpu, s[0], s[1], seed);
+    ++seed;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// `offset` elements into each buffer: offset 1 takes the scalar path.
+template <typename T>
+void CheckSwiglu(const Gpu& gpu, int n, int width, int offset, uint32_t seed) {
+  SCOPED_TRACE(std::string(TypeName<T>()) + " n=" + std::to_string(n) +
+               " width=" + std::to_string(width) + " offset=" + std::to_string(offset));
+  std::mt19937 gen(seed);
+  const size_t rows = size_t(n) * width;
+  const std::vector<float> gate_up = Rounded<T>(Uniform(2 * rows + offset, gen, -5.0f, 5.0f));
+  const std::vector<float> dh = Rounded<T>(Normal(rows + offset, gen));
+  std::vector<float> h(rows + offset), dgate_up(2 * rows + offset);
+  cpu::SwigluForward(h.data() + offset, gate_up.data() + offset, n, width);
+  cpu::SwigluBackward(dgate_up.data() + offset, dh.data() + offset, gate_up.data() + offset, n,
+                      width);
+
+  const CallSite site = gpu.Site("swiglu test");
+  Buffer<T> g_gate_up(ToDevice<T>(gate_up)), g_dh(ToDevice<T>(dh));
+  Buffer<T> g_h(ToDevice<T>(Uniform(rows + offset, gen)));
+  Buffer<T> g_dgate_up(ToDevice<T>(Uniform(2 * rows + offset, gen)));
+  SwigluForward<T>(site, g_h.get() + offset, g_gate_up.get() + offset, n, width);
+  SwigluBackward<T>(site, g_dgate_up.get() + offset, g_dh.get() + offset, g_gate_up.get() + offset,
+                    n, width);
+  const std::vector<float> got_h = ToHost(g_h.Download());
+  const std::vector<float> got_d = ToHost(g_dgate_up.Download());
+  ExpectClose({got_h.begin() + offset, got_h.end()}, {h.begin() + offset, h.end()}, OutTol<T>(kF32),
+              "SwigluForward");
+  ExpectClose({got_d.begin() + offset, got_d.end()}, {dgate_up.begin() + offset, dgate_up.end()},
+              OutTol<T>(kF32), "SwigluBackward");
+}
+
+TEST(CudaKernels, SwigluMatchesCpu) {
+  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Gpu gpu;
+  const int shapes[][2] = {{1, 1}, {3, 7}, {17, 64}, {100, 172}, {257, 1000}};
+  uint32_t seed = 700;
+  for (const auto& s : shapes) {
+    for (int offset : {0, 1}) {
+      CheckSwiglu<float>(gpu, s[0], s[1], offset, seed);
+      CheckSwiglu<bf16>(gpu, s[0], s[1], offset, seed);
+      ++seed;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// Rotates q and k (h + kv heads) of a qkv buffer in place, then turns a gradient back; the v heads
+// must stay untouched. The GPU reads the CPU's fp32 table.
+template <typename T>
+void CheckRope(const Gpu& gpu, int b, int t, int h, int kv, int hs, uint32_t seed) {
+  SCOPED_TRACE(std::string(TypeName<T>()) + " b=" + std::to_string(b) + " t=" + std::to_string(t) +
+               " h=" + std::to_string(h) + " kv=" + std::to_string(kv) +
+               " hs=" + std::to_string(hs));
+  std::mt19937 gen(seed);
+  const int64_t ld = int64_t{h + 2 * kv} * hs;
+  const size_t size = size_t(b) * t * ld;
+  std::vector<float> cos(size_t(t) * hs / 2), sin(cos.size());
+  cpu::RopeTable(cos.data(), sin.data(), t, hs, 10000.0);
+  const std::vector<float> x0 = Rounded<T>(Normal(size, gen));
+  std::vector<float> x = x0, dx = x0;
+  cpu::RopeForward(x.data(), cos.data(), sin.data(), b, t, h + kv, hs, ld);
+  cpu::RopeBackward(dx.data(), cos.data(), sin.data(), b, t, h + kv, hs, ld);
+
+  const CallSite site = gpu.Site("rope test");
+  Buffer<float> g_cos(cos), g_sin(sin);
+  Buffer<T> g_x(ToDevice<T>(x0)), g_dx(ToDevice<T>(x0));
+  RopeForward<T>(site, g_x.get(), g_cos.get(), g_sin.get(), b, t, h + kv, hs, ld);
+  RopeBackward<T>(site, g_dx.get(), g_cos.get(), g_sin.get(), b, t, h + kv, hs, ld);
+  const Tol tol = std::is_same_v<T, float> ? kF32 : kBF16;
+  ExpectClose(ToHost(g_x.Download()), x, tol, "RopeForward");
+  ExpectClose(ToHost(g_dx.Download()), dx, tol, "RopeBackward");
+  // The v heads are bitwise the input.
+  const std::vector<float> got = ToHost(g_x.Download());
+  int64_t changed = 0;
+  for (size_t row = 0; row < size_t(b) * t; ++row) {
+    for (int64_t j = int64_t{h + kv} * hs; j < ld; ++j)
+      changed += got[row * ld + j] != x0[row * ld + j];
+  }
+  EXPECT_EQ(changed, 0) << "RopeForward wrote outside q and k";
+}
+
+TEST(CudaKernels, RopeMatchesCpu) {
+  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Gpu gpu;
+  const int shapes[][5] = {{1, 1, 1, 1, 2}, {2, 9, 4, 2, 8}, {1, 130, 6, 1, 64}, {3, 17, 3, 3, 12}};
+  uint32_t seed = 800;
+  for (const auto& s : shapes) {
+    CheckRope<float>(gpu, s[0], s[1], s[2], s[3], s[4], seed);
+    CheckRope<bf16>(gpu, s[0], s[1], s[2], s[3], s[4], seed);
+    ++seed;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// Grouped-query attention: the fallback kernels (probabilities kept) against the CPU's blocked
+// attention (log-sum-exp kept), forward output and the whole dqkv, the backward from the GPU's own
+// probabilities.
+template <typename T>
+void CheckGroupedAttention(const Gpu& gpu, int b, int t, int h, int kv, int hs, uint32_t seed) {
+  SCOPED_TRACE(std::string(TypeName<T>()) + " b=" + std::to_string(b) + " t=" + std::to_string(t) +
+               " h=" + std::to_string(h) + " kv=" + std::to_string(kv) +
+               " hs=" + std::to_string(hs));
+  std::mt19937 gen(seed);
+  const int c = h * hs;
+  const size_t qkv_size = size_t(b) * t * (h + 2 * kv) * hs;
+  const size_t out_size = size_t(b) * t * c;
+  const size_t att_size = size_t(b) * h * t * t;
+  const std::vector<float> qkv = Rounded<T>(Normal(qkv_size, gen, 0.0f, 1.5f));
+  const std::vector<float> dout = Rounded<T>(Normal(out_size, gen));
+  std::vector<float> out(out_size), lse(size_t(b) * h * t), dqkv(qkv_size);
+  cpu::FlashAttentionForward(out.data(), lse.data(), qkv.data(), b, t, c, h, kv);
+  cpu::FlashAttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), b, t, c, h, kv);
+
+  const CallSite site = gpu.Site("grouped attention test");
+  Buffer<T> g_qkv(ToDevice<T>(qkv)), g_dout(ToDevice<T>(dout));
+  Buffer<T> g_out(ToDevice<T>(Uniform(out_size, gen)));
+  Buffer<float> g_att(Uniform(att_size, gen));
+  AttentionForward<T>(site, g_out.get(), g_att.get(), g_qkv.get(), b, t, c, h, kv);
+  ExpectClose(ToHost(g_out.Download()), out, OutTol<T>(kF32Sum), "AttentionForward out (GQA)");
+  std::vector<T> first;
+  for (int run = 0; run < 2; ++run) {
+    Buffer<T> g_dqkv(ToDevice<T>(Uniform(qkv_size, gen)));  // overwritten
+    AttentionBackward<T>(site, g_dqkv.get(), g_dout.get(), g_qkv.get(), g_att.get(), b, t, c, h,
+                         kv);
+    const std::vector<T> got = g_dqkv.Download();
+    if (run == 0) {
+      ExpectClose(ToHost(got), dqkv, OutTol<T>(kF32Sum), "AttentionBackward dqkv (GQA)");
+      first = got;
+    } else {
+      EXPECT_TRUE(Bitwise(got, first)) << "AttentionBackward (GQA) is not deterministic";
+    }
+  }
+}
+
+TEST(CudaKernels, GroupedQueryAttentionMatchesCpuFlashAttention) {
+  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Gpu gpu;
+  // {b, t, h, kv, hs}: groups of 2, 3 and 4, multi-query (kv 1), and multi-head (kv = h).
+  const int shapes[][5] = {{1, 1, 2, 1, 8},   {2, 17, 4, 2, 6},  {1, 33, 6, 2, 16},
+                           {2, 20, 4, 1, 12}, {1, 64, 8, 2, 64}, {2, 9, 3, 3, 8}};
+  uint32_t seed = 900;
+  for (const auto& s : shapes) {
+    CheckGroupedAttention<float>(gpu, s[0], s[1], s[2], s[3], s[4], seed);
+    CheckGroupedAttention<bf16>(gpu, s[0], s[1], s[2], s[3], s[4], seed);
+    ++seed;
+  }
+}
+
+TEST(CudaKernels, AttentionRefusesHeadsNotDivisibleByKvHeads) {
+  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Gpu gpu;
+  std::mt19937 gen(950);
+  const int b = 1, t = 2, h = 3, kv = 2, hs = 4;
+  Buffer<float> qkv(Normal(size_t(b) * t * (h + 2 * kv) * hs, gen));
+  Buffer<float> out(Normal(size_t(b) * t * h * hs, gen)), att(Normal(size_t(b) * h * t * t, gen));
+  EXPECT_THROW(AttentionForward<float>(gpu.Site("attention test"), out.get(), att.get(), qkv.get(),
+                                       b, t, h * hs, h, kv),
+               DeviceError);
+}
+
+// Llama's embedding has no position table: wpe and dwpe null.
+TEST(CudaKernels, EmbeddingWithoutPositionsMatchesCpu) {
+  if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Gpu gpu;
+  const int b = 3, t = 11, c = 40, vocab = 13;
+  std::mt19937 gen(960);
+  const std::vector<int32_t> tokens = Tokens(size_t(b) * t, vocab, gen);
+  const std::vector<float> wte = Normal(size_t(vocab) * c, gen);
+  const std::vector<float> dout = Normal(size_t(b) * t * c, gen);
+  const std::vector<float> dwte0 = Uniform(size_t(vocab) * c, gen);
+  std::vector<float> out(size_t(b) * t * c), dwte = dwte0;
+  cpu::EmbeddingForward(out.data(), tokens.data(), wte.data(), static_cast<const float*>(nullptr),
+                        b, t, c);
+  cpu::EmbeddingBackwardWeight(dwte.data(), static_cast<float*>(nullptr), dout.data(),
+                               tokens.data(), b, t, c);
+  const CallSite site = gpu.Site("embedding test");
+  Buffer<int32_t> g_tokens(tokens);
+  Buffer<float> g_wte(wte), g_dout(dout), g_out(Uniform(out.size(), gen)), g_dwte(dwte0);
+  EmbeddingForward<float>(site, g_out.get(), g_tokens.get(), g_wte.get(), nullptr, b, t, c);
+  EmbeddingBackwardWeight<float>(site, g_dwte.get(), nullptr, g_dout.get(), g_tokens.get(),
+                                 tokens.data(), b, t, c, vocab);
+  ExpectClose(g_out.Download(), out, kExact, "EmbeddingForward without wpe");
+  ExpectClose(g_dwte.Download(), dwte, kExact, "EmbeddingBackwardWeight without dwpe");
 }
 
 }  // namespace

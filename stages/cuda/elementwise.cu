@@ -1,6 +1,7 @@
-// CUDA kernels: GELU, residual adds and the bias (forward, and its gradient as a two-stage column
-// sum). The CPU twin: stages/cpu/kernels.cc: Gelu*, Add*, the bias of MatmulForward/Backward (the
-// contract: stages/cuda/kernels.h; the shared conventions: kernel_common.h).
+// CUDA kernels: GELU, SwiGLU, residual adds and the bias (forward, and its gradient as a two-stage
+// column sum). The CPU twin: stages/cpu/kernels.cc: Gelu*, Swiglu*, Add*, the bias of
+// MatmulForward/Backward (the contract: stages/cuda/kernels.h; the shared conventions:
+// kernel_common.h).
 
 #include "stages/cuda/kernel_common.h"
 
@@ -100,6 +101,66 @@ struct GeluBackwardOp {
 float GeluK() { return std::sqrt(2.0f / static_cast<float>(M_PI)); }  // the CPU's T(2)/T(M_PI)
 
 // ---------------------------------------------------------------------------------------------
+// SwiGLU on fused rows [gate (width) | up (width)]: h = silu(gate) * up. Pack p of a row covers
+// columns [p W, p W + W) of its gate, its up and its h (or dgate, dup and dh).
+
+// Forward: out = h = silu(gate) * up. Backward (dh given): out = dgate_up, dgate = dh up sig
+// (1 + gate (1 - sig)), dup = dh gate sig, sig = sigmoid(gate).
+template <typename T, int W, bool kBackward>
+__global__ void SwigluKernel(T* out, const T* dh, const T* gate_up, int64_t n, int width) {
+  const int64_t packs_per_row = width / W;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t p = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; p < n * packs_per_row;
+       p += stride) {
+    const int64_t row = p / packs_per_row;
+    const int64_t col = (p % packs_per_row) * W;
+    const T* gate = gate_up + row * 2 * width + col;
+    const Pack<T, W> g = LoadPack<W>(gate);
+    const Pack<T, W> u = LoadPack<W>(gate + width);
+    if constexpr (kBackward) {
+      const Pack<T, W> d = LoadPack<W>(dh + row * width + col);
+      Pack<T, W> dg, du;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float x = ToF(g.v[k]);
+        const float sig = 1.0f / (1.0f + expf(-x));
+        const float dy = ToF(d.v[k]);
+        dg.v[k] = FromF<T>(dy * ToF(u.v[k]) * sig * (1.0f + x * (1.0f - sig)));
+        du.v[k] = FromF<T>(dy * x * sig);
+      }
+      StorePack(out + row * 2 * width + col, dg);
+      StorePack(out + row * 2 * width + width + col, du);
+    } else {
+      Pack<T, W> y;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float x = ToF(g.v[k]);
+        y.v[k] = FromF<T>(x / (1.0f + expf(-x)) * ToF(u.v[k]));
+      }
+      StorePack(out + row * width + col, y);
+    }
+  }
+}
+
+// SwigluKernel<T, kVec> when every row's columns are whole 16-byte packs, else <T, 1>.
+template <bool kBackward, typename T>
+void Swiglu(const char* name, const CallSite& site, T* out, const T* dh, const T* gate_up,
+            int64_t n, int width) {
+  if (n <= 0 || width <= 0) return;
+  constexpr int V = kVec<T>;
+  if (width % V == 0 && Aligned(out, dh, gate_up)) {
+    const int blocks = GridStrideBlocks(n * (width / V), kThreads, site);
+    LaunchKernel(name, SwigluKernel<T, V, kBackward>, blocks, kThreads, 0, site.stream(), out, dh,
+                 gate_up, n, width);
+  } else {
+    const int blocks = GridStrideBlocks(n * width, kThreads, site);
+    LaunchKernel(name, SwigluKernel<T, 1, kBackward>, blocks, kThreads, 0, site.stream(), out, dh,
+                 gate_up, n, width);
+  }
+  CheckLaunch(name, site);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bias: out rows += bias; the gradient as a two-stage column sum.
 
 template <typename T, int W>
@@ -144,6 +205,17 @@ void GeluForward(const CallSite& site, T* out, const T* inp, int64_t n) {
 template <typename T>
 void GeluBackward(const CallSite& site, T* dinp, const T* inp, const T* dout, int64_t n) {
   Map2("GeluBackward", site, dinp, inp, dout, n, GeluBackwardOp{GeluK()});
+}
+
+template <typename T>
+void SwigluForward(const CallSite& site, T* h, const T* gate_up, int n, int width) {
+  Swiglu<false>("SwigluForwardKernel", site, h, static_cast<const T*>(nullptr), gate_up, n, width);
+}
+
+template <typename T>
+void SwigluBackward(const CallSite& site, T* dgate_up, const T* dh, const T* gate_up, int n,
+                    int width) {
+  Swiglu<true>("SwigluBackwardKernel", site, dgate_up, dh, gate_up, n, width);
 }
 
 template <typename T>
@@ -195,12 +267,14 @@ void BiasGradAccumulate(const CallSite& site, float* dbias, const T* dout, int n
   AddChunkSums(dbias, partial, chunks.chunks, oc, site);
 }
 
-#define BIGMAC_INSTANTIATE(T)                                                      \
-  template void GeluForward<T>(const CallSite&, T*, const T*, int64_t);            \
-  template void GeluBackward<T>(const CallSite&, T*, const T*, const T*, int64_t); \
-  template void Add<T>(const CallSite&, T*, const T*, const T*, int64_t);          \
-  template void AddInPlace<T>(const CallSite&, T*, const T*, int64_t);             \
-  template void AddBias<T>(const CallSite&, T*, const T*, int, int, int64_t);      \
+#define BIGMAC_INSTANTIATE(T)                                                         \
+  template void GeluForward<T>(const CallSite&, T*, const T*, int64_t);               \
+  template void GeluBackward<T>(const CallSite&, T*, const T*, const T*, int64_t);    \
+  template void SwigluForward<T>(const CallSite&, T*, const T*, int, int);            \
+  template void SwigluBackward<T>(const CallSite&, T*, const T*, const T*, int, int); \
+  template void Add<T>(const CallSite&, T*, const T*, const T*, int64_t);             \
+  template void AddInPlace<T>(const CallSite&, T*, const T*, int64_t);                \
+  template void AddBias<T>(const CallSite&, T*, const T*, int, int, int64_t);         \
   template void BiasGradAccumulate<T>(const CallSite&, float*, const T*, int, int, int64_t);
 
 BIGMAC_INSTANTIATE(float)

@@ -1,4 +1,4 @@
-// CUDA kernels: the token and position embedding, forward and weight gradients. The CPU twin:
+// CUDA kernels: the token (and position) embedding, forward and weight gradients. The CPU twin:
 // stages/cpu/kernels.cc: EmbeddingForward/Backward (the contract: stages/cuda/kernels.h; the shared
 // conventions: kernel_common.h).
 
@@ -20,6 +20,10 @@ __global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* w
     const int64_t row = p / packs_per_row;
     const int col = static_cast<int>(p % packs_per_row) * W;
     const Pack<T, W> te = LoadPack<W>(wte + int64_t{tokens[row]} * c + col);
+    if (wpe == nullptr) {  // no position table (llama)
+      StorePack(out + row * c + col, te);
+      continue;
+    }
     const Pack<T, W> pe = LoadPack<W>(wpe + (row % t) * c + col);
     Pack<T, W> y;
 #pragma unroll
@@ -158,6 +162,7 @@ void EmbeddingBackwardWeight(const CallSite& site, float* dwte, float* dwpe, con
                  kColumnThreads, 0, site.stream(), dwte, dout, d_token, d_start, d_rows, c);
   }
   CheckLaunch("EmbeddingTokenGradKernel", site);
+  if (dwpe == nullptr) return;  // no position table (llama)
   if (vector) {
     LaunchKernel("EmbeddingPositionGradKernel", EmbeddingPositionGradKernel<T, V>, t,
                  kColumnThreads, 0, site.stream(), dwpe, dout, b, t, c);
