@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""The reference trainer of bench/vs_pytorch.py: BigMac's GPT-2 model and optimizer in PyTorch.
+"""The reference trainer of bench/vs_pytorch.py: BigMac's GPT-2 and llama models and optimizer in
+PyTorch.
 
-Same architecture (pre-LayerNorm blocks, causal attention, tanh GELU, learned positions, output
-head tied to the token embedding), same AdamW (decoupled decay on matrices and embeddings, bias
+GPT-2: same architecture (pre-LayerNorm blocks, causal attention, tanh GELU, learned positions,
+output head tied to the token embedding). Llama (--arch llama): RMSNorm, rotary positions (Hugging
+Face's half rotation), grouped-query attention through F.scaled_dot_product_attention(is_causal,
+enable_gqa), SwiGLU, untied head, weights under LlamaForCausalLM's names. Same AdamW (decoupled decay on matrices and embeddings, bias
 correction), warm-up + cosine schedule and global-norm clipping, same initial weights (a
 safetensors file with Hugging Face GPT-2 names, the one `bigmac ckpt import` reads) and the same
 batches (`bigmac data batches`). Prints one JSON line: per-step losses and milliseconds.
@@ -11,6 +14,7 @@ batches (`bigmac data batches`). Prints one JSON line: per-step losses and milli
                  --vocab V --lr ... --min-lr ... --warmup ... --max-steps ... --threads 2
                  [--attention sdpa|explicit] [--no-fused] [--compile] [--profile TABLE.txt]
   pytorch_gpt.py --init OUT.safetensors --layers ... --seq T --seed S   (write initial weights)
+  both with --arch llama --kv-heads K --inner I [--rope-theta 10000] for the llama model
 """
 import argparse
 import json
@@ -108,6 +112,75 @@ def head(w, x):
     return x.reshape(-1, c) @ w("wte.weight").t()
 
 
+def init_llama_weights(layers, hidden, heads, kv_heads, inner, vocab, seed):
+    """BigMac's llama initialisation (stages/llama/params.h) under LlamaForCausalLM's names."""
+    g = torch.Generator().manual_seed(seed)
+    normal = lambda *shape, std=0.02: torch.randn(*shape, generator=g) * std
+    c, kv, residual = hidden, kv_heads * (hidden // heads), 0.02 / math.sqrt(2 * layers)
+    w = {"model.embed_tokens.weight": normal(vocab, c), "model.norm.weight": torch.ones(c),
+         "lm_head.weight": normal(vocab, c)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w.update({
+            p + "input_layernorm.weight": torch.ones(c),
+            p + "self_attn.q_proj.weight": normal(c, c), p + "self_attn.k_proj.weight": normal(kv, c),
+            p + "self_attn.v_proj.weight": normal(kv, c),
+            p + "self_attn.o_proj.weight": normal(c, c, std=residual),
+            p + "post_attention_layernorm.weight": torch.ones(c),
+            p + "mlp.gate_proj.weight": normal(inner, c), p + "mlp.up_proj.weight": normal(inner, c),
+            p + "mlp.down_proj.weight": normal(c, inner, std=residual),
+        })
+    return w
+
+
+class Llama(torch.nn.Module):
+    """A llama model on LlamaForCausalLM-named weights ([out, in] layout: y = x @ W^T)."""
+
+    def __init__(self, weights, layers, heads, kv_heads, rope_theta, eps=1e-5):
+        super().__init__()
+        self.p = torch.nn.ParameterDict(
+            {k.replace(".", "__"): torch.nn.Parameter(v) for k, v in weights.items()})
+        self.layers, self.heads, self.kv_heads, self.theta, self.eps = (
+            layers, heads, kv_heads, rope_theta, eps)
+
+    def w(self, name):
+        return self.p[name.replace(".", "__")]
+
+    def rope(self, t, d):
+        inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        angles = torch.outer(torch.arange(t, dtype=torch.float64), inv)
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos().float(), angles.sin().float()
+
+    def forward(self, tokens, targets):
+        b, t = tokens.shape
+        x = self.w("model.embed_tokens.weight")[tokens]
+        c = x.shape[-1]
+        d = c // self.heads
+        cos, sin = self.rope(t, d)
+
+        def rotate(u):  # (b, heads, t, d), Hugging Face's rotate_half convention
+            half = torch.cat([-u[..., d // 2:], u[..., :d // 2]], dim=-1)
+            return u * cos + half * sin
+
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            h = F.rms_norm(x, (c,), self.w(p + "input_layernorm.weight"), self.eps)
+            q = F.linear(h, self.w(p + "self_attn.q_proj.weight")).view(b, t, self.heads, d).transpose(1, 2)
+            k = F.linear(h, self.w(p + "self_attn.k_proj.weight")).view(b, t, self.kv_heads, d).transpose(1, 2)
+            v = F.linear(h, self.w(p + "self_attn.v_proj.weight")).view(b, t, self.kv_heads, d).transpose(1, 2)
+            y = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True,
+                                               enable_gqa=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(b, t, c), self.w(p + "self_attn.o_proj.weight"))
+            h = F.rms_norm(x, (c,), self.w(p + "post_attention_layernorm.weight"), self.eps)
+            h = F.silu(F.linear(h, self.w(p + "mlp.gate_proj.weight"))) * F.linear(
+                h, self.w(p + "mlp.up_proj.weight"))
+            x = x + F.linear(h, self.w(p + "mlp.down_proj.weight"))
+        x = F.rms_norm(x, (c,), self.w("model.norm.weight"), self.eps)
+        logits = F.linear(x.reshape(-1, c), self.w("lm_head.weight"))
+        return F.cross_entropy(logits, targets.reshape(-1), reduction="sum")
+
+
 class Params(torch.nn.Module):
     """A set of Hugging Face GPT-2 weights (Conv1D layout: y = x @ W + b, W of shape (in, out))."""
 
@@ -183,6 +256,10 @@ def main():
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0: --heads)")
+    ap.add_argument("--inner", type=int, default=0, help="llama: the SwiGLU width")
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
     add_optim_args(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--attention", choices=("sdpa", "explicit"), default="sdpa")
@@ -191,10 +268,17 @@ def main():
     ap.add_argument("--profile", help="write torch.profiler's per-operator table of the last step")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    kv_heads = a.kv_heads or a.heads
     if a.init:
-        write_safetensors(a.init, init_weights(a.layers, a.hidden, a.vocab, a.seq, a.seed))
+        write_safetensors(a.init, init_llama_weights(a.layers, a.hidden, a.heads, kv_heads, a.inner,
+                                                     a.vocab, a.seed)
+                          if a.arch == "llama" else
+                          init_weights(a.layers, a.hidden, a.vocab, a.seq, a.seed))
         return
-    model = Gpt(read_safetensors(a.weights), a.layers, a.heads, a.attention)
+    if a.arch == "llama":
+        model = Llama(read_safetensors(a.weights), a.layers, a.heads, kv_heads, a.rope_theta)
+    else:
+        model = Gpt(read_safetensors(a.weights), a.layers, a.heads, a.attention)
     batches = read_batches(a.batches)
     steps, per_step, _, batch, seq = batches.shape
     opt = adamw(list(model.p.items()), a, fused=not a.no_fused)
@@ -228,7 +312,7 @@ def main():
                                                       row_limit=40, max_name_column_width=60))
     print(json.dumps({"losses": losses, "step_ms": ms, "tokens_per_step": tokens_per_step,
                       "threads": torch.get_num_threads(), "torch": torch.__version__,
-                      "variant": {"attention": a.attention, "fused": not a.no_fused,
+                      "variant": {"arch": a.arch, "attention": a.attention, "fused": not a.no_fused,
                                   "compile": a.compile}}))
 
 

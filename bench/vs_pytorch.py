@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""BigMac against PyTorch 2.x on the same GPT, same CPU, side by side (bench/README.md).
+"""BigMac against PyTorch 2.x on the same GPT or llama, same CPU, side by side (bench/README.md).
 
 For each model: one set of initial weights (written as Hugging Face GPT-2 safetensors, imported
 into BigMac with `bigmac ckpt import`), one set of batches (`bigmac data batches`), the same
@@ -11,7 +11,8 @@ hand-written attention of older PyTorch code ("explicit"). BigMac and each PyTor
 --warmup), the ratio against the fastest PyTorch variant, the achieved GFLOP/s against an sgemm
 peak measured in the same run, and how far the losses agree step by step.
 
-  bench/vs_pytorch.py [--models tiny,20m] [--variants sdpa,compile] [--rounds 3] [--threads 2]
+  bench/vs_pytorch.py [--models tiny,20m,llama_tiny,llama_20m] [--variants sdpa,compile] [--rounds 3]
+                      [--threads 2]
                       [--gemms bigmac,openblas] [--out bench/out]
 """
 import argparse
@@ -36,7 +37,11 @@ VARIANTS = {"sdpa": [], "compile": ["--compile"], "explicit": ["--attention", "e
 MODELS = {
     "tiny": (4, 128, 4, 128, 16, 1, 30),   # configs/tiny.yaml: 0.84M parameters
     "20m": (6, 512, 8, 256, 8, 1, 8),      # 19.3M parameters
+    "llama_tiny": (4, 128, 4, 128, 16, 1, 30),  # configs/llama_tiny.yaml: 0.85M parameters
+    "llama_20m": (6, 512, 8, 256, 8, 1, 8),     # 18.4M parameters
 }
+# The llama models' (key/value heads, SwiGLU width); PyTorch runs them with SDPA's enable_gqa.
+LLAMA = {"llama_tiny": (2, 384), "llama_20m": (2, 1536)}
 LOSS_TOLERANCE = 1e-3  # float32 kernels that sum in different orders drift apart slowly
 OPTIM = {"lr": 2e-3, "min_lr": 2e-4, "warmup": 5, "weight_decay": 0.1, "grad_clip": 1.0}
 
@@ -49,14 +54,28 @@ def run(cmd, env=None):
     return result.stdout
 
 
-def parameters(layers, hidden, vocab, seq):
+def block_matrix_parameters(name, hidden, heads):
+    """Multiply-adds per token of a block's matmuls: GPT-2's 12 C^2, or llama's q, k, v, o, gate,
+    up and down."""
+    if name not in LLAMA:
+        return 12 * hidden * hidden
+    kv_heads, inner = LLAMA[name]
+    kv = kv_heads * (hidden // heads)
+    return 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inner
+
+
+def parameters(name, layers, hidden, heads, vocab, seq):
+    if name in LLAMA:  # no biases, RMSNorms, untied head, no position table
+        return layers * (block_matrix_parameters(name, hidden, heads) + 2 * hidden) + \
+            2 * vocab * hidden + hidden
     return layers * (12 * hidden * hidden + 13 * hidden) + vocab * hidden + seq * hidden + 2 * hidden
 
 
-def train_flops_per_token(layers, hidden, vocab, seq):
-    # Forward: 2 per multiply-add of every matmul (qkv, proj, fc, fc-proj, head) plus attention's
+def train_flops_per_token(name, layers, hidden, heads, vocab, seq):
+    # Forward: 2 per multiply-add of every matmul (the block's and the head's) plus attention's
     # QK^T and AV over the full T x T square (what both trainers compute); training = 3 x forward.
-    forward = 2 * (12 * layers * hidden * hidden + vocab * hidden) + 4 * layers * seq * hidden
+    forward = 2 * (layers * block_matrix_parameters(name, hidden, heads) + vocab * hidden) + \
+        4 * layers * seq * hidden
     return 3 * forward
 
 
@@ -70,9 +89,13 @@ def fortunes_data():
     return data
 
 
-def model_sets(layers, hidden, heads, seq, mbs, accum, steps, data, output_dir):
+def model_sets(name, layers, hidden, heads, seq, mbs, accum, steps, data, output_dir):
     """BigMac's --set overrides for the model, batches and optimizer both trainers share."""
-    return [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
+    arch = []
+    if name in LLAMA:
+        arch = ["model.arch=llama", f"model.num_kv_heads={LLAMA[name][0]}",
+                f"model.intermediate_size={LLAMA[name][1]}"]
+    return arch + [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
             f"model.num_heads={heads}", "model.vocab_size=256", f"train.seq_length={seq}",
             f"train.micro_batch_size={mbs}", f"train.gradient_accumulation_steps={accum}",
             f"train.max_steps={steps}", f"optim.lr={OPTIM['lr']}",
@@ -83,13 +106,21 @@ def model_sets(layers, hidden, heads, seq, mbs, accum, steps, data, output_dir):
             "train.trace_steps=0", f"train.output_dir={output_dir}"]
 
 
-def prepare(work, layers, hidden, seq, steps, set_args, env):
+def torch_model_args(name, layers, hidden, heads):
+    """The model options of bench/pytorch_gpt.py."""
+    args = ["--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads)]
+    if name in LLAMA:
+        args += ["--arch", "llama", "--kv-heads", str(LLAMA[name][0]), "--inner", str(LLAMA[name][1])]
+    return args
+
+
+def prepare(work, name, layers, hidden, heads, seq, steps, set_args, env):
     """One set of initial weights (safetensors, imported as BigMac's step-0 checkpoint) and one
     batches file in `work`; returns (weights, checkpoint dir, batches)."""
     config = REPO / "configs" / "tiny.yaml"
     weights = work / "init.safetensors"
-    run([TORCH_PYTHON, PYTORCH, "--init", weights, "--layers", str(layers), "--hidden",
-         str(hidden), "--seq", str(seq), "--vocab", "256"], env)
+    run([TORCH_PYTHON, PYTORCH, "--init", weights, *torch_model_args(name, layers, hidden, heads),
+         "--seq", str(seq), "--vocab", "256"], env)
     ckpt = work / "ckpt"
     subprocess.run(["rm", "-rf", ckpt])
     run([BIGMAC, "ckpt", "import", "--safetensors", weights, "--config", config, *set_args,
@@ -110,7 +141,7 @@ def torch_optim_args(steps):
 def main():
     global BIGMAC
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="tiny,20m")
+    ap.add_argument("--models", default="tiny,20m,llama_tiny,llama_20m")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the timings")
@@ -150,13 +181,15 @@ def main():
         steps = a.steps or steps
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
-        sets = model_sets(layers, hidden, heads, seq, mbs, accum, steps, data, work / "bigmac_run")
+        sets = model_sets(name, layers, hidden, heads, seq, mbs, accum, steps, data,
+                          work / "bigmac_run")
         sets += ["parallel.pp_size=1", "parallel.schedule=gpipe"]
         set_args = [arg for s in sets for arg in ("--set", s)]
         config = REPO / "configs" / "tiny.yaml"
-        weights, ckpt, batches = prepare(work, layers, hidden, seq, steps, set_args, env)
+        weights, ckpt, batches = prepare(work, name, layers, hidden, heads, seq, steps, set_args,
+                                         env)
         torch_cmd = [TORCH_PYTHON, PYTORCH, "--weights", weights, "--batches", batches,
-                     "--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads),
+                     *torch_model_args(name, layers, hidden, heads),
                      *torch_optim_args(steps), "--threads", str(a.threads)]
         bigmac_cmd = [BIGMAC, "train", "--config", config, *set_args, "--resume",
                       ckpt / "step_000000", "--dump", work / "bigmac_dump", "--overwrite"]
@@ -185,9 +218,9 @@ def main():
         bm, pt = medians["bigmac"], medians[best]
         agree = max(abs(b - p) / abs(p) for v in variants for bigmac in bigmacs
                     for b, p in zip(losses[bigmac], losses[v]))
-        flops = train_flops_per_token(layers, hidden, 256, seq)
+        flops = train_flops_per_token(name, layers, hidden, heads, 256, seq)
         rows.append({
-            "model": name, "parameters": parameters(layers, hidden, 256, seq),
+            "model": name, "parameters": parameters(name, layers, hidden, heads, 256, seq),
             "shape": f"L{layers} C{hidden} H{heads} T{seq} B{mbs}", "steps": steps,
             "bigmac_tok_s": bm, "pytorch_tok_s": pt, "pytorch_best": best, "ratio": bm / pt,
             "variant_tok_s": {v: medians[v] for v in variants},
