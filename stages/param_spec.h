@@ -64,6 +64,23 @@ inline layer::Param MakeParam(const ParamSpec& spec, const layer::LayerSpec& lay
   return param;
 }
 
+// One TpShard per spec, in order, for `rank` of a group of `size`: replicated unless
+// `slice(index, &shard)` sets its dim (and parts, blocks or padding).
+template <typename Slice>
+std::vector<layer::TpShard> ShardsOf(const std::vector<ParamSpec>& specs, int rank, int size,
+                                     Slice slice) {
+  std::vector<layer::TpShard> shards;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    layer::TpShard shard;
+    shard.rank = rank;
+    shard.size = size;
+    shard.full_shape = specs[i].shape;
+    slice(i, &shard);
+    shards.push_back(shard);
+  }
+  return shards;
+}
+
 // Writes this rank's slice of `spec`'s initial full value into `local` (its LocalShape()).
 inline void InitSlice(const ParamSpec& spec, const layer::TpShard& shard, memory::Tensor* local,
                       uint64_t seed, int layer_id) {

@@ -6,22 +6,22 @@
 // attention over this rank's heads and a GELU MLP over this rank's 4C/tp columns. A derived block
 // gives the local widths and the Megatron hooks: SumOverGroup (the all-reduce after each
 // row-parallel GEMM's forward and each column-parallel GEMM's input gradient; nothing at tp = 1)
-// and AddsRowParallelBias (only one rank of a group adds the bias before the sum). With activation
-// checkpointing, Forward keeps only its input and BackwardInput recomputes the rest with the same
-// kernels, so results are bitwise unchanged. Saved tensors follow stages/gpt/params.h BlockSaved.
+// and AddsRowParallelBias (only one rank of a group adds the bias before the sum). Activation
+// checkpointing: stages/checkpointed_block.h. Saved tensors follow stages/gpt/params.h BlockSaved.
 
 #include <cstdint>
 
 #include "core/layer/cost.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
+#include "stages/checkpointed_block.h"
 #include "stages/gpt/params.h"
 
 namespace bigmac::stages::gpt {
 
 template <typename T>
-class CpuBlockBody : public sdk::CpuLayer<T> {
-  using Base = sdk::CpuLayer<T>;
+class CpuBlockBody : public CheckpointedBlock<T> {
+  using Base = CheckpointedBlock<T>;
   using Saved = sdk::Saved;
   using Tensor = sdk::Tensor;
   using MicroBatch = sdk::MicroBatch;
@@ -32,31 +32,9 @@ class CpuBlockBody : public sdk::CpuLayer<T> {
   CpuBlockBody(const sdk::LayerSpec& spec, int local_width, int local_heads)
       : Base(spec), cl_(local_width), hl_(local_heads) {}
 
-  // It recomputes in BackwardInput itself: the stage must not rerun Forward as well.
-  bool checkpoints_activations() const override { return true; }
-
-  // One rule for activation checkpointing: `saved` keeps the input and, unless checkpointing, the
-  // internals the backward needs; with checkpointing the internals go into a scratch set dropped
-  // at return, and BackwardInput recomputes them from the input.
-  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
-    saved->Clear();
-    saved->tensors.push_back(x.Clone());
-    const bool checkpointing = this->spec_.activation_checkpointing;
-    if (!checkpointing) ComputeInternals(mb, saved);
-    *y = this->NewActivation(mb.batch, mb.seq, this->C());
-    if (checkpointing) {
-      Saved scratch;
-      scratch.tensors.push_back(x.Clone());
-      ComputeInternals(mb, &scratch);
-      ComputeOutput(mb, scratch, y);
-    } else {
-      ComputeOutput(mb, *saved, y);
-    }
-  }
-
   void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) override {
+    this->RestoreInternals(mb, saved);
     auto& s = saved->tensors;
-    if (s.size() == 1) ComputeInternals(mb, saved);  // checkpointed: recompute
     const int n = mb.batch * mb.seq;
     const int c = this->C();
     const int fl = 4 * cl_;
@@ -149,7 +127,7 @@ class CpuBlockBody : public sdk::CpuLayer<T> {
   }
 
   // Fills saved[kLn1 .. kFchGelu] from saved[kX].
-  void ComputeInternals(const MicroBatch& mb, Saved* saved) {
+  void ComputeInternals(const MicroBatch& mb, Saved* saved) override {
     const int n = mb.batch * mb.seq;
     const int c = this->C();
     const int fl = 4 * cl_;
@@ -186,7 +164,7 @@ class CpuBlockBody : public sdk::CpuLayer<T> {
     sdk::cpu::GeluForward(Base::D(s[kFchGelu]), Base::D(s[kFch]), int64_t{n} * fl);
   }
 
-  void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) {
+  void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) override {
     const int n = mb.batch * mb.seq;
     RowParallel(y, saved.tensors[kFchGelu], kFcProjWeight, kFcProjBias, n, 4 * cl_, this->C(),
                 "tp block: mlp.proj output (g)");

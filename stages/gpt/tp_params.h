@@ -19,32 +19,25 @@ namespace bigmac::stages::gpt {
 // their input columns; LayerNorms and the row-parallel biases are replicated.
 inline std::vector<layer::TpShard> BlockShards(const std::vector<ParamSpec>& specs, int rank,
                                                int size) {
-  std::vector<layer::TpShard> shards;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    layer::TpShard shard;
-    shard.rank = rank;
-    shard.size = size;
-    shard.full_shape = specs[i].shape;
-    switch (static_cast<BlockParam>(i)) {
+  return ShardsOf(specs, rank, size, [](size_t index, layer::TpShard* shard) {
+    switch (static_cast<BlockParam>(index)) {
       case kQkvWeight:
       case kQkvBias:
-        shard.dim = 0;
-        shard.blocks = 3;
+        shard->dim = 0;
+        shard->blocks = 3;
         break;
       case kFcWeight:
       case kFcBias:
-        shard.dim = 0;
+        shard->dim = 0;
         break;
       case kProjWeight:
       case kFcProjWeight:
-        shard.dim = 1;
+        shard->dim = 1;
         break;
       default:
         break;  // replicated
     }
-    shards.push_back(shard);
-  }
-  return shards;
+  });
 }
 
 }  // namespace bigmac::stages::gpt

@@ -2,9 +2,8 @@
 // rmsnorm2(.)))), with grouped-query causal attention (the blocked attention with kv_heads: each
 // group of query heads reads its key and value head in place, never copied per head), no biases.
 // One body for tp = 1 and for a tensor-parallel group in Megatron's layout (stages/llama/params.h
-// BlockShards): at tp = 1 the group sums are no-ops. With activation checkpointing, Forward keeps
-// only its input and BackwardInput recomputes the rest with the same kernels, so results are
-// bitwise unchanged. Saved tensors follow stages/llama/params.h BlockSaved.
+// BlockShards): at tp = 1 the group sums are no-ops. Activation checkpointing:
+// stages/checkpointed_block.h. Saved tensors follow stages/llama/params.h BlockSaved.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -14,6 +13,7 @@
 #include "core/layer/tp_layer.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
+#include "stages/checkpointed_block.h"
 #include "stages/llama/params.h"
 
 namespace bigmac::stages::llama {
@@ -24,8 +24,8 @@ using sdk::LayerSpec, sdk::MicroBatch, sdk::Saved, sdk::Tensor;
 
 // A block over `group` (null: tp = 1, a group of one).
 template <typename T>
-class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
-  using Base = sdk::CpuLayer<T>;
+class Block : public CheckpointedBlock<T>, public layer::TpSharded {
+  using Base = CheckpointedBlock<T>;
   using enum BlockSaved::Index;
 
  public:
@@ -60,28 +60,9 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
       InitSlice(specs_[i], shards_[i], &this->params_[i].value, seed, this->layer_id());
   }
 
-  // It recomputes in BackwardInput itself: the stage must not rerun Forward as well.
-  bool checkpoints_activations() const override { return true; }
-
-  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
-    saved->Clear();
-    saved->tensors.push_back(x.Clone());
-    const bool checkpointing = this->spec_.activation_checkpointing;
-    if (!checkpointing) ComputeInternals(mb, saved);
-    *y = this->NewActivation(mb.batch, mb.seq, this->C());
-    if (checkpointing) {
-      Saved scratch;
-      scratch.tensors.push_back(x.Clone());
-      ComputeInternals(mb, &scratch);
-      ComputeOutput(mb, scratch, y);
-    } else {
-      ComputeOutput(mb, *saved, y);
-    }
-  }
-
   void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) override {
+    this->RestoreInternals(mb, saved);
     auto& s = saved->tensors;
-    if (s.size() == 1) ComputeInternals(mb, saved);  // checkpointed: recompute
     const int n = mb.batch * mb.seq;
     const int c = this->C();
     s.push_back(dy.Clone());  // kDy
@@ -192,7 +173,7 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
   }
 
   // Fills saved[kNorm1 .. kSwiglu] from saved[kX].
-  void ComputeInternals(const MicroBatch& mb, Saved* saved) {
+  void ComputeInternals(const MicroBatch& mb, Saved* saved) override {
     const int n = mb.batch * mb.seq;
     const int c = this->C();
     auto& s = saved->tensors;
@@ -228,7 +209,7 @@ class Block : public sdk::CpuLayer<T>, public layer::TpSharded {
     cpu::SwigluForward(Base::D(s[kSwiglu]), Base::D(s[kGateUp]), n, il_);
   }
 
-  void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) {
+  void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) override {
     const int n = mb.batch * mb.seq;
     cpu::MatmulForward<T>(Base::D(*y), Base::D(saved.tensors[kSwiglu]), this->W(kDownWeight),
                           nullptr, n, il_, this->C());

@@ -82,31 +82,24 @@ inline std::vector<ParamSpec> BlockParams(const layer::ModelDims& dims) {
 inline std::vector<layer::TpShard> BlockShards(const layer::ModelDims& dims,
                                                const std::vector<ParamSpec>& specs, int rank,
                                                int size) {
-  std::vector<layer::TpShard> shards;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    layer::TpShard shard;
-    shard.rank = rank;
-    shard.size = size;
-    shard.full_shape = specs[i].shape;
-    switch (static_cast<BlockParam>(i)) {
+  return ShardsOf(specs, rank, size, [&](size_t index, layer::TpShard* shard) {
+    switch (static_cast<BlockParam>(index)) {
       case kQkvWeight:
-        shard.dim = 0;
-        shard.parts = QkvParts(dims);
+        shard->dim = 0;
+        shard->parts = QkvParts(dims);
         break;
       case kGateUpWeight:
-        shard.dim = 0;
-        shard.blocks = 2;
+        shard->dim = 0;
+        shard->blocks = 2;
         break;
       case kOWeight:
       case kDownWeight:
-        shard.dim = 1;
+        shard->dim = 1;
         break;
       default:
         break;  // replicated
     }
-    shards.push_back(shard);
-  }
-  return shards;
+  });
 }
 
 inline std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {

@@ -49,19 +49,11 @@ inline bool IsVocabMatrix(const ParamSpec& spec) {
 // vocab-parallel (rows of the padded vocabulary split over the ranks); the rest is replicated.
 inline std::vector<layer::TpShard> VocabShards(const std::vector<ParamSpec>& specs, int rank,
                                                int size) {
-  std::vector<layer::TpShard> shards;
-  for (const ParamSpec& spec : specs) {
-    layer::TpShard shard;
-    shard.rank = rank;
-    shard.size = size;
-    shard.full_shape = spec.shape;
-    if (IsVocabMatrix(spec)) {
-      shard.dim = 0;
-      shard.padded = layer::PaddedVocabSize(spec.shape[0], size);
-    }
-    shards.push_back(shard);
-  }
-  return shards;
+  return ShardsOf(specs, rank, size, [&](size_t index, layer::TpShard* shard) {
+    if (!IsVocabMatrix(specs[index])) return;
+    shard->dim = 0;
+    shard->padded = layer::PaddedVocabSize(specs[index].shape[0], size);
+  });
 }
 
 // What all four layers share: the parameters from the Family's table, in its order, with the
