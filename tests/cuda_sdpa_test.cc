@@ -188,12 +188,12 @@ struct Case {
 
 // Every case runs cuDNN's own engines: skipped without a GPU, and on the emulated device (which
 // does not emulate cuDNN; the fallback attention is tested in cuda_kernels_test).
-#define SKIP_WITHOUT_CUDNN_ENGINES()                                                        \
-  do {                                                                                      \
-    if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";           \
-    if (bigmac::comm::cuda::Emulated()) {                                                   \
+#define SKIP_WITHOUT_CUDNN_ENGINES()                                                         \
+  do {                                                                                       \
+    if (bigmac::comm::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";            \
+    if (bigmac::comm::cuda::Emulated()) {                                                    \
       GTEST_SKIP() << "needs cuDNN's engines, which the emulated CUDA device does not have"; \
-    }                                                                                       \
+    }                                                                                        \
   } while (false)
 
 const Shape kShapes[] = {{2, 64, 4, 64}, {2, 128, 2, 128}};
@@ -226,6 +226,52 @@ TEST(CudnnSdpa, BackwardMatchesCpuAttentionBackward) {
       const int64_t c3 = 3 * s.c();
       auto in_part = [&](int64_t i) { return (i % c3) / s.c() == part; };
       EXPECT_LE(Error(gpu, c.cpu_dqkv, in_part), 2e-2) << names[part] << ", " << s.Name();
+    }
+  }
+}
+
+// Grouped-query attention (llama's layout: h query heads, then kv key and kv value heads per
+// row) against the CPU's blocked grouped-query attention, forward and backward, same tolerances.
+TEST(CudnnSdpa, GroupedQueryMatchesCpuFlashAttention) {
+  SKIP_WITHOUT_CUDNN_ENGINES();
+  struct Grouped {
+    int b, t, h, kv, d;
+  };
+  for (const Grouped& s : {Grouped{2, 64, 4, 2, 64}, Grouped{1, 96, 6, 1, 128}}) {
+    const std::string name = "b=" + std::to_string(s.b) + " t=" + std::to_string(s.t) +
+                             " h=" + std::to_string(s.h) + " kv=" + std::to_string(s.kv) +
+                             " d=" + std::to_string(s.d);
+    const int c = s.h * s.d;
+    const int64_t row = int64_t{s.h + 2 * s.kv} * s.d;
+    const int64_t qkv_size = int64_t{s.b} * s.t * row;
+    const int64_t out_size = int64_t{s.b} * s.t * c;
+    const int64_t stats_size = int64_t{s.b} * s.h * s.t;
+    const Bf16Data qkv = RandomBf16(qkv_size, 3000 + s.t, 2.0f);
+    const Bf16Data dout = RandomBf16(out_size, 4000 + s.t, 1.0f);
+    std::vector<float> cpu_out(out_size), cpu_lse(stats_size), cpu_dqkv(qkv_size);
+    cpu::FlashAttentionForward(cpu_out.data(), cpu_lse.data(), qkv.values.data(), s.b, s.t, c, s.h,
+                               s.kv);
+    cpu::FlashAttentionBackward(cpu_dqkv.data(), dout.values.data(), qkv.values.data(),
+                                cpu_lse.data(), s.b, s.t, c, s.h, s.kv);
+    DeviceBuffer d_qkv(qkv_size * 2), d_dout(out_size * 2);
+    d_qkv.Upload(qkv.bits);
+    d_dout.Upload(dout.bits);
+    DeviceBuffer out(out_size * 2), stats(stats_size * 4), dqkv(qkv_size * 2);
+    CudnnAttentionForward(Site(), out.get(), static_cast<float*>(stats.get()), d_qkv.get(), s.b,
+                          s.t, s.h, s.d, s.kv);
+    CudnnAttentionBackward(Site(), dqkv.get(), d_dout.get(), d_qkv.get(), out.get(),
+                           static_cast<const float*>(stats.get()), s.b, s.t, s.h, s.d, s.kv);
+    EXPECT_LE(Error(ToFloats(out.Download<BFloat16>()), cpu_out, All), 2e-2) << name;
+    EXPECT_LE(Error(stats.Download<float>(), cpu_lse, All, 1.0), 1e-3) << name;
+    const std::vector<float> gpu = ToFloats(dqkv.Download<BFloat16>());
+    // dq (h heads), dk (kv heads), dv (kv heads) of each row separately.
+    const int64_t bounds[] = {0, c, c + int64_t{s.kv} * s.d, row};
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; ++part) {
+      auto in_part = [&](int64_t i) {
+        return i % row >= bounds[part] && i % row < bounds[part + 1];
+      };
+      EXPECT_LE(Error(gpu, cpu_dqkv, in_part), 2e-2) << names[part] << ", " << name;
     }
   }
 }

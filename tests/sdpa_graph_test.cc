@@ -42,6 +42,30 @@ TEST(SdpaGraph, EveryHeadDimChosenForCudnnValidates) {
   }
 }
 
+// Grouped-query attention (llama): K and V with fewer heads than Q, strides from the fused
+// (h + 2 kv) * d row; multi-query (kv 1) and Llama 3's 32/8 and 3.2 1B's 32/8 at d 64.
+TEST(SdpaGraph, GroupedQkvLayoutValidatesForwardAndBackward) {
+  struct Shape {
+    int b, t, h, kv, d;
+  };
+  for (const Shape& s : {Shape{2, 64, 4, 2, 64}, Shape{1, 16, 6, 1, 128}, Shape{2, 128, 32, 8, 64},
+                         Shape{3, 100, 6, 3, 96}}) {
+    const SdpaLayout layout = GroupedQkvLayout(s.b, s.t, s.h, s.kv, s.d);
+    EXPECT_EQ(ValidateSdpaGraph(false, layout, kHopper), "")
+        << "forward h=" << s.h << " kv=" << s.kv << " d=" << s.d;
+    EXPECT_EQ(ValidateSdpaGraph(true, layout, kHopper), "")
+        << "backward h=" << s.h << " kv=" << s.kv << " d=" << s.d;
+  }
+}
+
+// validate() reads the head counts: K and V heads that do not divide Q's are refused.
+TEST(SdpaGraph, KvHeadsThatDoNotDivideQueryHeadsAreRejected) {
+  for (bool backward : {false, true}) {
+    EXPECT_NE(ValidateSdpaGraph(backward, GroupedQkvLayout(1, 16, 6, 4, 64), kHopper), "")
+        << (backward ? "backward" : "forward");
+  }
+}
+
 TEST(SdpaGraph, HeadDimsThatAreNotMultiplesOf8AreRejected) {
   for (int d : {4, 12}) {
     for (bool backward : {false, true}) {

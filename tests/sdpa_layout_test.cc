@@ -240,6 +240,110 @@ TEST(StridedAttentionNegative, LayoutOutsideItsBufferThrows) {
   EXPECT_THROW(run.Reference(l), std::out_of_range);
 }
 
+// Grouped-query attention (llama): b=2, t=7, h=4 query heads, 2 kv heads, d=8: a qkv row is
+// (4 + 2 + 2) * 8 = 64 elements, an out row 32.
+TEST(SdpaLayout, GroupedQkvNumbers) {
+  const SdpaLayout l = GroupedQkvLayout(2, 7, 4, 2, 8);
+  EXPECT_EQ(l.q.dims, (std::array<int64_t, 4>{2, 4, 7, 8}));
+  EXPECT_EQ(l.o.dims, (std::array<int64_t, 4>{2, 4, 7, 8}));
+  for (const SdpaTensor* x : {&l.k, &l.v}) {
+    EXPECT_EQ(x->dims, (std::array<int64_t, 4>{2, 2, 7, 8}));
+  }
+  for (const SdpaTensor* x : {&l.q, &l.k, &l.v}) {
+    EXPECT_EQ(x->strides, (std::array<int64_t, 4>{7 * 64, 8, 64, 1}));
+  }
+  EXPECT_EQ(l.q.offset, 0);
+  EXPECT_EQ(l.k.offset, 32);
+  EXPECT_EQ(l.v.offset, 48);
+  EXPECT_EQ(l.o.strides, (std::array<int64_t, 4>{7 * 32, 8, 32, 1}));
+  EXPECT_EQ(l.stats.dims, (std::array<int64_t, 4>{2, 4, 7, 1}));
+  EXPECT_EQ(l.stats.strides, (std::array<int64_t, 4>{28, 7, 1, 1}));
+  // kv_heads = h is the interleaved layout.
+  const SdpaLayout mha = GroupedQkvLayout(2, 7, 3, 3, 8);
+  const SdpaLayout interleaved = InterleavedQkvLayout(2, 7, 3, 8);
+  for (auto [a, b] : {std::pair{&mha.q, &interleaved.q},
+                      {&mha.k, &interleaved.k},
+                      {&mha.v, &interleaved.v},
+                      {&mha.o, &interleaved.o}}) {
+    EXPECT_EQ(a->dims, b->dims);
+    EXPECT_EQ(a->strides, b->strides);
+    EXPECT_EQ(a->offset, b->offset);
+  }
+}
+
+// {b, t, h, kv, d}: groups of 2 and 3, multi-query.
+struct GroupedShape {
+  int b, t, h, kv, d;
+};
+const GroupedShape kGroupedShapes[] = {{2, 7, 4, 2, 8}, {1, 9, 6, 2, 16}, {3, 5, 3, 1, 8}};
+
+TEST(SdpaLayout, GroupedTensorsTileQkvExactlyOnce) {
+  for (const GroupedShape& s : kGroupedShapes) {
+    const SdpaLayout l = GroupedQkvLayout(s.b, s.t, s.h, s.kv, s.d);
+    std::vector<int> hits(int64_t{s.b} * s.t * (s.h + 2 * s.kv) * s.d);
+    for (const SdpaTensor* x : {&l.q, &l.k, &l.v}) {
+      for (int64_t i0 = 0; i0 < x->dims[0]; ++i0)
+        for (int64_t i1 = 0; i1 < x->dims[1]; ++i1)
+          for (int64_t i2 = 0; i2 < x->dims[2]; ++i2)
+            for (int64_t i3 = 0; i3 < x->dims[3]; ++i3) ++hits.at(ElementAt(*x, i0, i1, i2, i3));
+    }
+    EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }))
+        << "h=" << s.h << " kv=" << s.kv;
+  }
+}
+
+TEST(SdpaLayout, GroupedCudnnShapesAreSixteenByteAlignedInBf16) {
+  for (int d : {8, 64, 128}) {
+    for (auto [h, kv] : {std::pair{4, 1}, {6, 2}, {32, 8}, {3, 3}}) {
+      const SdpaLayout l = GroupedQkvLayout(2, 9, h, kv, d);
+      for (const SdpaTensor* x : {&l.q, &l.k, &l.v, &l.o}) {
+        EXPECT_EQ(x->offset * 2 % 16, 0) << "d=" << d << " h=" << h << " kv=" << kv;
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(x->strides[i] * 2 % 16, 0) << "d=" << d;
+        EXPECT_EQ(x->strides[3], 1);
+      }
+    }
+  }
+}
+
+// The strided reference through GroupedQkvLayout against the CPU's grouped-query blocked
+// attention (FlashAttentionForward/Backward with kv_heads): out, the log-sum-exp, and dqkv.
+TYPED_TEST(StridedAttention, GroupedMatchesCpuFlashAttention) {
+  using T = TypeParam;
+  uint64_t seed = 301;
+  for (const GroupedShape& s : kGroupedShapes) {
+    const int c = s.h * s.d;
+    const int64_t qkv_size = int64_t{s.b} * s.t * (s.h + 2 * s.kv) * s.d;
+    const int64_t out_size = int64_t{s.b} * s.t * c;
+    const int64_t stats_size = int64_t{s.b} * s.h * s.t;
+    const std::vector<T> qkv = Random<T>(qkv_size, seed += 7);
+    const std::vector<T> dout = Random<T>(out_size, seed + 1);
+    std::vector<T> out(out_size), lse(stats_size), dqkv(qkv_size);
+    cpu::FlashAttentionForward(out.data(), lse.data(), qkv.data(), s.b, s.t, c, s.h, s.kv);
+    cpu::FlashAttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), s.b, s.t, c, s.h,
+                                s.kv);
+    const T nan = std::numeric_limits<T>::quiet_NaN();
+    std::vector<T> ref_out(out_size, nan), ref_stats(stats_size, nan), ref_dqkv(qkv_size, nan);
+    const SdpaLayout layout = GroupedQkvLayout(s.b, s.t, s.h, s.kv, s.d);
+    StridedAttentionForward(ref_out.data(), out_size, ref_stats.data(), stats_size, qkv.data(),
+                            qkv_size, layout);
+    StridedAttentionBackward(ref_dqkv.data(), dout.data(), out_size, qkv.data(), qkv_size,
+                             ref_stats.data(), stats_size, layout);
+    EXPECT_LE(ScaledError(ref_out, out), Tolerance<T>()) << "h=" << s.h << " kv=" << s.kv;
+    EXPECT_LE(ScaledError(ref_stats, lse), Tolerance<T>()) << "h=" << s.h << " kv=" << s.kv;
+    EXPECT_LE(ScaledError(ref_dqkv, dqkv), Tolerance<T>()) << "h=" << s.h << " kv=" << s.kv;
+    EXPECT_GT(MaxAbs(dqkv), 1e-2);
+    // Keys one head further along the row (the next kv head's, or the first value head's) fail.
+    {
+      SdpaLayout wrong = layout;
+      wrong.k.offset += s.d;
+      std::vector<T> bad_out(out_size, nan), bad_stats(stats_size, nan);
+      StridedAttentionForward(bad_out.data(), out_size, bad_stats.data(), stats_size, qkv.data(),
+                              qkv_size, wrong);
+      EXPECT_GT(ScaledError(bad_out, out), 1e-3) << "h=" << s.h << " kv=" << s.kv;
+    }
+  }
+}
+
 TEST(ChooseAttention, CudnnForBf16HeadsThatAreMultiplesOf8UpTo128) {
   for (int d : {8, 16, 32, 64, 96, 128}) {
     const AttentionChoice choice = ChooseAttention(DType::kBF16, d);

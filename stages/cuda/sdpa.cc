@@ -38,7 +38,7 @@ struct BuiltGraph {
 
 // A graph belongs to the cuDNN handle it was built with (its operation graph holds the handle),
 // hence the handle in the key besides the device ordinal.
-using Key = std::tuple<int, uint64_t, const void*, int, int, int, int, Direction>;
+using Key = std::tuple<int, uint64_t, const void*, int, int, int, int, int, Direction>;
 
 struct Cache {
   std::mutex mutex;
@@ -57,11 +57,24 @@ const char* DirectionName(Direction direction) {
   return direction == Direction::kForward ? "forward" : "backward";
 }
 
-std::string ShapeText(Direction direction, int b, int t, int h, int d) {
+// One attention shape: kv = h is multi-head, kv < h grouped-query (kv dividing h).
+struct Shape {
+  int b, t, h, kv, d;
+};
+
+std::string ShapeText(Direction direction, const Shape& s) {
   return std::string("cuDNN SDPA ") + DirectionName(direction) +
-         " graph for b=" + std::to_string(b) + ",t=" + std::to_string(t) +
-         ",h=" + std::to_string(h) + ",d=" + std::to_string(d);
+         " graph for b=" + std::to_string(s.b) + ",t=" + std::to_string(s.t) +
+         ",h=" + std::to_string(s.h) + (s.kv == s.h ? "" : ",kv_heads=" + std::to_string(s.kv)) +
+         ",d=" + std::to_string(s.d);
 }
+
+// kv_heads 0 means h.
+Shape MakeShape(int b, int t, int h, int kv_heads, int d) {
+  return {b, t, h, kv_heads == 0 ? h : kv_heads, d};
+}
+
+SdpaLayout LayoutOf(const Shape& s) { return GroupedQkvLayout(s.b, s.t, s.h, s.kv, s.d); }
 
 const char* CodeName(fe::error_code_t code) {
   switch (code) {
@@ -181,9 +194,8 @@ std::shared_ptr<fe::graph::Graph> Declare(Direction direction, const SdpaLayout&
   return graph;
 }
 
-std::shared_ptr<const BuiltGraph> Build(Direction direction, int b, int t, int h, int d,
-                                        const CallSite& site) {
-  const std::string shape = ShapeText(direction, b, t, h, d);
+std::shared_ptr<const BuiltGraph> Build(Direction direction, const Shape& s, const CallSite& site) {
+  const std::string shape = ShapeText(direction, s);
   const device::cuda::CudaContext& context = *site.context;
   // The frontend reads the target's compute capability from the current device.
   int current = -1;
@@ -194,7 +206,7 @@ std::shared_ptr<const BuiltGraph> Build(Direction direction, int b, int t, int h
                               site.where);
   }
   auto built = std::make_shared<BuiltGraph>();
-  built->graph = Declare(direction, InterleavedQkvLayout(b, t, h, d), /*sm_version=*/0);
+  built->graph = Declare(direction, LayoutOf(s), /*sm_version=*/0);
   fe::graph::Graph& graph = *built->graph;
   CheckStep(graph.validate(), shape, "validate", site);
   CheckStep(graph.build_operation_graph(context.dnn), shape, "build_operation_graph", site);
@@ -210,19 +222,26 @@ std::shared_ptr<const BuiltGraph> Build(Direction direction, int b, int t, int h
 // The cached graph for the shape, built on first use. One thread at a time runs a device's
 // layers (its handle and stream); the map itself is thread-safe. A failed build throws and leaves
 // nothing in the cache, so the next call tries again (and fails with the same words).
-std::shared_ptr<const BuiltGraph> GraphFor(Direction direction, int b, int t, int h, int d,
+std::shared_ptr<const BuiltGraph> GraphFor(Direction direction, const Shape& s,
                                            const CallSite& site) {
   if (site.context == nullptr || site.context->dnn == nullptr) {
-    throw std::logic_error(ShapeText(direction, b, t, h, d) + ": no cuDNN handle, in " +
-                           site.where);
+    throw std::logic_error(ShapeText(direction, s) + ": no cuDNN handle, in " + site.where);
   }
-  if (b <= 0 || t <= 0 || h <= 0 || d <= 0) {
-    throw std::invalid_argument(ShapeText(direction, b, t, h, d) +
-                                ": every size must be positive, in " + site.where);
+  if (s.b <= 0 || s.t <= 0 || s.h <= 0 || s.d <= 0 || s.kv <= 0 || s.h % s.kv != 0) {
+    throw std::invalid_argument(ShapeText(direction, s) +
+                                ": every size must be positive and kv_heads must divide h, in " +
+                                site.where);
   }
   Cache& cache = GlobalCache();
-  const Key key{
-      site.context->ordinal, site.context->generation, site.context->dnn, b, t, h, d, direction};
+  const Key key{site.context->ordinal,
+                site.context->generation,
+                site.context->dnn,
+                s.b,
+                s.t,
+                s.h,
+                s.kv,
+                s.d,
+                direction};
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
     const auto it = cache.graphs.find(key);
@@ -230,7 +249,7 @@ std::shared_ptr<const BuiltGraph> GraphFor(Direction direction, int b, int t, in
   }
   // Built outside the lock (tens of milliseconds or more); if two threads race, the first
   // insertion wins and both run that graph.
-  std::shared_ptr<const BuiltGraph> built = Build(direction, b, t, h, d, site);
+  std::shared_ptr<const BuiltGraph> built = Build(direction, s, site);
   cache.builds.fetch_add(1);
   std::lock_guard<std::mutex> lock(cache.mutex);
   return cache.graphs.emplace(key, std::move(built)).first->second;
@@ -273,21 +292,22 @@ class Workspace {
 };
 
 void Execute(Direction direction, const BuiltGraph& built,
-             std::unordered_map<int64_t, void*>& pointers, int b, int t, int h, int d,
-             const CallSite& site) {
+             std::unordered_map<int64_t, void*>& pointers, const Shape& s, const CallSite& site) {
   const device::cuda::CudaContext& context = *site.context;
   BIGMAC_CUDA_CHECK(cudnnSetStream(context.dnn, site.stream()), site.where);
   Workspace workspace(site, built.workspace_bytes);
-  CheckStep(built.graph->execute(context.dnn, pointers, workspace.data()),
-            ShapeText(direction, b, t, h, d), "execute", site);
+  CheckStep(built.graph->execute(context.dnn, pointers, workspace.data()), ShapeText(direction, s),
+            "execute", site);
 }
 
 }  // namespace
 
-std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h, int d) {
+std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h, int d,
+                                      int kv_heads) {
+  const Shape shape = MakeShape(b, t, h, kv_heads, d);
   try {
-    GraphFor(Direction::kForward, b, t, h, d, site);
-    GraphFor(Direction::kBackward, b, t, h, d, site);
+    GraphFor(Direction::kForward, shape, site);
+    GraphFor(Direction::kBackward, shape, site);
   } catch (const device::DeviceError& error) {
     return error.what();
   } catch (const std::runtime_error& error) {
@@ -300,9 +320,10 @@ std::string CudnnAttentionUnavailable(const CallSite& site, int b, int t, int h,
 }
 
 void CudnnAttentionForward(const CallSite& site, void* out, float* stats, const void* qkv, int b,
-                           int t, int h, int d) {
-  const auto built = GraphFor(Direction::kForward, b, t, h, d, site);
-  const SdpaLayout layout = InterleavedQkvLayout(b, t, h, d);
+                           int t, int h, int d, int kv_heads) {
+  const Shape shape = MakeShape(b, t, h, kv_heads, d);
+  const auto built = GraphFor(Direction::kForward, shape, site);
+  const SdpaLayout layout = LayoutOf(shape);
   // bf16 elements are 2 bytes; the layout's offsets are in elements.
   auto* base = static_cast<char*>(const_cast<void*>(qkv));
   std::unordered_map<int64_t, void*> pointers = {
@@ -312,13 +333,15 @@ void CudnnAttentionForward(const CallSite& site, void* out, float* stats, const 
       {kO, out},
       {kStats, stats},
   };
-  Execute(Direction::kForward, *built, pointers, b, t, h, d, site);
+  Execute(Direction::kForward, *built, pointers, shape, site);
 }
 
 void CudnnAttentionBackward(const CallSite& site, void* dqkv, const void* dout, const void* qkv,
-                            const void* out, const float* stats, int b, int t, int h, int d) {
-  const auto built = GraphFor(Direction::kBackward, b, t, h, d, site);
-  const SdpaLayout layout = InterleavedQkvLayout(b, t, h, d);
+                            const void* out, const float* stats, int b, int t, int h, int d,
+                            int kv_heads) {
+  const Shape shape = MakeShape(b, t, h, kv_heads, d);
+  const auto built = GraphFor(Direction::kBackward, shape, site);
+  const SdpaLayout layout = LayoutOf(shape);
   auto* base = static_cast<char*>(const_cast<void*>(qkv));
   auto* grad = static_cast<char*>(dqkv);
   std::unordered_map<int64_t, void*> pointers = {
@@ -328,7 +351,7 @@ void CudnnAttentionBackward(const CallSite& site, void* dqkv, const void* dout, 
       {kDQ, grad + 2 * layout.q.offset}, {kDK, grad + 2 * layout.k.offset},
       {kDV, grad + 2 * layout.v.offset},
   };
-  Execute(Direction::kBackward, *built, pointers, b, t, h, d, site);
+  Execute(Direction::kBackward, *built, pointers, shape, site);
 }
 
 namespace internal {

@@ -25,17 +25,20 @@ std::string PrecisionName(memory::DType dtype) {
 }  // namespace
 
 SdpaLayout InterleavedQkvLayout(int b, int t, int h, int d) {
-  const int64_t B = b, T = t, H = h, D = d;
+  return GroupedQkvLayout(b, t, h, h, d);
+}
+
+SdpaLayout GroupedQkvLayout(int b, int t, int h, int kv_heads, int d) {
+  const int64_t B = b, T = t, H = h, KV = kv_heads, D = d;
   const int64_t C = H * D;
+  const int64_t W = (H + 2 * KV) * D;  // one token's row
   SdpaLayout layout;
-  // qkv (B,T,3C) is (B,T,3,H,D) row-major: one token's row is 3C long, a head's d channels are
-  // contiguous and H heads follow one another; k and v start C and 2C elements into the row.
-  const SdpaTensor qkv_part{{B, H, T, D}, {T * 3 * C, D, 3 * C, 1}, 0};
-  layout.q = qkv_part;
-  layout.k = qkv_part;
-  layout.k.offset = C;
-  layout.v = qkv_part;
-  layout.v.offset = 2 * C;
+  // qkv (B,T,W) row-major: a head's d channels are contiguous and heads follow one another, the H
+  // query heads first; k and v start C and C + KV*D elements into the row.
+  layout.q = {{B, H, T, D}, {T * W, D, W, 1}, 0};
+  layout.k = {{B, KV, T, D}, {T * W, D, W, 1}, C};
+  layout.v = layout.k;
+  layout.v.offset = C + KV * D;
   // out (B,T,C) is (B,T,H,D) row-major.
   layout.o = {{B, H, T, D}, {T * C, D, C, 1}, 0};
   // stats (B,H,T) fp32, packed.

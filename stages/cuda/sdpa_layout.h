@@ -29,6 +29,10 @@ struct SdpaLayout {
   SdpaTensor q, k, v, o, stats;
 };
 SdpaLayout InterleavedQkvLayout(int b, int t, int h, int d);
+// Grouped-query attention (llama): a qkv row holds h query heads, then kv_heads key heads, then
+// kv_heads value heads ((h + 2 kv_heads) d wide); k and v have dims {B, kv_heads, T, D}, and
+// cuDNN gives query head i the kv head i / (h / kv_heads). kv_heads = h is InterleavedQkvLayout.
+SdpaLayout GroupedQkvLayout(int b, int t, int h, int kv_heads, int d);
 
 // Which attention a CUDA block runs for (dtype, head dim), and why, for the [rank] line.
 struct AttentionChoice {
