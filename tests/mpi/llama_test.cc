@@ -10,8 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +22,7 @@ namespace bigmac {
 namespace {
 
 using testutil::Bigmac;
+using testutil::ReadFile;
 using testutil::RunCommand;
 using testutil::Runfile;
 using testutil::TempDir;
@@ -199,11 +198,6 @@ TEST(LlamaCheckpoint, SavedUnderTpAndPpResumesOnOneRankAndGenerates) {
   EXPECT_NE(generated.output.find("24 tokens"), std::string::npos) << generated.output;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // ckpt export writes LlamaForCausalLM's names (q|k|v and gate|up split by rows) and a config.json
 // that transformers reads (bench/hf_llama_check.py loads both with transformers); ckpt import
 // reads the file back, and its export holds the same tensors.
@@ -269,6 +263,37 @@ TEST(LlamaExport, HuggingFaceNamesAndConfigRoundTrip) {
   for (int i = 0; i < 8; ++i)
     second_length |= uint64_t{static_cast<unsigned char>(second[i])} << (8 * i);
   EXPECT_TRUE(file.substr(8 + length) == second.substr(8 + second_length));
+}
+
+// generate on a llama checkpoint trained on a SentencePiece vocabulary: the prompt encodes with
+// the corpus's tokenizer and the text decodes with it.
+TEST(LlamaGenerate, SentencePieceVocabulary) {
+  const std::string dir = TempDir() + "/llama_sp";
+  std::filesystem::remove_all(dir);
+  std::string text;
+  for (int i = 0; i < 20000; ++i)
+    text += "Key head " + std::to_string(i * 37 % 1009) + " serves query heads of group " +
+            std::to_string(i * 11 % 997) + ".\n";
+  const std::string corpus = testutil::WriteTempFile("llama_sp.txt", text);
+  const testutil::RunResult prep =
+      RunCommand(Bigmac() + " data prep --input " + corpus + " --output " + dir +
+                     "/data --tokenizer sentencepiece --vocab-size 320",
+                 120);
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  const TrainRun trained =
+      Train({"1f1b", 1},
+            "--set data.dir=" + dir +
+                "/data --set model.vocab_size=320 --set checkpoint.dir=" + dir + "/ckpt",
+            "sentencepiece");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const testutil::RunResult generated =
+      RunCommand(Bigmac() + " generate --checkpoint " + dir +
+                     "/ckpt --prompt 'Key head ' --tokens 12 --seed 5",
+                 120);
+  ASSERT_EQ(generated.exit_code, 0) << generated.output;
+  EXPECT_NE(generated.output.find("Key head "), std::string::npos) << generated.output;
+  EXPECT_NE(generated.output.find("sentencepiece"), std::string::npos) << generated.output;
+  EXPECT_NE(generated.output.find("12 tokens"), std::string::npos) << generated.output;
 }
 
 }  // namespace
