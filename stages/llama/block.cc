@@ -33,6 +33,11 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
       : Base(spec), group_(group), specs_(BlockParams(spec.dims)) {
     const layer::ModelDims& d = spec.dims;
     const int tp = group ? group->size() : 1;
+    if (d.arch != layer::Arch::kLlama) {
+      throw std::invalid_argument(
+          "llama_block needs model.arch: llama (its key/value heads, SwiGLU width, RoPE base and "
+          "RMSNorm epsilon come from the llama keys)");
+    }
     if (d.hidden_size % d.num_heads != 0 || d.head_dim() % 2 != 0 ||
         d.num_heads % d.kv_heads() != 0 || d.kv_heads() % tp != 0 ||
         d.intermediate_size % tp != 0) {
