@@ -1,5 +1,5 @@
-// Every CUDA GPT layer against the CPU layer: the same weights (initialised on the host from the
-// same seed), the same seeded random inputs, forward outputs, input gradients and every
+// Every CUDA GPT and llama layer against the CPU layer: the same weights (initialised on the host
+// from the same seed), the same seeded random inputs, forward outputs, input gradients and every
 // parameter gradient compared at stated tolerances, in fp32 and in bf16 (against the CPU's bf16
 // mode). Without a GPU every case reports as skipped.
 //
@@ -88,9 +88,13 @@ struct LayerPair {
     cpu_device = device::MakeCpuDevice(0, int64_t{4} << 30);
     gpu_device = device::cuda::MakeCudaDevice(0, 0);
     tolerance = c.bf16 ? kBf16Tolerance : kFp32Tolerance;
-    const int layer_id = c.type == "gpt_embedding" ? layer::kEmbeddingLayerId
-                         : c.type == "gpt_head"    ? layer::HeadLayerId(c.dims.num_layers)
-                                                   : 0;
+    auto ends_with = [&](const std::string& suffix) {
+      return c.type.size() >= suffix.size() &&
+             c.type.compare(c.type.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const int layer_id = ends_with("_embedding") ? layer::kEmbeddingLayerId
+                         : ends_with("_head")    ? layer::HeadLayerId(c.dims.num_layers)
+                                                 : 0;
     for (auto [device, out] : {std::pair{cpu_device.get(), &cpu}, {gpu_device.get(), &gpu}}) {
       layer::LayerSpec spec;
       spec.type = c.type;
@@ -284,6 +288,61 @@ TEST(CudaLayers, BlockIsDeterministic) {
   }
   ASSERT_EQ(runs[0].size(), runs[1].size());
   for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "tensor " << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// llama: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases; same tolerances.
+
+layer::ModelDims LlamaDims(int hidden, int heads, int kv_heads, int inner, int vocab = 97,
+                           bool tied = false) {
+  layer::ModelDims dims = Dims(hidden, heads, vocab);
+  dims.arch = layer::Arch::kLlama;
+  dims.num_kv_heads = kv_heads;
+  dims.intermediate_size = inner;
+  dims.rope_theta = 10000.0;
+  dims.rms_norm_eps = 1e-5;
+  dims.tie_embeddings = tied;
+  return dims;
+}
+
+TEST(CudaLayers, LlamaBlockFp32MatchesCpu) {
+  REQUIRE_GPU();
+  CompareBlock({"llama_block", LlamaDims(64, 4, 2, 96)});  // groups of 2, head dim 16
+  CompareBlock({"llama_block", LlamaDims(48, 4, 1, 40), false, false, 3, 9});  // multi-query
+  CompareBlock({"llama_block", LlamaDims(32, 2, 2, 24)});                      // multi-head
+}
+
+TEST(CudaLayers, LlamaBlockBf16WithCudnnAttentionMatchesCpuBf16) {
+  REQUIRE_GPU();
+  // Head dim 64: cuDNN's grouped-query SDPA where it runs (the emulated device falls back).
+  CompareBlock({"llama_block", LlamaDims(256, 4, 2, 128), /*bf16=*/true});
+}
+
+TEST(CudaLayers, LlamaBlockBf16WithFallbackAttentionMatchesCpuBf16) {
+  REQUIRE_GPU();
+  CompareBlock({"llama_block", LlamaDims(48, 4, 2, 64), /*bf16=*/true});  // head dim 12
+}
+
+TEST(CudaLayers, LlamaBlockWithActivationCheckpointingMatchesCpu) {
+  REQUIRE_GPU();
+  CompareBlock({"llama_block", LlamaDims(64, 4, 2, 96), false, /*checkpointing=*/true, 3, 9});
+  CompareBlock({"llama_block", LlamaDims(256, 4, 2, 128), true, /*checkpointing=*/true});
+}
+
+TEST(CudaLayers, LlamaEmbeddingMatchesCpu) {
+  REQUIRE_GPU();
+  CompareEmbedding({"llama_embedding", LlamaDims(64, 4, 2, 96)});
+  CompareEmbedding({"llama_embedding", LlamaDims(64, 4, 2, 96), /*bf16=*/true});
+}
+
+TEST(CudaLayers, LlamaHeadMatchesCpuUntiedAndTied) {
+  REQUIRE_GPU();
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    CompareHead({"llama_head", LlamaDims(64, 4, 2, 96, 97, tied)});
+    CompareHead({"llama_head", LlamaDims(64, 4, 2, 96, 97, tied), /*bf16=*/true});
+    CompareHead({"llama_head", LlamaDims(64, 4, 2, 96, 256, tied), /*bf16=*/true});
+  }
 }
 
 }  // namespace

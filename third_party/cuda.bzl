@@ -29,8 +29,10 @@ _TWINNED = [
     "//stages/cuda:gemm",
     "//stages/cuda:gemm_descriptors",
     "//stages/cuda:kernels",
+    "//stages/cuda:layers",
     "//stages/cuda:sdpa",
     "//stages/gpt/cuda:cuda",
+    "//stages/llama/cuda:cuda",
 ]
 
 def _full_label(label):

@@ -1,9 +1,10 @@
-#ifndef BIGMAC_STAGES_GPT_CUDA_CUDA_LAYER_H_
-#define BIGMAC_STAGES_GPT_CUDA_CUDA_LAYER_H_
+#ifndef BIGMAC_STAGES_CUDA_CUDA_LAYER_H_
+#define BIGMAC_STAGES_CUDA_CUDA_LAYER_H_
 
-// The base of the CUDA GPT layers: parameters from the backend-neutral tables
-// (stages/gpt/params.h) on the layer's CUDA device, typed device pointers for the kernels, and
-// call sites that name the layer, the phase, the rank and the device in every error.
+// The base of the CUDA layers of every built-in architecture (stages/gpt/cuda, stages/llama/cuda):
+// parameters from the backend-neutral tables (stages/param_spec.h) on the layer's CUDA device,
+// typed device pointers for the kernels, and call sites that name the layer, the phase, the rank
+// and the device in every error.
 //
 // T is the activation and compute type: float (precision fp32: the kernels read the fp32
 // masters) or __nv_bfloat16 (bf16: they read the bf16 compute copies the optimizer writes).
@@ -12,6 +13,7 @@
 
 #include <cuda_bf16.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -19,9 +21,9 @@
 
 #include "core/device/cuda/cuda_device.h"
 #include "core/layer/layer.h"
-#include "stages/gpt/params.h"
+#include "stages/param_spec.h"
 
-namespace bigmac::stages::gpt::cuda {
+namespace bigmac::stages::cuda {
 
 using layer::MicroBatch;
 using layer::Param;
@@ -30,11 +32,11 @@ using memory::DType;
 using memory::Tensor;
 
 template <typename T>
-class CudaGptLayer : public layer::Layer {
+class CudaLayer : public layer::Layer {
  public:
   static constexpr DType kActivation = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
 
-  CudaGptLayer(const layer::LayerSpec& spec, std::vector<ParamSpec> params)
+  CudaLayer(const layer::LayerSpec& spec, std::vector<ParamSpec> params)
       : layer::Layer(spec),
         context_(device::cuda::ContextOf(spec.device)),
         specs_(std::move(params)) {
@@ -59,10 +61,13 @@ class CudaGptLayer : public layer::Layer {
  protected:
   // The weights the kernels read: the bf16 compute copy, or the fp32 master.
   const T* W(int index) const {
+    if (index < 0) return nullptr;  // a parameter the architecture does not have
     const Param& param = params_[index];
     return static_cast<const T*>(param.compute.empty() ? param.value.raw() : param.compute.raw());
   }
-  float* G(int index) { return static_cast<float*>(params_[index].grad.raw()); }
+  float* G(int index) {
+    return index < 0 ? nullptr : static_cast<float*>(params_[index].grad.raw());
+  }
 
   // Outputs and activations: every one is written whole by the kernel or GEMM that produces it
   // before anything reads it (the CPU's ForOverwrite rule), so no zeroing pass. The logits'
@@ -99,6 +104,13 @@ class CudaGptLayer : public layer::Layer {
   std::vector<Param> params_;
 };
 
-}  // namespace bigmac::stages::gpt::cuda
+// float activations under precision fp32, bf16 under bf16.
+template <template <typename> class LayerClass>
+std::unique_ptr<layer::Layer> MakeForPrecision(const layer::LayerSpec& spec) {
+  if (spec.bf16) return std::make_unique<LayerClass<__nv_bfloat16>>(spec);
+  return std::make_unique<LayerClass<float>>(spec);
+}
 
-#endif  // BIGMAC_STAGES_GPT_CUDA_CUDA_LAYER_H_
+}  // namespace bigmac::stages::cuda
+
+#endif  // BIGMAC_STAGES_CUDA_CUDA_LAYER_H_

@@ -128,6 +128,20 @@ inline std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
   return specs;
 }
 
+// Llama's embedding (no position table) and head (final RMSNorm; lm_head.weight, or the tied
+// copy of wte) for the vocabulary layers written once per backend (stages/vocab/vocab_layers.h,
+// stages/cuda/vocab_layers.h).
+struct Vocab {
+  static std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {
+    return llama::EmbeddingParams(dims);
+  }
+  static std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
+    return llama::HeadParams(dims);
+  }
+  static constexpr bool kPositions = false;
+  static constexpr bool kRmsNorm = true;
+};
+
 }  // namespace bigmac::stages::llama
 
 #endif  // BIGMAC_STAGES_LLAMA_PARAMS_H_

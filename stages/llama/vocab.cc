@@ -7,18 +7,7 @@
 namespace bigmac::stages::llama {
 namespace {
 
-struct LlamaVocab {
-  static std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {
-    return llama::EmbeddingParams(dims);
-  }
-  static std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
-    return llama::HeadParams(dims);
-  }
-  static constexpr bool kPositions = false;
-  static constexpr bool kRmsNorm = true;
-};
-
-const vocab::Registration<LlamaVocab> kRegister("llama_embedding", "llama_head");
+const vocab::Registration<Vocab> kRegister("llama_embedding", "llama_head");
 
 }  // namespace
 }  // namespace bigmac::stages::llama

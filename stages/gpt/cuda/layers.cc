@@ -1,97 +1,48 @@
-// The GPT-2 layers on CUDA (gpt_embedding, gpt_block, gpt_head for backend "cuda"): the CPU
-// layers' algorithm (stages/gpt) with cuBLASLt GEMMs (stages/cuda/gemm.h), cuDNN's fused
+// The GPT-2 layers on CUDA (gpt_embedding, gpt_block, gpt_head for backend "cuda"; the embedding
+// and head are stages/cuda/vocab_layers.h's): the CPU layers' algorithm (stages/gpt) with cuBLASLt
+// GEMMs (stages/cuda/gemm.h), cuDNN's fused
 // attention where it serves the shape (stages/cuda/sdpa.h) and kernels of our own
 // (stages/cuda/kernels.h). Activations are T (fp32 or bf16); masters and gradients fp32.
 #include <cuda_bf16.h>
 
-#include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "core/layer/cost.h"
+#include "stages/cuda/cuda_block.h"
 #include "stages/cuda/gemm.h"
 #include "stages/cuda/kernels.h"
 #include "stages/cuda/sdpa.h"
 #include "stages/cuda/sdpa_layout.h"
+#include "stages/cuda/vocab_layers.h"
 #include "stages/gpt/cuda/constraints.h"
-#include "stages/gpt/cuda/cuda_layer.h"
+#include "stages/gpt/params.h"
 
 namespace bigmac::stages::gpt::cuda {
 namespace {
 
 namespace k = ::bigmac::stages::cuda;
+using k::CudaLayer;
+using k::MakeForPrecision;
 using layer::LayerSpec;
+using layer::MicroBatch;
+using layer::Saved;
+using memory::DType;
+using memory::Tensor;
 
 template <typename T>
-class Embedding : public CudaGptLayer<T> {
-  using Base = CudaGptLayer<T>;
-
- public:
-  explicit Embedding(const LayerSpec& spec) : Base(spec, EmbeddingParams(spec.dims)) {}
-
-  void Forward(const MicroBatch& mb, const Tensor&, Tensor* y, Saved* saved) override {
-    if (mb.seq > this->spec_.dims.max_seq_length) {
-      throw std::invalid_argument("embedding: sequence of " + std::to_string(mb.seq) +
-                                  " tokens is longer than the position table (" +
-                                  std::to_string(this->spec_.dims.max_seq_length) + ")");
-    }
-    *y = this->New({mb.batch, mb.seq, this->C()});
-    k::EmbeddingForward(this->Site("forward"), Base::P(*y), mb.tokens, this->W(kWte), this->W(kWpe),
-                        mb.batch, mb.seq, this->C());
-    saved->Clear();
-  }
-
-  void BackwardInput(const MicroBatch&, const Tensor& dy, Tensor* dx, Saved* saved) override {
-    if (dx) *dx = Tensor();
-    saved->tensors.push_back(dy.Clone());
-  }
-
-  void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
-    k::EmbeddingBackwardWeight(this->Site("backward"), this->G(kWte), this->G(kWpe),
-                               Base::P(saved->tensors.at(0)), mb.tokens, mb.host_tokens, mb.batch,
-                               mb.seq, this->C(), this->V());
-    saved->Clear();
-  }
-
-  int64_t ForwardFlops(int batch, int seq) const override {
-    return layer::EmbeddingCost(this->spec_.dims, batch, seq).forward_flops;
-  }
-  int64_t ActivationBytes(int, int) const override { return 0; }
-};
-
-template <typename T>
-class Block : public CudaGptLayer<T> {
-  using Base = CudaGptLayer<T>;
+class Block : public k::CudaBlock<T> {
+  using Base = k::CudaBlock<T>;
   // Saved tensors: the CPU block's order (stages/gpt/params.h).
   using enum BlockSaved::Index;
 
  public:
   explicit Block(const LayerSpec& spec)
-      : Base(spec, BlockParams(spec.dims)),
-        head_dim_(spec.dims.num_heads > 0 ? spec.dims.hidden_size / spec.dims.num_heads : 0),
-        cudnn_allowed_(k::ChooseAttention(Base::kActivation, head_dim_).cudnn) {
+      : Base(spec, BlockParams(spec.dims), spec.dims.num_heads, spec.dims.num_heads,
+             spec.dims.num_heads > 0 ? spec.dims.hidden_size / spec.dims.num_heads : 0) {
     if (const auto problems = CudaModelProblems(spec.dims); !problems.empty())
       throw std::invalid_argument("gpt_block (cuda): " + problems.front());
-  }
-
-  bool checkpoints_activations() const override { return true; }
-
-  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
-    const device::cuda::CallSite site = this->Site("forward");
-    saved->Clear();
-    saved->tensors.push_back(x.Clone());
-    *y = this->New({mb.batch, mb.seq, this->C()});
-    if (this->spec_.activation_checkpointing) {
-      Saved scratch;
-      scratch.tensors.push_back(x.Clone());
-      ComputeInternals(site, mb, &scratch);
-      ComputeOutput(site, mb, scratch, y);
-    } else {
-      ComputeInternals(site, mb, saved);
-      ComputeOutput(site, mb, *saved, y);
-    }
   }
 
   void BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx, Saved* saved) override {
@@ -123,9 +74,10 @@ class Block : public CudaGptLayer<T> {
                            this->W(kProjWeight), n, c, c);
     Tensor dqkv = this->New({n, 3 * c});
     const int h = this->spec_.dims.num_heads;
-    if (UseCudnn(mb)) {
+    if (this->UseCudnn(mb)) {
       k::CudnnAttentionBackward(site.In("attention"), dqkv.raw(), datty.raw(), s[kQkv].raw(),
-                                s[kAtty].raw(), Base::F(s[kAtt]), mb.batch, mb.seq, h, head_dim_);
+                                s[kAtty].raw(), Base::F(s[kAtt]), mb.batch, mb.seq, h,
+                                this->head_dim_);
     } else {
       k::AttentionBackward(site, Base::P(dqkv), Base::P(datty), Base::P(s[kQkv]), Base::F(s[kAtt]),
                            mb.batch, mb.seq, c, h);
@@ -180,7 +132,8 @@ class Block : public CudaGptLayer<T> {
 
  private:
   // Fills saved[kLn1 .. kFchGelu] from saved[kX].
-  void ComputeInternals(const device::cuda::CallSite& site, const MicroBatch& mb, Saved* saved) {
+  void ComputeInternals(const device::cuda::CallSite& site, const MicroBatch& mb,
+                        Saved* saved) override {
     const int n = mb.batch * mb.seq;
     const int c = this->C();
     const int h = this->spec_.dims.num_heads;
@@ -191,7 +144,7 @@ class Block : public CudaGptLayer<T> {
     s[kLn1Mean] = this->NewFloat({n});
     s[kLn1Rstd] = this->NewFloat({n});
     s[kQkv] = this->New({n, 3 * c});
-    const bool cudnn = UseCudnn(mb);
+    const bool cudnn = this->UseCudnn(mb);
     s[kAtt] = cudnn ? this->NewFloat({mb.batch, h, mb.seq})
                     : this->NewFloat({mb.batch, h, mb.seq, mb.seq});
     s[kAtty] = this->New({n, c});
@@ -207,7 +160,7 @@ class Block : public CudaGptLayer<T> {
                      this->W(kQkvWeight), this->W(kQkvBias), n, c, 3 * c);
     if (cudnn) {
       k::CudnnAttentionForward(site.In("attention"), s[kAtty].raw(), Base::F(s[kAtt]),
-                               s[kQkv].raw(), mb.batch, mb.seq, h, head_dim_);
+                               s[kQkv].raw(), mb.batch, mb.seq, h, this->head_dim_);
     } else {
       k::AttentionForward(site, Base::P(s[kAtty]), Base::F(s[kAtt]), Base::P(s[kQkv]), mb.batch,
                           mb.seq, c, h);
@@ -224,7 +177,7 @@ class Block : public CudaGptLayer<T> {
   }
 
   void ComputeOutput(const device::cuda::CallSite& site, const MicroBatch& mb, const Saved& saved,
-                     Tensor* y) {
+                     Tensor* y) override {
     const int n = mb.batch * mb.seq;
     const int c = this->C();
     k::MatmulForward(site.In("mlp.proj GEMM"), Base::kActivation, y->raw(),
@@ -232,116 +185,24 @@ class Block : public CudaGptLayer<T> {
                      4 * c, c);
     k::AddInPlace(site, Base::P(*y), Base::P(saved.tensors[kRes2]), int64_t{n} * c);
   }
-
-  // cuDNN's fused attention when ChooseAttention allows it and this cuDNN builds both graphs for
-  // the micro-batch's shape; otherwise the fallback, for forward and backward alike (the saved
-  // tensor differs: softmax statistics vs probabilities). Decided once per shape.
-  bool UseCudnn(const MicroBatch& mb) {
-    if (!cudnn_allowed_) return false;
-    const auto shape = std::make_pair(mb.batch, mb.seq);
-    if (auto it = cudnn_by_shape_.find(shape); it != cudnn_by_shape_.end()) return it->second;
-    const std::string why = k::CudnnAttentionUnavailable(
-        this->Site("attention set-up"), mb.batch, mb.seq, this->spec_.dims.num_heads, head_dim_);
-    if (!why.empty()) {
-      std::fprintf(stderr, "[device] %s: cuDNN fused SDPA unavailable, using the fallback: %s\n",
-                   layer::LayerIdName(this->layer_id(), this->spec_.dims.num_layers).c_str(),
-                   why.c_str());
-    }
-    return cudnn_by_shape_[shape] = why.empty();
-  }
-
-  const int head_dim_;
-  const bool cudnn_allowed_;
-  std::map<std::pair<int, int>, bool> cudnn_by_shape_;
 };
 
-template <typename T>
-class Head : public CudaGptLayer<T> {
-  using Base = CudaGptLayer<T>;
-  enum SavedIndex { kX, kNorm, kMean, kRstd, kDLogits, kDNorm };
-
- public:
-  explicit Head(const LayerSpec& spec)
-      : Base(spec, HeadParams(spec.dims)), padded_vocab_(PaddedVocab(spec.dims.vocab_size)) {}
-
-  // y: the micro-batch's loss, sum(token losses) * loss_scale, one fp32 element (without targets,
-  // mb.targets null: the logits, (n, padded vocab), for text generation). The fused
-  // cross-entropy also leaves dlogits in the logits' place, so the backward starts from them.
-  void Forward(const MicroBatch& mb, const Tensor& x, Tensor* y, Saved* saved) override {
-    const device::cuda::CallSite site = this->Site("forward");
-    const int n = mb.batch * mb.seq;
-    const int c = this->C();
-    saved->Clear();
-    auto& s = saved->tensors;
-    s.push_back(x.Clone());
-    s.push_back(this->New({n, c}));
-    s.push_back(this->NewFloat({n}));
-    s.push_back(this->NewFloat({n}));
-    s.push_back(this->New({n, padded_vocab_}));
-    k::LayerNormForward(site, Base::P(s[kNorm]), Base::F(s[kMean]), Base::F(s[kRstd]), Base::P(x),
-                        this->W(kLnfWeight), this->W(kLnfBias), n, c);
-    k::MatmulForward(site.In("logits GEMM"), Base::kActivation, s[kDLogits].raw(), s[kNorm].raw(),
-                     this->W(kHeadWte), nullptr, n, c, this->V(), padded_vocab_);
-    if (mb.targets == nullptr) {  // text generation: the logits, (n, padded vocab)
-      *y = std::move(s[kDLogits]);
-      saved->Clear();
-      return;
-    }
-    *y = this->NewFloat({1});
-    k::CrossEntropyForwardBackward(site, Base::P(s[kDLogits]), Base::F(*y), mb.targets, n,
-                                   this->V(), padded_vocab_, mb.loss_scale);
+// GPT-2's embedding (token plus position) and head (final LayerNorm, the tied wte), as the CPU's
+// (stages/gpt/vocab.cc).
+struct GptVocab {
+  static std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {
+    return gpt::EmbeddingParams(dims);
   }
-
-  void BackwardInput(const MicroBatch& mb, const Tensor&, Tensor* dx, Saved* saved) override {
-    const device::cuda::CallSite site = this->Site("backward");
-    const int n = mb.batch * mb.seq;
-    const int c = this->C();
-    auto& s = saved->tensors;
-    Tensor dnorm = this->New({n, c});
-    k::MatmulBackwardInput(site.In("logits dgrad"), Base::kActivation, dnorm.raw(),
-                           s[kDLogits].raw(), this->W(kHeadWte), n, c, this->V(), padded_vocab_);
-    *dx = this->NewZeroed({mb.batch, mb.seq, c});
-    k::LayerNormBackwardInput(site, Base::P(*dx), Base::P(dnorm), Base::P(s[kX]),
-                              this->W(kLnfWeight), Base::F(s[kMean]), Base::F(s[kRstd]), n, c);
-    s.push_back(std::move(dnorm));
+  static std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
+    return gpt::HeadParams(dims);
   }
-
-  void BackwardWeight(const MicroBatch& mb, Saved* saved) override {
-    const device::cuda::CallSite site = this->Site("weight gradient");
-    const int n = mb.batch * mb.seq;
-    auto& s = saved->tensors;
-    k::MatmulBackwardWeight(site.In("logits wgrad"), Base::kActivation, this->G(kHeadWte), nullptr,
-                            s[kDLogits].raw(), s[kNorm].raw(), n, this->C(), this->V(),
-                            padded_vocab_);
-    k::LayerNormBackwardWeight(site, this->G(kLnfWeight), this->G(kLnfBias), Base::P(s[kDNorm]),
-                               Base::P(s[kX]), Base::F(s[kMean]), Base::F(s[kRstd]), n, this->C());
-    saved->Clear();
-  }
-
-  int64_t ForwardFlops(int batch, int seq) const override {
-    return layer::HeadCost(this->spec_.dims, batch, seq).forward_flops;
-  }
-  int64_t ActivationBytes(int batch, int seq) const override {
-    return layer::HeadCost(this->spec_.dims, batch, seq,
-                           static_cast<int>(memory::DTypeSize(Base::kActivation)))
-        .activation_bytes;
-  }
-
- private:
-  const int64_t padded_vocab_;
+  static constexpr bool kPositions = true;
+  static constexpr bool kRmsNorm = false;
 };
-
-// float activations under precision fp32, bf16 under bf16.
-template <template <typename> class LayerClass>
-std::unique_ptr<layer::Layer> MakeForPrecision(const LayerSpec& spec) {
-  if (spec.bf16) return std::make_unique<LayerClass<__nv_bfloat16>>(spec);
-  return std::make_unique<LayerClass<float>>(spec);
-}
 
 using Registrar = registry::Registrar<layer::Layer, const LayerSpec&>;
-const Registrar kEmbedding("gpt_embedding", "cuda", MakeForPrecision<Embedding>);
 const Registrar kBlock("gpt_block", "cuda", MakeForPrecision<Block>);
-const Registrar kHead("gpt_head", "cuda", MakeForPrecision<Head>);
+const k::VocabRegistration<GptVocab> kVocab("gpt_embedding", "gpt_head");
 
 }  // namespace
 }  // namespace bigmac::stages::gpt::cuda
