@@ -3,7 +3,7 @@
 # bundle (launch/bundle.sh), it prints what it found (GPU, driver, glibc, which CUDA libraries it
 # loads from where), runs every GPU test binary, a 2-rank transport ping-pong (NCCL where there
 # are two GPUs; MPI staged through pinned host memory with both ranks on one GPU), compares
-# tiny-model losses GPU vs CPU (fp32 and bf16), trains pp=2 as two ranks on the one GPU against
+# tiny-model losses GPU vs CPU (fp32 and bf16; GPT and llama), trains pp=2 as two ranks on the one GPU against
 # pp=1, measures GPT-2 124M (tokens/s, step time, peak memory, MFU against the GEMM peak measured
 # here and against 989 TFLOP/s), and runs the tiny model under CUDA_LAUNCH_BLOCKING=1 and
 # compute-sanitizer. Every step has a timeout; a failed step does not stop the others. The last
@@ -330,12 +330,14 @@ fi
 tiny=(train --config "$bundle/configs/tiny.yaml" --set "data.dir=$bundle/data/tiny"
   --set "train.max_steps=$steps" --set train.log_interval=1 --set train.eval_batches=2)
 # train_run NAME TIMEOUT BACKEND DTYPE [extra bigmac args...]; run_env: VAR=VALUE for the run.
+# run_model: the model's train arguments (tiny's, or llama tiny's in section 4b).
 run_env=()
+run_model=("${tiny[@]}")
 train_run() {
   local name=$1 limit=$2 run_backend=$3 dtype=$4
   shift 4
   rm -rf "run_$name"
-  run_step "$name" "$limit" "${bx[@]}" "${run_env[@]}" bigmac "${tiny[@]}" --set "device.backend=$run_backend" \
+  run_step "$name" "$limit" "${bx[@]}" "${run_env[@]}" bigmac "${run_model[@]}" --set "device.backend=$run_backend" \
     --set "precision.dtype=$dtype" --set "train.output_dir=$logs/run_$name" "$@"
 }
 losses() { jget "run_$1/metrics.jsonl" loss 2>/dev/null; }
@@ -382,6 +384,18 @@ rc_cpu_bf16=$rc
 train_run gpu_bf16 90 "$backend" bf16
 rc_gpu_bf16=$rc
 loss_check "tiny bf16 gpu vs cpu" gpu_bf16 cpu_bf16 "$tol_bf16" "$rc_gpu_bf16" "$rc_cpu_bf16"
+
+# ---- 4b. llama tiny (RMSNorm, RoPE, grouped-query attention, SwiGLU): GPU vs CPU -----------------
+run_model=("${tiny[@]/\/configs\/tiny.yaml//configs/llama_tiny.yaml}")
+train_run llama_cpu_fp32 90 cpu fp32
+rc_llama_cpu_fp32=$rc
+train_run llama_gpu_fp32 90 "$backend" fp32
+loss_check "llama tiny fp32 gpu vs cpu" llama_gpu_fp32 llama_cpu_fp32 "$tol_fp32" "$rc" "$rc_llama_cpu_fp32"
+train_run llama_cpu_bf16 90 cpu bf16
+rc_llama_cpu_bf16=$rc
+train_run llama_gpu_bf16 90 "$backend" bf16
+loss_check "llama tiny bf16 gpu vs cpu" llama_gpu_bf16 llama_cpu_bf16 "$tol_bf16" "$rc" "$rc_llama_cpu_bf16"
+run_model=("${tiny[@]}")
 
 # ---- 5. pp=2: two ranks on the one GPU ---------------------------------------------------------
 rm -rf run_gpu_pp2

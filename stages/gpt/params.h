@@ -107,6 +107,20 @@ inline std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
   };
 }
 
+// GPT-2's embedding (token plus learned position embedding) and head (final LayerNorm, the tied
+// wte) for the vocabulary layers written once per backend (stages/vocab/vocab_layers.h,
+// stages/cuda/vocab_layers.h).
+struct Vocab {
+  static std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {
+    return gpt::EmbeddingParams(dims);
+  }
+  static std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
+    return gpt::HeadParams(dims);
+  }
+  static constexpr bool kPositions = true;
+  static constexpr bool kRmsNorm = false;
+};
+
 }  // namespace bigmac::stages::gpt
 
 #endif  // BIGMAC_STAGES_GPT_PARAMS_H_

@@ -7,18 +7,7 @@
 namespace bigmac::stages::gpt {
 namespace {
 
-struct GptVocab {
-  static std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {
-    return gpt::EmbeddingParams(dims);
-  }
-  static std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
-    return gpt::HeadParams(dims);
-  }
-  static constexpr bool kPositions = true;
-  static constexpr bool kRmsNorm = false;
-};
-
-const vocab::Registration<GptVocab> kRegister("gpt_embedding", "gpt_head");
+const vocab::Registration<Vocab> kRegister("gpt_embedding", "gpt_head");
 
 }  // namespace
 }  // namespace bigmac::stages::gpt

@@ -187,22 +187,9 @@ class Block : public k::CudaBlock<T> {
   }
 };
 
-// GPT-2's embedding (token plus position) and head (final LayerNorm, the tied wte), as the CPU's
-// (stages/gpt/vocab.cc).
-struct GptVocab {
-  static std::vector<ParamSpec> EmbeddingParams(const layer::ModelDims& dims) {
-    return gpt::EmbeddingParams(dims);
-  }
-  static std::vector<ParamSpec> HeadParams(const layer::ModelDims& dims) {
-    return gpt::HeadParams(dims);
-  }
-  static constexpr bool kPositions = true;
-  static constexpr bool kRmsNorm = false;
-};
-
 using Registrar = registry::Registrar<layer::Layer, const LayerSpec&>;
 const Registrar kBlock("gpt_block", "cuda", MakeForPrecision<Block>);
-const k::VocabRegistration<GptVocab> kVocab("gpt_embedding", "gpt_head");
+const k::VocabRegistration<Vocab> kVocab("gpt_embedding", "gpt_head");
 
 }  // namespace
 }  // namespace bigmac::stages::gpt::cuda
