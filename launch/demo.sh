@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The demo: train a small character-level GPT on real English text (the fortunes corpus) on one
-# CPU rank, look at its TensorBoard file and generate text from its checkpoint; train a llama of the
-# same size beside it (both validation losses), and shorter runs in bf16 and on a SentencePiece
-# vocabulary (bits per byte compared); simulate pipeline schedules; train a 4-stage pipeline and
-# compare it with one rank;
+# CPU rank, look at its TensorBoard file and generate text from its checkpoint; in shorter runs of
+# 150 steps each, the same GPT in fp32 and bf16, a llama of its size (both validation losses,
+# generate from the llama) and a SentencePiece vocabulary (bits per byte compared); simulate
+# pipeline schedules; train a 4-stage pipeline and compare it with one rank;
 # plan a layout, dry-run it under mpirun with 8 ranks, change a value with --set and see it in the
 # [cfg] log, and watch a bad layout get refused.
 set -euo pipefail
@@ -12,12 +12,12 @@ launch/setup.sh
 bazel build //:bigmac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca btl_vader_single_copy_mechanism none)
-step() { printf '\n=== %s\n$ %s\n' "$1" "${*:2}"; }
+step() { printf '\n=== %s (at %d s)\n$ %s\n' "$1" "$SECONDS" "${*:2}"; }
 
 step "prepare the fortunes corpus (Debian package 'fortunes') as byte-level token shards" \
   bazel-bin/bigmac data prep --input /usr/share/games/fortunes/... --output data/fortunes
 corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
-bazel-bin/bigmac data prep --input $corpus --output data/fortunes
+bazel-bin/bigmac data prep --input $corpus --output data/fortunes --overwrite
 
 step "train configs/tiny.yaml on one rank (a few minutes on 2 cores), with a text sample every 200 steps" \
   bazel-bin/bigmac train --config configs/tiny.yaml --set train.sample_interval=200 --set checkpoint.dir=data/ckpt_tiny
@@ -39,17 +39,6 @@ step "generate: text from the checkpoint the run saved (any layout loads on one 
   bazel-bin/bigmac generate --checkpoint data/ckpt_tiny --prompt "The " --tokens 200 --seed 7
 bazel-bin/bigmac generate --checkpoint data/ckpt_tiny --prompt "The " --tokens 200 --seed 7
 
-step "llama: configs/llama_tiny.yaml (RMSNorm, RoPE, 4 query heads over 2 key/value heads, SwiGLU, untied head), GPT tiny's size and steps" \
-  bazel-bin/bigmac train --config configs/llama_tiny.yaml --set checkpoint.dir=data/ckpt_llama
-rm -rf data/ckpt_llama
-bazel-bin/bigmac train --config configs/llama_tiny.yaml --set checkpoint.dir=data/ckpt_llama "$@" |
-  grep -E '^(\[train\] model|step (300|600)/|\[val\] step (300|600) )' | tee data/demo_llama.log
-bazel-bin/bigmac generate --checkpoint data/ckpt_llama --prompt "The " --tokens 120 --seed 7
-echo "validation loss after 600 steps (nats per byte):"
-printf '  %-6s %s parameters, val_loss %s\n' \
-  gpt "$(grep -o 'model: [0-9]*' data/demo_fp32.log | grep -o '[0-9]*')" "$(grep '^\[val\] step 600 ' data/demo_fp32.log | awk '{print $6}')" \
-  llama "$(grep -o 'model: [0-9]*' data/demo_llama.log | grep -o '[0-9]*')" "$(grep '^\[val\] step 600 ' data/demo_llama.log | awk '{print $6}')"
-
 # Shorter repeated runs: 150 steps each (the learning-rate schedule follows train.max_steps, so the
 # fp32 baseline is run at 150 steps too).
 short=(--set train.max_steps=150 --set train.eval_interval=150 --set train.log_interval=50)
@@ -63,6 +52,20 @@ echo "losses at step 150:"
 for p in fp32 bf16; do
   printf '  %s: %s | %s\n' "$p" "$(grep '^step 150/' "data/demo_short_$p.log" | cut -d'|' -f1-2)" \
     "$(grep '^\[val\]' "data/demo_short_$p.log" | cut -d'|' -f2)"
+done
+
+step "llama: configs/llama_tiny.yaml (RMSNorm, RoPE, 4 query heads over 2 key/value heads, SwiGLU, untied head), GPT tiny's size, the same 150 steps" \
+  bazel-bin/bigmac train --config configs/llama_tiny.yaml --set train.max_steps=150 --set checkpoint.dir=data/ckpt_llama
+rm -rf data/ckpt_llama
+bazel-bin/bigmac train --config configs/llama_tiny.yaml "${short[@]}" --set checkpoint.dir=data/ckpt_llama "$@" |
+  grep -E '^(\[train\] model|step 150/|\[val\] step 150 )' | tee data/demo_short_llama.log
+bazel-bin/bigmac generate --checkpoint data/ckpt_llama --prompt "The " --tokens 120 --seed 7
+echo "validation loss at step 150 (nats per byte), same data, steps and learning-rate schedule:"
+for run in gpt:fp32:data/demo_fp32.log llama:llama:data/demo_short_llama.log; do
+  IFS=: read -r name log model_log <<<"$run"
+  printf '  %-6s %s parameters, val_loss %s\n' "$name" \
+    "$(grep -o 'model: [0-9]*' "$model_log" | grep -o '[0-9]*')" \
+    "$(grep '^\[val\]' "data/demo_short_$log.log" | awk '{print $6}')"
 done
 
 step "SentencePiece: a 2048-piece BPE vocabulary trained on the same text, the same model for 150 steps; val loss per token and per byte" \
