@@ -8,6 +8,7 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/output_guard.h"
+#include "core/checkpoint/resume_preview.h"
 #include "core/cli/exit_codes.h"
 #include "core/data/error.h"
 #include "core/data/tokenizer.h"
@@ -202,6 +203,8 @@ StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std
     check.summary = "resume from " + step_dir + " at step " + std::to_string(manifest.step()) +
                     " of " + std::to_string(max_steps) + ": the manifest matches the model, " +
                     std::to_string(manifest.files_size()) + " layer files present (not read)";
+    for (const std::string& line : checkpoint::DescribeResume(manifest, resolved))
+      check.summary += "\n  " + line;
   } catch (const checkpoint::CheckpointError& error) {
     check.problems.push_back(error.what());
   } catch (const data::DataError& error) {

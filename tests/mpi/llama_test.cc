@@ -189,6 +189,33 @@ TEST(LlamaCheckpoint, SavedUnderTpAndPpResumesOnOneRankAndGenerates) {
   EXPECT_LE(worst, 1e-5);
   std::printf("[llama checkpoint] tp2 pp2 -> one rank: max relative loss difference %.3g\n", worst);
 
+  // The resume preview (--dry-run) says what that resume did: the layouts, the files, the
+  // slicing, the optimizer state, and that the data continued exactly; another micro-batch size
+  // makes the data differ, and it says why.
+  const std::string model =
+      " --set model.num_layers=4 --set model.hidden_size=32"
+      " --set model.num_heads=4 --set model.num_kv_heads=2"
+      " --set model.intermediate_size=48 --set train.seq_length=16"
+      " --set parallel.num_microbatches=4"
+      " --set train.gradient_accumulation_steps=4 --set data.dir=" +
+      DataDir();
+  const std::string preview = Bigmac() + " train --config " + Runfile("configs/llama_tiny.yaml") +
+                              model + " --resume " + dir + "/step_000005 --dry-run";
+  const testutil::RunResult same = RunCommand(preview + " --set train.micro_batch_size=2", 60);
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  for (const char* line :
+       {"resharded: pp 2 -> 1, tp 2 -> 1, layers_per_stage [2, 2] -> [4]",
+        "pp rank 0 reads embedding.bin, block_0000.bin .. block_0003.bin, head.bin (6 files)",
+        "every rank takes the whole layers (saved under tp=2)",
+        "optimizer: AdamW moments for all 27 parameter tensors", "data: continues exactly"}) {
+    EXPECT_NE(same.output.find(line), std::string::npos) << line << "\n" << same.output;
+  }
+  const testutil::RunResult other = RunCommand(preview + " --set train.micro_batch_size=4", 60);
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("data: does not continue exactly (train.micro_batch_size 2 -> 4)"),
+            std::string::npos)
+      << other.output;
+
   const testutil::RunResult generated =
       RunCommand(Bigmac() + " generate --checkpoint " + dir +
                      " --prompt 'Query head ' --tokens 24 --seed 3 --temperature 0.8",
