@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "core/cli/failure.h"
 #include "core/cli/fault_env.h"
 #include "core/cli/model_config.h"
+#include "core/cli/run_record.h"
 #include "core/cli/startup_checks.h"
 #include "core/comm/cuda/cuda_probe.h"
 #include "core/comm/device.h"
@@ -46,6 +48,7 @@
 #include "core/util/files.h"
 #include "core/util/format.h"
 #include "core/util/output_file.h"
+#include "core/util/process.h"
 #include "core/util/stop_signal.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "stages/gpt/cuda/constraints.h"
@@ -687,6 +690,58 @@ int RunConfigKey(const std::string& name) {
   return kExitOk;
 }
 
+namespace {
+
+// plan --check: the configured layout trained for a few steps, its measured peaks against the
+// plan's. Exit 0 when every pipeline rank is within the tolerance, 1 otherwise.
+int CheckPlanMemory(const PlanOptions& options, const config::ResolvedConfig& resolved,
+                    const std::vector<plan::PolicyPlan>& plans) {
+  const std::string configured = partition::PolicyName(resolved.policy);
+  const auto it = std::find_if(plans.begin(), plans.end(), [&](const plan::PolicyPlan& plan) {
+    return plan.policy == configured;
+  });
+  if (it == plans.end() || !it->valid) {
+    std::fprintf(stderr, "bigmac: plan --check: the configured policy %s has no valid plan\n",
+                 configured.c_str());
+    return kExitFailure;
+  }
+  if (std::string problem = OutputDirProblem("plan --check's run directory", options.check_dir);
+      !problem.empty())
+    return ReportFailure(problem, kExitOutput);
+  std::filesystem::remove_all(options.check_dir);
+  std::string command = options.launcher;
+  for (size_t at = command.find("{np}"); at != std::string::npos; at = command.find("{np}"))
+    command.replace(at, 4, std::to_string(resolved.world_size));
+  command += " " + util::ShellQuote(util::SelfPath()) + " train --config " +
+             util::ShellQuote(options.config);
+  for (const std::string& plugin : options.plugins)
+    command += " --plugin " + util::ShellQuote(plugin);
+  for (const std::string& set : options.overrides) command += " --set " + util::ShellQuote(set);
+  command += " --set train.max_steps=" + std::to_string(options.check_steps) +
+             " --set train.output_dir=" + util::ShellQuote(options.check_dir) +
+             " --set train.eval_interval=0 --set train.sample_interval=0"
+             " --set 'checkpoint.dir=\"\"'";
+  std::printf("[check] running %d step(s) on %d rank(s): %s\n", options.check_steps,
+              resolved.world_size, command.c_str());
+  std::fflush(stdout);
+  const util::ChildResult run = util::RunChild(command);
+  if (run.exit_code != 0) {
+    std::fprintf(stderr, "bigmac: plan --check: the run failed with exit code %d:\n%s\n",
+                 run.exit_code, run.output.c_str());
+    return run.exit_code > kExitFailure && run.exit_code <= kExitDevice ? run.exit_code
+                                                                        : kExitFailure;
+  }
+  const plan::RunRecord record = ReadRunRecord(options.config, options.check_dir, run.output, 0);
+  const std::vector<plan::MemoryCheck> checks = plan::CheckMemory(*it, record.ranks);
+  PrintLines(plan::FormatMemoryChecks(checks, configured, options.check_tolerance));
+  const bool all_within = std::all_of(checks.begin(), checks.end(), [&](const auto& check) {
+    return check.measured_mib > 0 && std::fabs(check.error()) <= options.check_tolerance;
+  });
+  return all_within ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
 int RunPlan(const PlanOptions& options) {
   try {
     const config::ResolvedConfig resolved = LoadModelConfig(
@@ -701,8 +756,9 @@ int RunPlan(const PlanOptions& options) {
     const plan::LayerTimes times = options.profile
                                        ? plan::MeasureLayerTimes(resolved)
                                        : plan::EstimateLayerTimes(resolved, options.gflops);
-    PrintLines(plan::FormatPlans(resolved, plan::PlanPolicies(resolved, times), times));
-    return kExitOk;
+    const std::vector<plan::PolicyPlan> plans = plan::PlanPolicies(resolved, times);
+    PrintLines(plan::FormatPlans(resolved, plans, times));
+    return options.check ? CheckPlanMemory(options, resolved, plans) : kExitOk;
   } catch (const config::ConfigError& error) {
     PrintProblems("bigmac: invalid configuration", error.problems());
     return kExitConfig;

@@ -24,6 +24,13 @@ struct PlanOptions {
   double gflops = 20;    // assumed per-rank throughput for the estimated times
   bool profile = false;  // measure each kind of layer on this machine instead
   std::vector<std::string> plugins;
+  // --check: train the configured layout for check_steps steps (launcher, {np} = world size)
+  // and print each pipeline rank's predicted peak memory against the measured one.
+  bool check = false;
+  int check_steps = 3;
+  double check_tolerance = 0.10;
+  std::string launcher = "mpirun --oversubscribe -np {np}";
+  std::string check_dir = "runs/plan_check";  // the run's output directory (replaced)
 };
 
 // `bigmac train`: one rank per process under mpirun. Returns the exit code (exit_codes.h).

@@ -13,6 +13,7 @@
 
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/run_record.h"
 #include "core/cli/startup_checks.h"
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
@@ -28,63 +29,6 @@ namespace bigmac::cli {
 using util::Format;
 
 namespace {
-
-// A comparison's runs are short: their metrics are a few KiB.
-constexpr uint64_t kMaxMetricsBytes = uint64_t{1} << 30;
-
-// The run's metrics.jsonl and [memory] lines, warm-up steps removed from the timings.
-plan::RunRecord Read(const std::string& name, const std::string& dir, const std::string& output,
-                     int warmup) {
-  plan::RunRecord record;
-  record.name = name;
-  std::map<int, plan::RankRecord> ranks;
-  std::map<int, std::vector<double>> forward, backward, wait;
-  // The child run's own output, still read through the checked opener, and bounded.
-  const std::string metrics_path = dir + "/metrics.jsonl";
-  std::string text;
-  if (std::string problem =
-          util::ReadUserFile(metrics_path, kMaxMetricsBytes, "metrics file", &text);
-      !problem.empty()) {
-    std::fprintf(stderr, "bigmac: compare: %s\n", problem.c_str());
-  }
-  std::istringstream metrics(text);
-  int step = 0;
-  for (std::string line; std::getline(metrics, line); ++step) {
-    const nlohmann::json m = nlohmann::json::parse(line);
-    const double loss = m["loss"].get<double>();
-    record.loss.push_back(loss);
-    if (step >= warmup && !std::isfinite(loss)) ++record.nan_steps;
-    if (step >= warmup && m["clipped"].get<bool>()) ++record.clipped_steps;
-    record.micro_batch_size = m["micro_batch_size"].get<int>();
-    record.num_microbatches = m["num_microbatches"].get<int>();
-    if (step < warmup) continue;
-    record.step_ms.push_back(m["step_ms"].get<double>());
-    for (const auto& r : m["ranks"]) {
-      const int rank = r["rank"].get<int>();
-      forward[rank].push_back(r["forward_ms"].get<double>());
-      backward[rank].push_back(r["backward_ms"].get<double>());
-      wait[rank].push_back(r["wait_ms"].get<double>());
-    }
-  }
-  const std::regex memory(
-      R"(\[memory\] rank (\d+) \(pp (\d+), dp (\d+), stage [^)]*\): peak ([0-9.]+) MiB of ([0-9.]+) MiB capacity, activations peak ([0-9.]+) MiB, .* (\d+) parameters)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), memory);
-       it != std::sregex_iterator(); ++it) {
-    plan::RankRecord r;
-    r.rank = std::stoi((*it)[1]);
-    r.pp = std::stoi((*it)[2]);
-    r.dp = std::stoi((*it)[3]);
-    r.peak_mib = std::stod((*it)[4]);
-    r.capacity_mib = std::stod((*it)[5]);
-    r.activation_mib = std::stod((*it)[6]);
-    r.parameter_mib = std::stod((*it)[7]) * 16 / (1024.0 * 1024.0);
-    r.forward_ms = plan::Mean(forward[r.rank]);
-    r.backward_ms = plan::Mean(backward[r.rank]);
-    r.wait_ms = plan::Mean(wait[r.rank]);
-    record.ranks.push_back(r);
-  }
-  return record;
-}
 
 // Step time and loss per step for both runs, as an SVG line chart.
 std::string Chart(const plan::RunRecord& a, const plan::RunRecord& b, int warmup) {
@@ -232,7 +176,7 @@ int RunCompare(const CompareOptions& options) {
       return run.exit_code > kExitFailure && run.exit_code <= kExitDevice ? run.exit_code
                                                                           : kExitFailure;
     }
-    records[s] = Read(side.config, dir, run.output, options.warmup);
+    records[s] = ReadRunRecord(side.config, dir, run.output, options.warmup);
   }
   const plan::Verdict verdict =
       plan::Judge(records[0], records[1], cand_loaded.values.model().partition());

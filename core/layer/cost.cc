@@ -53,12 +53,12 @@ LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq) {
 }
 
 LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
-                    int bytes_per_element) {
-  return TpBlockCost(dims, 1, batch, seq, activation_checkpointing, bytes_per_element);
+                    int bytes_per_element, AttentionSaves saves) {
+  return TpBlockCost(dims, 1, batch, seq, activation_checkpointing, bytes_per_element, saves);
 }
 
 LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
-                      bool activation_checkpointing, int bytes_per_element) {
+                      bool activation_checkpointing, int bytes_per_element, AttentionSaves saves) {
   tp = tp < 1 ? 1 : tp;
   const int64_t n = int64_t{batch} * seq;
   const int64_t c = dims.hidden_size;
@@ -71,13 +71,13 @@ LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
       2 * n * shape.sliced_matrix_params / tp + 2 * int64_t{batch} * seq * seq * c / tp;
   cost.backward_flops =
       2 * cost.forward_flops + (activation_checkpointing ? cost.forward_flops : 0);
-  // Kept: the per-token rows and the attention probabilities (a layer that keeps only each
-  // row's log-sum-exp reports less); only x with recomputation.
+  // Kept: the per-token rows and the attention's statistics; only x with recomputation.
+  const int64_t statistics = int64_t{batch} * (dims.num_heads / tp) * seq *
+                             (saves == AttentionSaves::kProbabilities ? seq : 1);
   const int64_t elements =
       activation_checkpointing
           ? n * c
-          : n * (shape.replicated_activations + shape.sliced_activations / tp) +
-                int64_t{batch} * (dims.num_heads / tp) * seq * seq;
+          : n * (shape.replicated_activations + shape.sliced_activations / tp) + statistics;
   cost.activation_bytes = elements * bytes_per_element;
   if (tp > 1)
     cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;

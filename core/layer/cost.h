@@ -20,15 +20,21 @@ struct LayerCost {
   int64_t tp_allreduce_bytes = 0;
 };
 
+// What a block's attention keeps for its backward: the (B, h, T, T) probabilities (the CUDA
+// fallback kernels) or one log-sum-exp per row, (B, h, T) (the CPU's blocked attention, cuDNN).
+enum class AttentionSaves { kProbabilities, kRowLogSumExp };
+
 LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq);
 LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_checkpointing,
-                    int bytes_per_element = 4);
+                    int bytes_per_element = 4,
+                    AttentionSaves saves = AttentionSaves::kProbabilities);
 // One tp rank's share of a block split over `tp` ranks (stages/gpt/tp_block.cc,
 // stages/llama/tp_block.cc): the sliced matrices and activations divided by tp, norms,
 // row-parallel biases and the block's input, residual and norm outputs whole, and four all-reduces
 // of (batch, seq, hidden) (six with recomputation). tp = 1 gives BlockCost.
 LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
-                      bool activation_checkpointing, int bytes_per_element = 4);
+                      bool activation_checkpointing, int bytes_per_element = 4,
+                      AttentionSaves saves = AttentionSaves::kProbabilities);
 LayerCost HeadCost(const ModelDims& dims, int batch, int seq, int bytes_per_element = 4);
 
 // One tp rank's share of the vocab-parallel embedding and head (stages/vocab): wte

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "core/config/resolve.h"
 #include "core/engine/rank_model.h"
@@ -116,9 +118,14 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
   const int b = cfg.train().micro_batch_size();
   const int t = cfg.train().seq_length();
   const bool ckpt = cfg.train().activation_checkpointing();
-  // One tp rank's share (tp = 1: the whole layers).
+  // One tp rank's share (tp = 1: the whole layers). The CPU's blocked attention keeps a
+  // log-sum-exp per row, and so does cuDNN's (bf16 on a GPU); the CUDA fallback (fp32) keeps the
+  // probabilities.
+  const layer::AttentionSaves saves = config.backend == device::Backend::kCpu || config.bf16
+                                          ? layer::AttentionSaves::kRowLogSumExp
+                                          : layer::AttentionSaves::kProbabilities;
   const layer::LayerCost embedding = layer::TpEmbeddingCost(dims, config.tp, b, t);
-  const layer::LayerCost block = layer::TpBlockCost(dims, config.tp, b, t, ckpt);
+  const layer::LayerCost block = layer::TpBlockCost(dims, config.tp, b, t, ckpt, 4, saves);
   const layer::LayerCost head = layer::TpHeadCost(dims, config.tp, b, t);
   constexpr double kMiB = 1024.0 * 1024.0;
   const double microbatches_per_step = cfg.train().gradient_accumulation_steps();
@@ -286,6 +293,53 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
         "%.1f ms, bubble %.3f%s)",
         best->policy.c_str(), counts.c_str(), best->step_ms, best->bubble, versus.c_str()));
   }
+  return lines;
+}
+
+std::vector<MemoryCheck> CheckMemory(const PolicyPlan& plan, const std::vector<RankRecord>& ranks) {
+  std::map<int, MemoryCheck> by_rank;
+  for (const StagePlan& stage : plan.stages) {
+    MemoryCheck& check = by_rank[stage.range.pp_rank];
+    check.pp_rank = stage.range.pp_rank;
+    check.predicted_mib += stage.total_mib;
+  }
+  for (const RankRecord& rank : ranks) {
+    auto it = by_rank.find(rank.pp);
+    if (it != by_rank.end())
+      it->second.measured_mib = std::max(it->second.measured_mib, rank.peak_mib);
+  }
+  std::vector<MemoryCheck> checks;
+  for (const auto& [rank, check] : by_rank) checks.push_back(check);
+  return checks;
+}
+
+std::vector<std::string> FormatMemoryChecks(const std::vector<MemoryCheck>& checks,
+                                            const std::string& policy, double tolerance) {
+  std::vector<std::string> lines = {
+      Format("[check] policy %s: predicted against measured peak memory per pipeline rank",
+             policy.c_str()),
+      Format("[check]   %-8s %-14s %-13s %-8s %s", "pp rank", "predicted MiB", "measured MiB",
+             "error", "verdict")};
+  int outside = 0, missing = 0;
+  for (const MemoryCheck& check : checks) {
+    const bool measured = check.measured_mib > 0;
+    const bool within = measured && std::fabs(check.error()) <= tolerance;
+    outside += measured && !within;
+    missing += !measured;
+    lines.push_back(Format("[check]   %-8d %-14.2f %-13s %-8s %s", check.pp_rank,
+                           check.predicted_mib,
+                           measured ? Format("%.2f", check.measured_mib).c_str() : "-",
+                           measured ? Format("%+.1f%%", 100 * check.error()).c_str() : "-",
+                           !measured ? "no [memory] line"
+                           : within  ? "ok"
+                                     : "OFF"));
+  }
+  lines.push_back(
+      outside + missing == 0
+          ? Format("[check] verdict: every rank within %.0f%% of its measured peak",
+                   100 * tolerance)
+          : Format("[check] verdict: %d rank(s) outside %.0f%%, %d without a measurement", outside,
+                   100 * tolerance, missing));
   return lines;
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/config/resolve.h"
 #include "core/partition/partition.h"
+#include "core/plan/compare.h"
 
 namespace bigmac::plan {
 
@@ -56,6 +57,20 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config, const
 // The stage tables side by side (one block per policy) and the recommendation.
 std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
                                      const std::vector<PolicyPlan>& plans, const LayerTimes& times);
+
+// One pipeline rank's predicted peak memory (its stages' total MiB in `plan`'s table) against the
+// peak a short run measured on it (the allocator's, the largest over the rank's dp and tp
+// replicas): what `plan --check` prints.
+struct MemoryCheck {
+  int pp_rank = 0;
+  double predicted_mib = 0;
+  double measured_mib = 0;
+  double error() const { return measured_mib > 0 ? predicted_mib / measured_mib - 1 : 0; }
+};
+std::vector<MemoryCheck> CheckMemory(const PolicyPlan& plan, const std::vector<RankRecord>& ranks);
+// The table and a verdict line: every rank within `tolerance` (0.10: 10%) of its measured peak.
+std::vector<std::string> FormatMemoryChecks(const std::vector<MemoryCheck>& checks,
+                                            const std::string& policy, double tolerance);
 
 }  // namespace bigmac::plan
 

@@ -35,7 +35,8 @@ class Block : public CpuBlockBody<T> {
  protected:
   layer::LayerCost Cost(int batch, int seq) const override {
     return layer::BlockCost(this->spec_.dims, batch, seq, this->spec_.activation_checkpointing,
-                            static_cast<int>(memory::DTypeSize(this->spec_.dtype)));
+                            static_cast<int>(memory::DTypeSize(this->spec_.dtype)),
+                            layer::AttentionSaves::kRowLogSumExp);
   }
   void SumOverGroup(Tensor*, const char*) override {}  // a group of one
   bool AddsRowParallelBias() const override { return true; }

@@ -101,16 +101,13 @@ class CpuBlockBody : public CheckpointedBlock<T> {
   }
 
   int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
-  // The cost model counts the (B,h,T,T) probabilities; this block keeps their (B,h,T) log-sum-exp.
   int64_t ActivationBytes(int batch, int seq) const override {
-    const int64_t dropped =
-        this->spec_.activation_checkpointing ? 0 : int64_t{batch} * hl_ * seq * (seq - 1);
-    return Cost(batch, seq).activation_bytes -
-           dropped * static_cast<int64_t>(memory::DTypeSize(this->spec_.dtype));
+    return Cost(batch, seq).activation_bytes;
   }
 
  protected:
-  // The block's cost for one rank (layer::BlockCost or layer::TpBlockCost).
+  // The block's cost for one rank (layer::BlockCost or layer::TpBlockCost; the blocked attention
+  // keeps each row's log-sum-exp, layer::AttentionSaves::kRowLogSumExp).
   virtual layer::LayerCost Cost(int batch, int seq) const = 0;
   // Sums `tensor` over the tensor-parallel group in place; `what` names it in a hang report.
   virtual void SumOverGroup(Tensor* tensor, const char* what) = 0;

@@ -53,7 +53,8 @@ class TpBlock : public CpuBlockBody<T>, public layer::TpSharded {
   layer::LayerCost Cost(int batch, int seq) const override {
     return layer::TpBlockCost(this->spec_.dims, group_->size(), batch, seq,
                               this->spec_.activation_checkpointing,
-                              static_cast<int>(memory::DTypeSize(this->spec_.dtype)));
+                              static_cast<int>(memory::DTypeSize(this->spec_.dtype)),
+                              layer::AttentionSaves::kRowLogSumExp);
   }
   void SumOverGroup(Tensor* tensor, const char* what) override {
     group_->AllReduceSum(tensor, what);

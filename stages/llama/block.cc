@@ -129,12 +129,8 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
   }
 
   int64_t ForwardFlops(int batch, int seq) const override { return Cost(batch, seq).forward_flops; }
-  // The cost model counts the (B,h,T,T) probabilities; this block keeps their (B,h,T) log-sum-exp.
   int64_t ActivationBytes(int batch, int seq) const override {
-    const int64_t dropped =
-        this->spec_.activation_checkpointing ? 0 : int64_t{batch} * hl_ * seq * (seq - 1);
-    return Cost(batch, seq).activation_bytes -
-           dropped * static_cast<int64_t>(memory::DTypeSize(this->spec_.dtype));
+    return Cost(batch, seq).activation_bytes;
   }
 
  private:
@@ -144,7 +140,8 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
   layer::LayerCost Cost(int batch, int seq) const {
     return layer::TpBlockCost(this->spec_.dims, group_ ? group_->size() : 1, batch, seq,
                               this->spec_.activation_checkpointing,
-                              static_cast<int>(memory::DTypeSize(this->spec_.dtype)));
+                              static_cast<int>(memory::DTypeSize(this->spec_.dtype)),
+                              layer::AttentionSaves::kRowLogSumExp);
   }
 
   void SumOverGroup(Tensor* tensor, const char* what) {
