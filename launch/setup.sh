@@ -92,11 +92,12 @@ fi
 # python3-torch is years behind (1.13, no fused AdamW, no torch.distributed.pipelining).
 if ((bench)); then
   venv=${BIGMAC_BENCH_VENV:-$HOME/.cache/bigmac/bench-venv}
-  if ! "$venv/bin/python" -c 'import numpy, torch, sys; sys.exit(int(torch.__version__[0]) < 2)' \
+  # 2.5 or later: SDPA's enable_gqa (bench/pytorch_gpt.py --arch llama).
+  if ! "$venv/bin/python" -c 'import numpy, torch, sys; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 5))' \
       2>/dev/null; then
     echo "setup: installing PyTorch 2.x and numpy from PyPI into $venv"
     /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check numpy 'torch>=2.4' >/dev/null
+    "$venv/bin/pip" install --quiet --disable-pip-version-check numpy 'torch>=2.5' >/dev/null
   fi
   # transformers for bench/hf_llama_check.py (LlamaForCausalLM on an exported checkpoint).
   if ! "$venv/bin/python" -c 'import transformers, safetensors' 2>/dev/null; then

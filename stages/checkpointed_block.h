@@ -24,7 +24,8 @@ class CheckpointedBlock : public sdk::CpuLayer<T> {
     saved->tensors.push_back(x.Clone());
     const bool checkpointing = this->spec_.activation_checkpointing;
     if (!checkpointing) ComputeInternals(mb, saved);
-    *y = this->NewActivation(mb.batch, mb.seq, this->C());
+    // ComputeOutput writes every element of y (its GEMM overwrites), so y is not zeroed first.
+    *y = this->NewForOverwrite({mb.batch, mb.seq, this->C()});
     if (checkpointing) {
       sdk::Saved scratch;
       scratch.tensors.push_back(x.Clone());

@@ -227,6 +227,13 @@ TEST(TpBlock, MatchesTheUnshardedBlock) {
 TEST(TpBlock, LlamaMatchesTheUnshardedBlock) {
   CheckMatchesTheUnshardedBlock("llama_block", testutil::LlamaGradcheckDims());
 }
+// Two key/value groups per rank (8 query heads over 4 key/value heads at tp = 2).
+TEST(TpBlock, LlamaWithTwoGroupsPerRankMatchesTheUnshardedBlock) {
+  layer::ModelDims dims = testutil::LlamaGradcheckDims();
+  dims.num_heads = 8;
+  dims.num_kv_heads = 4;
+  CheckMatchesTheUnshardedBlock("llama_block", dims);
+}
 
 // Slices and their inverse, with the padding of a vocabulary that tp does not divide.
 TEST(TpShard, SlicesAndAssemblesWithPadding) {

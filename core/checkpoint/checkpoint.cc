@@ -235,23 +235,35 @@ std::string LayerName(int layer_id, int num_layers) {
 }
 
 bool SameModel(const config::Config& a, const config::Config& b, std::string* why) {
-  const auto& ma = a.model();
-  const auto& mb = b.model();
+  // The resolved shapes (a llama key left at 0 means its default), so an explicit default and
+  // an implicit one are the same model.
+  const layer::ModelDims da = config::ModelDimsOf(a), db = config::ModelDimsOf(b);
+  const auto differ = [&](const std::string& name, const std::string& x, const std::string& y) {
+    if (x == y) return false;
+    *why = name + "=" + x + " in the checkpoint, " + y + " in this config";
+    return true;
+  };
+  const auto number = [](double value) { return util::Format("%g", value); };
+  if (differ("model.arch", a.model().arch(), b.model().arch())) return false;
   const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
-      {"model.num_layers", {ma.num_layers(), mb.num_layers()}},
-      {"model.hidden_size", {ma.hidden_size(), mb.hidden_size()}},
-      {"model.num_heads", {ma.num_heads(), mb.num_heads()}},
-      {"model.vocab_size", {ma.vocab_size(), mb.vocab_size()}},
-      {"train.seq_length (position table)", {a.train().seq_length(), b.train().seq_length()}},
+      {"model.num_layers", {da.num_layers, db.num_layers}},
+      {"model.hidden_size", {da.hidden_size, db.hidden_size}},
+      {"model.num_heads", {da.num_heads, db.num_heads}},
+      {"model.vocab_size", {da.vocab_size, db.vocab_size}},
+      {"model.num_kv_heads", {da.kv_heads(), db.kv_heads()}},
+      {"model.intermediate_size", {da.mlp_width(), db.mlp_width()}},
+      {"model.tie_embeddings", {da.tied_head(), db.tied_head()}},
   };
   for (const auto& [name, values] : fields) {
-    if (values.first != values.second) {
-      *why = std::string(name) + "=" + std::to_string(values.first) + " in the checkpoint, " +
-             std::to_string(values.second) + " in this config";
-      return false;
-    }
+    if (differ(name, std::to_string(values.first), std::to_string(values.second))) return false;
   }
-  return true;
+  if (da.arch == layer::Arch::kGpt) {
+    return !differ("train.seq_length (position table)", std::to_string(da.max_seq_length),
+                   std::to_string(db.max_seq_length));
+  }
+  // Llama has no position table; these change what the weights mean, not their shapes.
+  return !differ("model.rope_theta", number(da.rope_theta), number(db.rope_theta)) &&
+         !differ("model.rms_norm_eps", number(da.rms_norm_eps), number(db.rms_norm_eps));
 }
 
 }  // namespace

@@ -43,8 +43,8 @@ std::vector<std::string> HuggingFaceNames(const ModelState& state, const layer::
 // model.layers.0.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight unless tied; our
 // fused q|k|v and gate|up split by rows). `state` must hold the whole model (pp = 1).
 // `block_types` (config::ResolvedConfig's; empty: the architecture's block): a block of another
-// type (a plugin's) has no Hugging Face names, and its parameters go under their own:
-// transformer.h.1.norm1.weight.
+// type (a plugin's) has no Hugging Face names, and its parameters go under their own, below the
+// architecture's block prefix: transformer.h.1.norm1.weight, model.layers.1.norm1.weight.
 std::vector<NamedTensor> ToHuggingFace(const ModelState& state, const layer::ModelDims& dims,
                                        const std::vector<std::string>& block_types = {});
 

@@ -705,10 +705,26 @@ int CheckPlanMemory(const PlanOptions& options, const config::ResolvedConfig& re
                  configured.c_str());
     return kExitFailure;
   }
-  if (std::string problem = OutputDirProblem("plan --check's run directory", options.check_dir);
+  if (std::string problem = OutputDirProblem("--check-dir", options.check_dir); !problem.empty())
+    return ReportFailure(problem, kExitOutput);
+  // The directory is replaced: only one that an earlier --check made (it holds the marker), or a
+  // new or empty one, never a directory of the user's.
+  const std::filesystem::path dir(options.check_dir);
+  const std::filesystem::path marker = dir / ".bigmac-plan-check";
+  std::error_code error;
+  if (std::filesystem::exists(dir, error) && !std::filesystem::is_empty(dir, error) &&
+      !std::filesystem::exists(marker, error)) {
+    return ReportFailure("--check-dir " + options.check_dir +
+                             ": holds files that plan --check did not write (no " +
+                             marker.filename().string() +
+                             " in it); name a new directory, it is replaced on every check",
+                         kExitOutput);
+  }
+  std::filesystem::remove_all(dir, error);
+  std::filesystem::create_directories(dir, error);
+  if (std::string problem = util::WriteWholeFile(marker.string(), "bigmac plan --check\n");
       !problem.empty())
     return ReportFailure(problem, kExitOutput);
-  std::filesystem::remove_all(options.check_dir);
   std::string command = options.launcher;
   for (size_t at = command.find("{np}"); at != std::string::npos; at = command.find("{np}"))
     command.replace(at, 4, std::to_string(resolved.world_size));

@@ -58,6 +58,7 @@ std::vector<std::string> EffectiveConfigLines(const ResolvedConfig& r) {
         std::to_string(64 * r.tp) + ") for the vocab-parallel embedding and head; the padding " +
         "rows hold zeros, stay out of the loss and out of checkpoints");
   }
+  add("model: " + DescribeModel(ModelDimsOf(values)));
   add("micro_bs=" + std::to_string(batch.micro_batch_size) +
       " accum=" + std::to_string(batch.accumulation_steps) + " num_microbatches=" +
       std::to_string(batch.num_microbatches) + " global_bs=" + std::to_string(batch.global_batch) +

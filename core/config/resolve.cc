@@ -283,7 +283,7 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
     problems.push_back(describe("model.hidden_size", model.hidden_size()) +
                        " must be divisible by " + describe("parallel.tp_size", tp) +
                        " (rule: each tensor-parallel rank holds hidden_size/tp_size columns of "
-                       "the attention and hidden_size*4/tp_size of the MLP)");
+                       "the attention and its share of the MLP)");
   }
   CheckArchRules(loaded, describe, tp, problems);
   const int accum = train.gradient_accumulation_steps();
@@ -312,7 +312,19 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                                   "model.split_points", "model.layers_per_stage_origin",
                                   "parallel.pp_size", "parallel.virtual_stages"}));
   }
-  BlockTypes(values, &problems);
+  const std::vector<std::string> types = BlockTypes(values, &problems);
+  if (model.arch() != "llama") {
+    for (size_t layer = 0; layer < types.size(); ++layer) {
+      if (types[layer] != LayerTypesOf(layer::Arch::kLlama).block) continue;
+      problems.push_back(
+          "model.layer_types (" + loaded.sources.Get("model.layer_types").ToString() +
+          ") puts llama_block at layer " + std::to_string(layer + model.layers_per_stage_origin()) +
+          ", and " + describe("model.arch", model.arch()) +
+          " (rule: a llama block takes its key/value heads, SwiGLU width, RoPE "
+          "base and RMSNorm epsilon from the llama keys: set model.arch: llama)");
+      break;
+    }
+  }
   if (int64_t bytes = 0; !values.device().memory_limit().empty()) {
     std::string error;
     if (!memory::ParseByteSize(values.device().memory_limit(), &bytes, &error)) {

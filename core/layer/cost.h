@@ -29,7 +29,7 @@ LayerCost BlockCost(const ModelDims& dims, int batch, int seq, bool activation_c
                     int bytes_per_element = 4,
                     AttentionSaves saves = AttentionSaves::kProbabilities);
 // One tp rank's share of a block split over `tp` ranks (stages/gpt/tp_block.cc,
-// stages/llama/tp_block.cc): the sliced matrices and activations divided by tp, norms,
+// stages/llama/block.cc): the sliced matrices and activations divided by tp, norms,
 // row-parallel biases and the block's input, residual and norm outputs whole, and four all-reduces
 // of (batch, seq, hidden) (six with recomputation). tp = 1 gives BlockCost.
 LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,

@@ -230,7 +230,7 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
   if (config.tp > 1) {
     lines.push_back(Format(
         "[plan] tp=%d: params, memory and times are one tp rank's share (heads, MLP columns and "
-        "vocab rows split %d ways; LayerNorms and row-parallel biases whole); \"tp MiB\" is "
+        "vocab rows split %d ways; norms and row-parallel biases whole); \"tp MiB\" is "
         "what each rank of the stage puts into tp all-reduces per optimizer step",
         config.tp, config.tp));
   }

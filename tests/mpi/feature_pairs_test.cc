@@ -244,7 +244,9 @@ std::string Unescape(const std::string& text) {
 
 std::vector<checkpoint::NamedTensor> Export(const std::string& checkpoint,
                                             const std::string& file) {
+  // The exports share a directory: each replaces the last one's file and config.json.
   std::filesystem::remove(file);
+  std::filesystem::remove(std::filesystem::path(file).parent_path() / "config.json");
   const testutil::RunResult r =
       RunCommand(Bigmac() + " ckpt export " + checkpoint + " --safetensors " + file, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -2,6 +2,7 @@
 // commands.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <regex>
 #include <string>
 
@@ -217,6 +218,16 @@ TEST(Plan, CheckComparesPredictedAndMeasuredPeaks) {
   EXPECT_NE(r.output.find("[check] verdict: every rank within 10% of its measured peak"),
             std::string::npos)
       << r.output;
+  // A directory plan --check did not make is never replaced.
+  const std::string mine = testutil::TempDir() + "/not_a_check_dir";
+  std::filesystem::create_directories(mine);
+  testutil::WriteTempFile("not_a_check_dir/keep.txt", "mine");
+  const testutil::RunResult refused = RunCommand(
+      Bigmac() + " plan --config " + TinyPp4() + " --world-size 4 --check --check-dir " + mine, 60);
+  EXPECT_EQ(refused.exit_code, 8) << refused.output;
+  EXPECT_NE(refused.output.find("holds files that plan --check did not write"), std::string::npos)
+      << refused.output;
+  EXPECT_TRUE(std::filesystem::exists(mine + "/keep.txt"));
   const testutil::RunResult zb = RunCommand(command + " --set parallel.schedule=zb_h1", 240);
   EXPECT_EQ(zb.exit_code, 1) << zb.output;
   EXPECT_NE(zb.output.find(" OFF\n"), std::string::npos) << zb.output;
