@@ -355,11 +355,13 @@ std::vector<std::string> HuggingFaceNames(const ModelState& state, const layer::
   return names;
 }
 
-void FromHuggingFace(const std::vector<NamedTensor>& tensors, const ModelState& state,
-                     const layer::ModelDims& dims, const std::vector<std::string>& block_types,
-                     const std::string& source) {
+std::vector<std::string> FromHuggingFace(const std::vector<NamedTensor>& tensors,
+                                         const ModelState& state, const layer::ModelDims& dims,
+                                         const std::vector<std::string>& block_types,
+                                         const std::string& source) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  std::set<std::string> used;
   // Each parameter's new value, assembled on the host (a fused one from several tensors).
   std::map<layer::Param*, std::vector<float>> values;
   std::map<std::string, const layer::Param*> set;  // by checkpoint name, for the tied copies
@@ -368,6 +370,7 @@ void FromHuggingFace(const std::vector<NamedTensor>& tensors, const ModelState& 
     if (!param) throw CheckpointError("import needs the whole model; " + m.ours + " is not here");
     auto it = by_name.find(m.theirs);
     if (it == by_name.end()) throw CheckpointError(source + ": " + m.theirs + " is missing");
+    used.insert(m.theirs);
     const std::vector<int64_t> want = TheirShape(m, *param);
     const NamedTensor& t = *it->second;
     // A Hugging Face position table may be longer than our sequence: take its first rows.
@@ -403,6 +406,11 @@ void FromHuggingFace(const std::vector<NamedTensor>& tensors, const ModelState& 
       param->value.CopyFrom(owner->second->value);
     }
   }
+  std::vector<std::string> unused;
+  for (const NamedTensor& t : tensors) {
+    if (!used.count(t.name)) unused.push_back(t.name);
+  }
+  return unused;
 }
 
 std::string HuggingFaceConfigJson(const layer::ModelDims& dims) {

@@ -49,10 +49,13 @@ std::vector<NamedTensor> ToHuggingFace(const ModelState& state, const layer::Mod
                                        const std::vector<std::string>& block_types = {});
 
 // The reverse: sets the master values of `state` (tied copies too) from those tensors, checking
-// that every one is present with the shape the config implies. Throws CheckpointError.
-void FromHuggingFace(const std::vector<NamedTensor>& tensors, const ModelState& state,
-                     const layer::ModelDims& dims, const std::vector<std::string>& block_types,
-                     const std::string& source);
+// that every one is present with the shape the config implies. Returns the names of the file's
+// tensors the model has no place for (an untied head's lm_head.weight imported as tied, ...), for
+// the caller to report. Throws CheckpointError.
+std::vector<std::string> FromHuggingFace(const std::vector<NamedTensor>& tensors,
+                                         const ModelState& state, const layer::ModelDims& dims,
+                                         const std::vector<std::string>& block_types,
+                                         const std::string& source);
 
 // The config.json that transformers' from_pretrained reads beside the weights: LlamaConfig's
 // or GPT2Config's fields for `dims`.

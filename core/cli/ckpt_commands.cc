@@ -140,10 +140,17 @@ int RunCkptImport(const std::string& safetensors, const std::string& config_file
     const config::ResolvedConfig& resolved = model.resolved;
     const checkpoint::ModelState state = model.stage->State();
     const layer::ModelDims dims = config::ModelDimsOf(resolved.values());
-    checkpoint::FromHuggingFace(
+    const std::vector<std::string> unused = checkpoint::FromHuggingFace(
         checkpoint::ReadSafetensors(
             safetensors, checkpoint::HuggingFaceNames(state, dims, resolved.block_types)),
         state, dims, resolved.block_types, safetensors);
+    if (!unused.empty()) {
+      const std::vector<std::string> shown(unused.begin(),
+                                           unused.begin() + std::min<size_t>(unused.size(), 3));
+      std::printf("note: %zu tensor(s) of %s have no place in this model and were not read: %s%s\n",
+                  unused.size(), safetensors.c_str(), util::Join(shown, ", ").c_str(),
+                  unused.size() > shown.size() ? ", ..." : "");
+    }
     // A training run writing this directory would have `latest` moved under it: one writer.
     std::string problem, note;
     const std::unique_ptr<util::DirectoryLock> lock =

@@ -278,6 +278,20 @@ TEST(LlamaExport, HuggingFaceNamesAndConfigRoundTrip) {
           Runfile("configs/llama_tiny.yaml") + model + " --output " + dir + "/imported",
       60);
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  EXPECT_EQ(imported.output.find("have no place in this model"), std::string::npos)
+      << imported.output;
+  // Imported as tied, the untied file's lm_head.weight has no place: said, not dropped silently.
+  const testutil::RunResult as_tied =
+      RunCommand(Bigmac() + " ckpt import --safetensors " + dir +
+                     "/hf/model.safetensors --config " + Runfile("configs/llama_tiny.yaml") +
+                     model + " --set model.tie_embeddings=true --output " + dir + "/imported_tied",
+                 60);
+  ASSERT_EQ(as_tied.exit_code, 0) << as_tied.output;
+  EXPECT_NE(as_tied.output.find("note: 1 tensor(s) of " + dir +
+                                "/hf/model.safetensors have no place in this model and were not "
+                                "read: lm_head.weight"),
+            std::string::npos)
+      << as_tied.output;
   const testutil::RunResult again =
       RunCommand(Bigmac() + " ckpt export " + dir + "/imported --safetensors " + dir +
                      "/again/model.safetensors",
