@@ -74,6 +74,12 @@ class VocabLayer : public sdk::CpuLayer<T> {
     }
   }
 
+  // The whole tensors (tp = 1); VocabParallel initialises its slices instead.
+  void InitParams(uint64_t seed) override {
+    for (size_t i = 0; i < specs_.size(); ++i)
+      InitParam(specs_[i], &this->params_[i].value, seed, this->layer_id());
+  }
+
  protected:
   static constexpr int kNormWeight = 0;
   static constexpr int kNormBias = Family::kRmsNorm ? -1 : 1;
@@ -129,19 +135,34 @@ class VocabLayer : public sdk::CpuLayer<T> {
   std::vector<ParamSpec> specs_;
 };
 
+// What both embeddings (plain and vocab-parallel, `Layer`) share: the first layer has no input
+// gradient and keeps only dy for the weights; its forward keeps nothing.
+template <typename Layer>
+class EmbeddingBase : public Layer {
+ public:
+  using Layer::Layer;
+
+  void BackwardInput(const sdk::MicroBatch&, const sdk::Tensor& dy, sdk::Tensor* dx,
+                     sdk::Saved* saved) override {
+    if (dx) *dx = sdk::Tensor();
+    saved->tensors.push_back(dy.Clone());
+  }
+
+  int64_t ForwardFlops(int batch, int seq) const override {
+    return layer::EmbeddingCost(this->spec_.dims, batch, seq).forward_flops;
+  }
+  int64_t ActivationBytes(int, int) const override { return 0; }
+};
+
 template <typename T, typename Family>
-class Embedding : public VocabLayer<T, Family> {
+class Embedding : public EmbeddingBase<VocabLayer<T, Family>> {
   using Base = VocabLayer<T, Family>;
   using Tensor = sdk::Tensor;
 
  public:
   explicit Embedding(const sdk::LayerSpec& spec)
-      : Base(spec, Family::EmbeddingParams(spec.dims), {}) {}
-
-  void InitParams(uint64_t seed) override {
-    for (size_t i = 0; i < this->specs_.size(); ++i)
-      InitParam(this->specs_[i], &this->params_[i].value, seed, this->layer_id());
-  }
+      : EmbeddingBase<Base>(spec, Family::EmbeddingParams(spec.dims),
+                            std::vector<layer::TpShard>{}) {}
 
   void Forward(const sdk::MicroBatch& mb, const Tensor&, Tensor* y, sdk::Saved* saved) override {
     this->CheckPositions(mb);
@@ -151,24 +172,12 @@ class Embedding : public VocabLayer<T, Family> {
     saved->Clear();
   }
 
-  // The embedding is the first layer: there is no input gradient. Keep dy for the weights.
-  void BackwardInput(const sdk::MicroBatch&, const Tensor& dy, Tensor* dx,
-                     sdk::Saved* saved) override {
-    if (dx) *dx = Tensor();
-    saved->tensors.push_back(dy.Clone());
-  }
-
   void BackwardWeight(const sdk::MicroBatch& mb, sdk::Saved* saved) override {
     sdk::cpu::EmbeddingBackwardWeight(this->G(Base::kWte), this->GOrNull(Base::kWpe),
                                       Base::D(saved->tensors.at(0)), mb.tokens, mb.batch, mb.seq,
                                       this->C());
     saved->Clear();
   }
-
-  int64_t ForwardFlops(int batch, int seq) const override {
-    return layer::EmbeddingCost(this->spec_.dims, batch, seq).forward_flops;
-  }
-  int64_t ActivationBytes(int, int) const override { return 0; }
 };
 
 template <typename T, typename Family>
@@ -179,11 +188,6 @@ class Head : public VocabLayer<T, Family> {
 
  public:
   explicit Head(const sdk::LayerSpec& spec) : Base(spec, Family::HeadParams(spec.dims), {}) {}
-
-  void InitParams(uint64_t seed) override {
-    for (size_t i = 0; i < this->specs_.size(); ++i)
-      InitParam(this->specs_[i], &this->params_[i].value, seed, this->layer_id());
-  }
 
   // y: the loss of this micro-batch, sum(token losses) * loss_scale, as a 1-element tensor; without
   // targets (mb.targets null: text generation), the logits, (batch * seq, vocab).
@@ -289,13 +293,13 @@ class VocabParallel : public VocabLayer<T, Family>, public layer::TpSharded {
 };
 
 template <typename T, typename Family>
-class TpEmbedding : public VocabParallel<T, Family> {
+class TpEmbedding : public EmbeddingBase<VocabParallel<T, Family>> {
   using Base = VocabParallel<T, Family>;
   using Tensor = sdk::Tensor;
 
  public:
   TpEmbedding(const sdk::LayerSpec& spec, layer::TpGroup* group)
-      : Base(spec, group, Family::EmbeddingParams(spec.dims)) {}
+      : EmbeddingBase<Base>(spec, group, Family::EmbeddingParams(spec.dims)) {}
 
   void Forward(const sdk::MicroBatch& mb, const Tensor&, Tensor* y, sdk::Saved* saved) override {
     this->CheckPositions(mb);
@@ -318,12 +322,6 @@ class TpEmbedding : public VocabParallel<T, Family> {
     saved->Clear();
   }
 
-  void BackwardInput(const sdk::MicroBatch&, const Tensor& dy, Tensor* dx,
-                     sdk::Saved* saved) override {
-    if (dx) *dx = Tensor();
-    saved->tensors.push_back(dy.Clone());
-  }
-
   void BackwardWeight(const sdk::MicroBatch& mb, sdk::Saved* saved) override {
     const int c = this->C();
     const T* dy = Base::D(saved->tensors.at(0));
@@ -341,11 +339,6 @@ class TpEmbedding : public VocabParallel<T, Family> {
     }
     saved->Clear();
   }
-
-  int64_t ForwardFlops(int batch, int seq) const override {
-    return layer::EmbeddingCost(this->spec_.dims, batch, seq).forward_flops;
-  }
-  int64_t ActivationBytes(int, int) const override { return 0; }
 };
 
 template <typename T, typename Family>
