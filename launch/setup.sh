@@ -17,7 +17,7 @@ packages=(
   libcli11-dev
   nlohmann-json3-dev
   zlib1g-dev             # CRC-32 of checkpoint files
-  libisal-dev            # Intel ISA-L: CRC-32C of TensorBoard event files (TFRecord framing)
+  libisal-dev            # Intel ISA-L: CRC-32 of checkpoints, CRC-32C of TensorBoard event files
   libsentencepiece-dev   # bigmac data prep --tokenizer sentencepiece (core/data/sentencepiece_shim.cc)
   libgtest-dev libgmock-dev
   libboost-context-dev   # fibers for the emulated CUDA device (core/device/cuda/emulation)

@@ -87,9 +87,11 @@ void Kill(int pid) {
 TEST(RunLock, ASecondRunOnTheSameCheckpointDirStopsAndNamesTheHolder) {
   const std::string ckpt = TempDir() + "/shared_ckpt";
   fs::remove_all(ckpt);
+  // Synchronous saves: step 2's is committed before the holder stalls at step 3.
   const int holder = StartHolder("holder_a",
-                                 "--set train.max_steps=6 --set checkpoint.dir=" + ckpt +
-                                     " --set train.output_dir=" + ckpt + "_out",
+                                 "--set train.max_steps=6 --set checkpoint.async=false "
+                                 "--set checkpoint.dir=" +
+                                     ckpt + " --set train.output_dir=" + ckpt + "_out",
                                  ckpt);
   const std::string before = Snapshot(ckpt);
   EXPECT_NE(ReadFile(ckpt + "/latest").find("step_000002"), std::string::npos);
@@ -161,8 +163,10 @@ TEST(RunLock, TwoRunsStartedTogetherGetOneWinner) {
   const std::string ckpt = TempDir() + "/race_ckpt";
   fs::remove_all(ckpt);
   const std::string run =
-      "BIGMAC_TEST_STALL_RANK=0:3 " + Train("--set train.max_steps=6 --set checkpoint.dir=" + ckpt +
-                                            " --set train.output_dir=" + ckpt);
+      // Synchronous saves: step 2's is committed before the winner stalls at step 3.
+      "BIGMAC_TEST_STALL_RANK=0:3 " +
+      Train("--set train.max_steps=6 --set checkpoint.async=false --set checkpoint.dir=" + ckpt +
+            " --set train.output_dir=" + ckpt);
   const std::string a = TempDir() + "/race_a", b = TempDir() + "/race_b";
   const RunResult started = RunCommand(run + " > " + a + ".log 2>&1 & echo $! > " + a + ".pid; " +
                                            run + " > " + b + ".log 2>&1 & echo $! > " + b + ".pid",

@@ -1,11 +1,6 @@
 #include "core/checkpoint/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,62 +8,23 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <optional>
 #include <set>
 
 #include "core/checkpoint/crc32.h"
+#include "core/checkpoint/internal.h"
 #include "core/checkpoint/tp_slices.h"
 #include "core/util/files.h"
 #include "core/util/format.h"
-#include "google/protobuf/text_format.h"
 
 namespace bigmac::checkpoint {
 namespace fs = std::filesystem;
+using internal::CheckMaster;
+using internal::F32Bytes;
+using internal::kKinds;
+using internal::kLatest;
+using internal::kManifest;
+using internal::RunAndAgree;
 namespace {
-
-constexpr char kManifest[] = "manifest.pb";
-constexpr char kLatest[] = "latest";
-const char* const kKinds[] = {"value", "exp_avg", "exp_avg_sq"};
-
-void FsyncPath(const std::string& path, bool directory) {
-  const int fd = open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) throw CheckpointError(path + ": cannot open to fsync: " + std::strerror(errno));
-  const int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) throw CheckpointError(path + ": fsync failed: " + std::strerror(errno));
-}
-
-// Writes `data` to `path` and fsyncs it. Throws on any short write (a full disk, say).
-// `crash_midway` (a testing hook) kills the process half-way through, as a crash would.
-// `fail_midway` (a testing hook) makes the write fail half-way, as a full disk would.
-void WriteFileSynced(const std::string& path, const std::string& data, bool crash_midway = false,
-                     bool fail_midway = false) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw CheckpointError(path + ": cannot create: " + std::strerror(errno));
-  size_t written = 0;
-  while (written < data.size()) {
-    if (fail_midway && written >= data.size() / 2) {
-      close(fd);
-      throw CheckpointError(path + ": write failed after " + std::to_string(written) + " of " +
-                            std::to_string(data.size()) +
-                            " bytes: No space left on device (injected)");
-    }
-    const size_t chunk =
-        crash_midway || fail_midway ? std::max<size_t>(1, data.size() / 2) : data.size() - written;
-    const ssize_t n = write(fd, data.data() + written, std::min(chunk, data.size() - written));
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      close(fd);
-      throw CheckpointError(path + ": write failed after " + std::to_string(written) + " of " +
-                            std::to_string(data.size()) + " bytes: " + why);
-    }
-    written += static_cast<size_t>(n);
-    if (crash_midway && written >= data.size() / 2) _exit(9);
-  }
-  const int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) throw CheckpointError(path + ": fsync failed: " + std::strerror(errno));
-}
 
 std::string ReadWholeFile(const std::string& path) {
   std::error_code error;
@@ -91,76 +47,6 @@ std::string ReadWholeFile(const std::string& path) {
     throw CheckpointError(problem);
   }
   return data;
-}
-
-// ZeRO-1: writes this rank's pieces of one layer file of `total` bytes at `path` (the tensors at
-// `entries`, three per parameter of `owned`: value, exp_avg, exp_avg_sq) and fsyncs them. The
-// layer's writer writes the values and any whole moments; every replica writes the slices of the
-// moments its AdamW holds. The replicas' pieces tile the file. `fail_midway` is the full-disk
-// testing hook. Returns the bytes written.
-int64_t WriteOwnedPieces(const std::string& path, int64_t total,
-                         const std::vector<TensorEntry>& entries,
-                         const std::vector<const layer::Param*>& owned, const optim::AdamW& adamw,
-                         bool writer, bool fail_midway) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT, 0644);
-  if (fd < 0) throw CheckpointError(path + ": cannot create: " + std::strerror(errno));
-  int64_t written = 0;
-  std::string failure;
-  auto put = [&](const memory::Tensor& tensor, int64_t offset) {
-    std::string host(static_cast<size_t>(tensor.bytes()), '\0');
-    tensor.CopyToHost(host.data());  // device memory through the host
-    for (size_t done = 0; done < host.size() && failure.empty();) {
-      const ssize_t n = fail_midway ? -1
-                                    : pwrite(fd, host.data() + done, host.size() - done,
-                                             static_cast<off_t>(offset + done));
-      if (n <= 0) {
-        failure = path + ": write failed after " + std::to_string(written) + " bytes: " +
-                  (fail_midway ? "No space left on device (injected)" : std::strerror(errno));
-      } else {
-        done += static_cast<size_t>(n);
-        written += n;
-      }
-    }
-  };
-  if (ftruncate(fd, static_cast<off_t>(total)) != 0)
-    failure =
-        path + ": cannot size it to " + std::to_string(total) + " bytes: " + std::strerror(errno);
-  for (size_t i = 0; i < owned.size() && failure.empty(); ++i) {
-    const layer::Param* param = owned[i];
-    if (writer) put(param->value, entries[3 * i].offset());
-    const bool slice = adamw.HasSliceState(param);
-    if (!writer && !slice) continue;
-    const int64_t skip = adamw.StateBegin(param) * memory::DTypeSize(param->value.dtype());
-    if (const memory::Tensor* m = adamw.FirstMoment(param))
-      put(*m, entries[3 * i + 1].offset() + skip);
-    if (const memory::Tensor* v = adamw.SecondMoment(param))
-      put(*v, entries[3 * i + 2].offset() + skip);
-  }
-  if (failure.empty() && fsync(fd) != 0) failure = path + ": fsync failed: " + std::strerror(errno);
-  close(fd);
-  if (!failure.empty()) throw CheckpointError(failure);
-  return written;
-}
-
-// ZeRO-1: once every replica has written its pieces, the writer reads each of `files` back from
-// `dir`, sets the CRC-32 of its tensors in `fragment` (entries already there) and adds the file.
-void ChecksumWrittenFiles(const std::string& dir, std::vector<LayerFile> files,
-                          Manifest* fragment) {
-  for (LayerFile& file : files) {
-    const std::string path = dir + "/" + file.file();
-    const std::string data = ReadWholeFile(path);
-    if (static_cast<int64_t>(data.size()) != file.bytes())
-      throw CheckpointError(path + ": " + std::to_string(data.size()) + " bytes written, " +
-                            std::to_string(file.bytes()) + " expected");
-    uint32_t file_crc = 0;
-    for (TensorEntry& entry : *fragment->mutable_tensors()) {
-      if (entry.file() != file.file()) continue;
-      entry.set_crc32(Crc32(data.data() + entry.offset(), static_cast<size_t>(entry.bytes())));
-      file_crc = Crc32Combine(file_crc, entry.crc32(), static_cast<size_t>(entry.bytes()));
-    }
-    file.set_crc32(file_crc);
-    *fragment->add_files() = std::move(file);
-  }
 }
 
 // What a manifest may claim before anything it names is opened: a plausible model size, every
@@ -220,16 +106,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return "[" + text + "]";
 }
 
-// The bytes of an f32 tensor of `shape`, or -1 if an extent is negative or the count overflows.
-int64_t F32Bytes(const std::vector<int64_t>& shape) {
-  int64_t numel = 1;
-  for (int64_t extent : shape) {
-    if (extent < 0 || (extent != 0 && numel > (INT64_MAX / 4) / extent)) return -1;
-    numel *= extent;
-  }
-  return numel * 4;
-}
-
 std::string LayerName(int layer_id, int num_layers) {
   return layer::LayerIdName(layer_id, num_layers);
 }
@@ -282,16 +158,17 @@ std::string LayerFileName(int layer_id, int num_layers) {
   return name;
 }
 
-namespace {
+namespace internal {
 
-// Which replica writes layer `layer_id`'s file: replica layer_id mod dp.
-bool WritesLayer(int layer_id, const comm::Group& dp) {
-  const int replicas = dp.size();
-  return ((layer_id % replicas) + replicas) % replicas == dp.rank();
+int64_t F32Bytes(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (int64_t extent : shape) {
+    if (extent < 0 || (extent != 0 && numel > (INT64_MAX / 4) / extent)) return -1;
+    numel *= extent;
+  }
+  return numel * 4;
 }
 
-// Checkpoints hold f32 masters: anything else in the model is refused, naming `where` and the
-// parameter.
 void CheckMaster(const std::string& where, const ModelState& state, int layer_id,
                  const layer::Param& param) {
   if (param.value.dtype() == memory::DType::kF32) return;
@@ -301,11 +178,8 @@ void CheckMaster(const std::string& where, const ModelState& state, int layer_id
                         " master weights only");
 }
 
-// Runs `work` on this rank, then agrees with every rank: if any failed, every rank throws
-// CheckpointError, with its own error or, where its work succeeded, `elsewhere`; `suffix` ends
-// both. Collective over `world`.
 void RunAndAgree(comm::Group& world, const std::function<void()>& work,
-                 const std::string& elsewhere, const std::string& suffix = "") {
+                 const std::string& elsewhere, const std::string& suffix) {
   std::string error;
   try {
     work();
@@ -316,317 +190,7 @@ void RunAndAgree(comm::Group& world, const std::function<void()>& work,
     throw CheckpointError((error.empty() ? elsewhere : error) + suffix);
 }
 
-// One layer file this rank has a part in, and how it is written.
-struct LayerFilePlan {
-  int layer_id = 0;
-  std::string file;
-  std::vector<const layer::Param*> owned;  // a tied copy is stored once, by its owner
-  std::vector<layer::TpShard> shards;
-  bool writer = false;    // this replica writes the file
-  bool gathered = false;  // tensor parallel: full tensors gathered from the tp slices
-  bool pieces = false;    // ZeRO-1: every replica writes its slices of the moments
-};
-
-// 1. The layer files of this rank's layers that it takes part in: replica layer_id mod dp writes
-// each; under tensor parallelism every tp rank of that replica gathers and its tp rank 0 writes
-// (ZeRO-1 is refused with tp > 1 at start-up); under ZeRO-1 (AdamW slice state) every replica
-// writes its slices of the moments into that one file too.
-std::vector<LayerFilePlan> PlanLayerFiles(const ModelState& state, const optim::AdamW& adamw,
-                                          const comm::PipelineComm& comm, int num_layers) {
-  std::vector<LayerFilePlan> plans;
-  for (const LayerParams& layer : state.layers) {
-    LayerFilePlan plan;
-    plan.layer_id = layer.layer_id;
-    plan.file = LayerFileName(layer.layer_id, num_layers);
-    for (size_t i = 0; i < layer.params.size(); ++i) {
-      if (layer.params[i]->tied_copy) continue;
-      plan.owned.push_back(layer.params[i]);
-      plan.shards.push_back(layer.shards.empty() ? layer::TpShard{} : layer.shards[i]);
-    }
-    if (plan.owned.empty()) continue;
-    plan.writer = WritesLayer(layer.layer_id, comm.dp());
-    plan.gathered = comm.tp().size() > 1;
-    plan.pieces = !plan.gathered &&
-                  std::any_of(plan.owned.begin(), plan.owned.end(),
-                              [&](const layer::Param* p) { return adamw.HasSliceState(p); });
-    if (plan.writer || plan.pieces) plans.push_back(std::move(plan));
-  }
-  return plans;
-}
-
-// The tensor entries of a layer file: value, exp_avg and exp_avg_sq of each parameter, packed
-// in that order from offset 0, each of the full shape `shapes[p]`. Their CRCs are set later.
-std::vector<TensorEntry> LayerEntries(const LayerFilePlan& plan, const ModelState& state,
-                                      const std::vector<std::vector<int64_t>>& shapes) {
-  std::vector<TensorEntry> entries;
-  int64_t offset = 0;
-  for (size_t p = 0; p < plan.owned.size(); ++p) {
-    const int64_t bytes = F32Bytes(shapes[p]);
-    for (const char* kind : kKinds) {
-      TensorEntry& entry = entries.emplace_back();
-      entry.set_name(ParamName(state, plan.layer_id, *plan.owned[p]) + "#" + kind);
-      entry.set_layer_id(plan.layer_id);
-      entry.set_file(plan.file);
-      entry.set_offset(offset);
-      entry.set_bytes(bytes);
-      for (int64_t extent : shapes[p]) entry.add_shape(extent);
-      entry.set_dtype(kMasterDType);
-      offset += bytes;
-    }
-  }
-  return entries;
-}
-
-// What Save's writes share: where, and the fault plan's injections.
-struct WriteContext {
-  std::string tmp_dir;
-  const ModelState& state;
-  const optim::AdamW& adamw;
-  comm::PipelineComm& comm;
-  bool crash = false;  // the first file write dies half-way (the fault plan)
-  bool fail = false;   // file writes fail half-way (the fault plan)
-};
-
-// A layer file written whole from full tensors (value, exp_avg, exp_avg_sq per parameter; a null
-// moment, before the first step, is written as zeros): its entries and the file go into
-// `fragment`. Returns the bytes written.
-int64_t WriteWholeFile(const WriteContext& context, const LayerFilePlan& plan,
-                       const std::vector<std::array<const memory::Tensor*, 3>>& tensors,
-                       Manifest* fragment) {
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& three : tensors) shapes.push_back(three[0]->shape());
-  std::vector<TensorEntry> entries = LayerEntries(plan, context.state, shapes);
-  const int64_t total = entries.empty() ? 0 : entries.back().offset() + entries.back().bytes();
-  std::string data(static_cast<size_t>(total), '\0');
-  uint32_t file_crc = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    // Device memory through the host.
-    if (const memory::Tensor* tensor = tensors[i / 3][i % 3])
-      tensor->CopyToHost(data.data() + entries[i].offset());
-    entries[i].set_crc32(Crc32(data.data() + entries[i].offset(), entries[i].bytes()));
-    file_crc = Crc32Combine(file_crc, entries[i].crc32(), entries[i].bytes());
-    *fragment->add_tensors() = std::move(entries[i]);
-  }
-  WriteFileSynced(context.tmp_dir + "/" + plan.file, data, context.crash, context.fail);
-  LayerFile* layer_file = fragment->add_files();
-  layer_file->set_layer_id(plan.layer_id);
-  layer_file->set_file(plan.file);
-  layer_file->set_bytes(total);
-  layer_file->set_crc32(file_crc);
-  layer_file->set_writer_rank(context.comm.world().rank());
-  return total;
-}
-
-// 2. One layer file, as planned: whole from this rank's tensors; gathered from the tp slices
-// (every tp rank of the writing replica gathers, its tp rank 0 writes); or this rank's ZeRO-1
-// pieces, whose file the writer checksums once every replica has written (added to `read_back`).
-// Returns the bytes this rank wrote.
-int64_t WriteLayerFile(const WriteContext& context, const LayerFilePlan& plan, Manifest* fragment,
-                       std::vector<LayerFile>* read_back) {
-  const std::string path = context.tmp_dir + "/" + plan.file;
-  for (const layer::Param* param : plan.owned)
-    CheckMaster(path, context.state, plan.layer_id, *param);
-  const optim::AdamW& adamw = context.adamw;
-  if (plan.gathered) {
-    std::vector<std::array<memory::Tensor, 3>> full(plan.owned.size());
-    for (size_t p = 0; p < plan.owned.size(); ++p) {
-      const memory::Tensor* own[3] = {&plan.owned[p]->value, adamw.FirstMoment(plan.owned[p]),
-                                      adamw.SecondMoment(plan.owned[p])};
-      for (int k = 0; k < 3; ++k) {
-        if (own[k]) full[p][k] = GatherTpSlices(*own[k], plan.shards[p], context.comm.tp());
-      }
-    }
-    if (context.comm.tp().rank() != 0) return 0;
-    std::vector<std::array<const memory::Tensor*, 3>> tensors;
-    for (const auto& three : full) {
-      tensors.push_back({&three[0], three[1].empty() ? nullptr : &three[1],
-                         three[2].empty() ? nullptr : &three[2]});
-    }
-    return WriteWholeFile(context, plan, tensors, fragment);
-  }
-  if (plan.pieces) {
-    std::vector<std::vector<int64_t>> shapes;
-    for (const layer::Param* param : plan.owned) shapes.push_back(param->value.shape());
-    std::vector<TensorEntry> entries = LayerEntries(plan, context.state, shapes);
-    const int64_t total = entries.empty() ? 0 : entries.back().offset() + entries.back().bytes();
-    const int64_t written =
-        WriteOwnedPieces(path, total, entries, plan.owned, adamw, plan.writer, context.fail);
-    if (plan.writer) {
-      for (TensorEntry& entry : entries) *fragment->add_tensors() = std::move(entry);
-      LayerFile& layer_file = read_back->emplace_back();
-      layer_file.set_layer_id(plan.layer_id);
-      layer_file.set_file(plan.file);
-      layer_file.set_bytes(total);
-      layer_file.set_writer_rank(context.comm.world().rank());
-    }
-    return written;
-  }
-  std::vector<std::array<const memory::Tensor*, 3>> tensors;
-  for (const layer::Param* param : plan.owned)
-    tensors.push_back({&param->value, adamw.FirstMoment(param), adamw.SecondMoment(param)});
-  return WriteWholeFile(context, plan, tensors, fragment);
-}
-
-// 3. Every rank's report (its fragment of the manifest, or its error) gathered on rank 0, and
-// merged there into the manifest; throws the first rank's error. Collective over the world.
-Manifest GatherReports(comm::Group& world, int64_t step, Manifest fragment,
-                       const std::string& error) {
-  SaveReport report;
-  report.set_rank(world.rank());
-  if (error.empty()) {
-    *report.mutable_fragment() = std::move(fragment);
-  } else {
-    report.set_error(error);
-  }
-  const std::vector<std::string> reports = world.GatherToRoot(report.SerializeAsString());
-  Manifest manifest;
-  for (size_t rank = 0; rank < reports.size(); ++rank) {
-    SaveReport part;
-    if (!part.ParseFromString(reports[rank])) {
-      throw CheckpointError("checkpoint step " + std::to_string(step) + ": rank " +
-                            std::to_string(rank) + " sent an unreadable save report");
-    }
-    if (part.has_error()) throw CheckpointError(part.error());
-    manifest.MergeFrom(part.fragment());
-  }
-  return manifest;
-}
-
-// 4. Rank 0: the manifest completed and written into the temporary directory, which is then
-// renamed into place and named by `latest`. A checkpoint of the same step from an abandoned run
-// is moved aside, not deleted, until the new one is in place and `latest` names it.
-void CommitManifest(const std::string& root, int64_t step, const std::string& tmp_dir,
-                    const config::ResolvedConfig& config, const std::string& tokenizer,
-                    Manifest manifest) {
-  manifest.set_format_version(kFormatVersion);
-  manifest.set_step(step);
-  manifest.set_next_step(step);
-  *manifest.mutable_config() = config.values();
-  manifest.set_pp(config.pp);
-  manifest.set_dp(config.dp);
-  for (int count : config.partition.LayersPerStage()) manifest.add_layers_per_stage(count);
-  manifest.set_partition_policy(partition::PolicyName(config.policy));
-  manifest.set_seed(config.values().train().seed());
-  manifest.set_master_dtype(kMasterDType);
-  if (!tokenizer.empty()) manifest.set_tokenizer(tokenizer);
-  for (const std::string& plugin : config.values().plugins()) {
-    std::error_code ignored;  // a path the OS refuses stays as written
-    const fs::path absolute = fs::weakly_canonical(plugin, ignored);
-    manifest.add_plugin_paths(absolute.empty() ? plugin : absolute.string());
-  }
-  WriteFileSynced(tmp_dir + "/" + kManifest, manifest.SerializeAsString());
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(manifest, &text);
-  WriteFileSynced(tmp_dir + "/manifest.txt", text);  // for people; manifest.pb is authoritative
-  FsyncPath(tmp_dir, true);
-  const std::string final_dir = root + "/" + StepDirName(step);
-  const std::string replaced = root + "/.replaced_" + StepDirName(step);
-  if (fs::exists(final_dir)) {
-    fs::remove_all(replaced);
-    fs::rename(final_dir, replaced);
-  }
-  fs::rename(tmp_dir, final_dir);
-  FsyncPath(root, true);
-  WriteFileSynced(root + "/" + kLatest + ".tmp", StepDirName(step) + "\n");
-  fs::rename(root + "/" + kLatest + ".tmp", root + "/" + kLatest);
-  FsyncPath(root, true);
-  fs::remove_all(replaced);
-}
-
-// 5. Rank 0: the newest `keep_last` checkpoints of this run's history are kept, those up to
-// `step`. Directories of later steps belong to an abandoned run that this one resumed before;
-// they are left alone (and replaced when this run reaches them).
-void Prune(const std::string& root, int64_t step, int keep_last) {
-  std::vector<std::string> steps;
-  for (const auto& entry : fs::directory_iterator(root)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name <= StepDirName(step))
-      steps.push_back(name);
-  }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + keep_last < steps.size(); ++i) fs::remove_all(root + "/" + steps[i]);
-}
-
-}  // namespace
-
-SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
-               const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
-               int keep_last, const std::string& tokenizer, const util::FaultPlan& faults) {
-  const auto start = std::chrono::steady_clock::now();
-  comm::Group& world = comm.world();
-  const bool is_root = world.rank() == 0;
-  WriteContext context{root + "/.tmp_" + StepDirName(step), state, adamw, comm};
-  RunAndAgree(
-      world,
-      [&] {
-        if (!is_root) return;
-        try {
-          fs::create_directories(root);
-          fs::remove_all(context.tmp_dir);
-          fs::create_directories(context.tmp_dir);
-        } catch (const std::exception& e) {
-          throw CheckpointError(root + ": cannot prepare " + context.tmp_dir + ": " + e.what());
-        }
-      },
-      "checkpoint step " + std::to_string(step) + ": rank 0 could not prepare " + context.tmp_dir);
-
-  // The fault plan (docs/checkpoint.md): the writer of this step's first file dies half-way
-  // through it, or every file write fails half-way (a full disk).
-  context.crash = faults.crash_in_checkpoint_step == step;
-  context.fail = faults.fail_checkpoint_step == step;
-  Manifest fragment;
-  int64_t bytes_written = 0;
-  std::vector<LayerFile> read_back;  // the writer's ZeRO-1 files, checksummed after the barrier
-  std::string error;
-  try {
-    const int num_layers = config.values().model().num_layers();
-    for (const LayerFilePlan& plan : PlanLayerFiles(state, adamw, comm, num_layers))
-      bytes_written += WriteLayerFile(context, plan, &fragment, &read_back);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  // Every piece is on disk before the writers checksum their ZeRO-1 files (a failure is reported
-  // by the rank it happened on).
-  if (world.AllOk(error.empty())) {
-    try {
-      ChecksumWrittenFiles(context.tmp_dir, read_back, &fragment);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  std::optional<Manifest> manifest;
-  try {
-    manifest = GatherReports(world, step, std::move(fragment), error);
-  } catch (const CheckpointError& e) {
-    if (is_root) error = e.what();
-  }
-  const double total_bytes =
-      world.SumToRoot(double(bytes_written), "the bytes of the checkpoint, summed on rank 0");
-  RunAndAgree(
-      world,
-      [&] {
-        if (!is_root) {
-          if (!error.empty()) throw CheckpointError(error);
-          return;
-        }
-        try {
-          if (!error.empty()) throw CheckpointError(error);
-          CommitManifest(root, step, context.tmp_dir, config, tokenizer, std::move(*manifest));
-          Prune(root, step, keep_last);
-        } catch (const std::exception&) {
-          std::error_code ignored;
-          fs::remove_all(context.tmp_dir, ignored);
-          throw;
-        }
-      },
-      "checkpoint step " + std::to_string(step) + " failed on another rank",
-      "; the previous checkpoint is intact");
-  SaveStats stats;
-  stats.dir = root + "/" + StepDirName(step);
-  stats.bytes = static_cast<int64_t>(total_bytes);
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return stats;
-}
+}  // namespace internal
 
 std::string ResolveStepDir(const std::string& resume, const std::string& root) {
   auto from_latest = [](const std::string& dir) {
@@ -842,24 +406,25 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
             wanted.push_back(std::move(w));
           }
         }
-        std::map<int, VerifiedLayerFile> files;
-        for (int layer_id : layer_order)
-          files[layer_id] = VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
-        for (const Wanted& w : wanted) {
-          const VerifiedLayerFile& file = files.at(w.layer_id);
-          auto read = [&](const char* kind) {
-            memory::Tensor tensor(w.param->value.device(), w.shard.full_shape,
-                                  w.param->value.dtype());
-            const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
-            tensor.CopyFromHost(file.bytes.data() + entry.offset());
-            return TpSliceOf(tensor, w.shard);
-          };
-          Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(), w.optimizer_state};
-          if (w.optimizer_state) {
-            l.m = read(kKinds[1]);
-            l.v = read(kKinds[2]);
+        // One file in memory at a time: verified, copied into its tensors, released.
+        for (int layer_id : layer_order) {
+          const VerifiedLayerFile file =
+              VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
+          for (const Wanted& w : wanted) {
+            if (w.layer_id != layer_id) continue;
+            auto read = [&](const char* kind) {
+              const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
+              return TpSliceFromHost(file.bytes.data() + entry.offset(), w.shard,
+                                     w.param->value.device(), w.param->value.dtype());
+            };
+            Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(),
+                     w.optimizer_state};
+            if (w.optimizer_state) {
+              l.m = read(kKinds[1]);
+              l.v = read(kKinds[2]);
+            }
+            loaded.push_back(std::move(l));
           }
-          loaded.push_back(std::move(l));
         }
       },
       step_dir + ": another rank could not load its layers");

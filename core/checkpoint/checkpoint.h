@@ -11,9 +11,9 @@
 #include "core/checkpoint/checkpoint.pb.h"
 #include "core/checkpoint/model_state.h"
 #include "core/comm/pipeline_comm.h"
-#include "core/util/fault_plan.h"
 #include "core/config/resolve.h"
 #include "core/optim/adamw.h"
+#include "core/util/fault_plan.h"
 
 namespace bigmac::checkpoint {
 
@@ -48,16 +48,22 @@ std::string LayerFileName(int layer_id, int num_layers);
 
 struct SaveStats {
   std::string dir;  // the final step directory
-  int64_t bytes = 0;
-  double seconds = 0;
+  int64_t step = 0;
+  int64_t bytes = 0;            // written by all ranks
+  double seconds = 0;           // from the snapshot to the commit
+  double snapshot_seconds = 0;  // rank 0's copy into host memory: what a step waits for
+  double write_seconds = 0;     // rank 0's writes and fsyncs (on a background thread if async)
+  double wait_seconds = 0;      // rank 0's step loop blocked on the write (see Saver)
+  bool async = false;
 };
 
-// Collective. Writes step `step` under `root`: every rank writes the files of the layers in `state`
-// (with dp > 1, layer_id k is written by replica k mod dp) into a temporary directory and fsyncs
-// them; rank 0 writes the manifest, fsyncs, renames the directory into place, fsyncs `root`,
-// then replaces the `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A
-// failure anywhere leaves the previous checkpoints untouched and throws CheckpointError on every
-// rank. `tokenizer` (rank 0's) goes into the manifest. `faults`: what a reliability test injects.
+// Collective. Writes step `step` under `root` synchronously (core/checkpoint/saver.h has the
+// asynchronous form): every rank writes the files of the layers in `state` (with dp > 1,
+// layer_id k is written by replica k mod dp) into a temporary directory and fsyncs them; rank 0
+// writes the manifest, fsyncs, renames the directory into place, fsyncs `root`, then replaces the
+// `latest` pointer, and deletes all but the newest `keep_last` checkpoints. A failure anywhere
+// leaves the previous checkpoints untouched and throws CheckpointError on every rank.
+// `tokenizer` (rank 0's) goes into the manifest. `faults`: what a reliability test injects.
 SaveStats Save(const std::string& root, int64_t step, const config::ResolvedConfig& config,
                const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm,
                int keep_last, const std::string& tokenizer = "",

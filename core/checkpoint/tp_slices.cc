@@ -22,12 +22,16 @@ memory::Tensor GatherTpSlices(const memory::Tensor& local, const layer::TpShard&
   return full;
 }
 
-memory::Tensor TpSliceOf(const memory::Tensor& full, const layer::TpShard& shard) {
-  if (!shard.sliced()) return full.Clone();
-  memory::Tensor local(full.device(), shard.LocalShape(), full.dtype());
-  std::vector<char> full_host(full.bytes()), local_host(local.bytes());
-  full.CopyToHost(full_host.data());
-  layer::FullToLocal(shard, full_host.data(), local_host.data(), memory::DTypeSize(full.dtype()));
+memory::Tensor TpSliceFromHost(const void* full_host, const layer::TpShard& shard,
+                               device::Device* device, memory::DType dtype) {
+  if (!shard.sliced()) {
+    memory::Tensor whole(device, shard.full_shape, dtype);
+    whole.CopyFromHost(full_host);
+    return whole;
+  }
+  memory::Tensor local(device, shard.LocalShape(), dtype);
+  std::vector<char> local_host(local.bytes());
+  layer::FullToLocal(shard, full_host, local_host.data(), memory::DTypeSize(dtype));
   local.CopyFromHost(local_host.data());
   return local;
 }

@@ -27,6 +27,7 @@ util::FaultPlan FaultPlanFromEnvironment() {
   ReadPair<int>("BIGMAC_TEST_MISMATCH_SCHEDULE", &plan.mismatch_rank, nullptr);
   ReadPair<int64_t>("BIGMAC_TEST_CRASH_IN_CHECKPOINT", &plan.crash_in_checkpoint_step, nullptr);
   ReadPair<int64_t>("BIGMAC_TEST_FAIL_CHECKPOINT", &plan.fail_checkpoint_step, nullptr);
+  ReadPair<int64_t>("BIGMAC_TEST_SLOW_CHECKPOINT", &plan.slow_checkpoint_ms, nullptr);
   int64_t max_message_bytes = 0;
   ReadPair<int64_t>("BIGMAC_TEST_MAX_MESSAGE_BYTES", &max_message_bytes, nullptr);
   if (max_message_bytes > 0) plan.max_message_bytes = max_message_bytes;

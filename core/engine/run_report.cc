@@ -218,6 +218,8 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
                          {"step_ms", outcome.ms},
                          {"tokens_per_s", tokens_per_step_ / (outcome.ms / 1000.0)},
                          {"peak_bytes", peak},
+                         {"checkpoint_ms", outcome.checkpoint_ms},
+                         {"checkpoint_wait_ms", outcome.checkpoint_wait_ms},
                          {"micro_batch_size", cfg_.train().micro_batch_size()},
                          {"num_microbatches", view_.resolved.batch.num_microbatches},
                          {"precision", cfg_.precision().dtype()},
@@ -232,7 +234,9 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
       {"train/lr", "lr"},
       {"train/grad_norm", "grad_norm"},
       {"train/tokens_per_s", "tokens_per_s"},
-      {"train/step_ms", "step_ms"}};
+      {"train/step_ms", "step_ms"},
+      {"checkpoint/ms", "checkpoint_ms"},
+      {"checkpoint/wait_ms", "checkpoint_wait_ms"}};
   for (const auto& [tag, key] : kScalars) {
     events_->AddScalar(tag, step + 1, line[key].get<double>());
   }
@@ -253,13 +257,15 @@ void RunReport::Summary(const TrainResult& result, int steps_run) {
       Format("[memory] rank %d (pp %d, dp %d, stage %s): peak %.2f MiB of %.2f MiB capacity, "
              "activations peak "
              "%.2f MiB, at most %d micro-batch stage(s) of activations in flight, %lld parameters, "
-             "optimizer state for %lld (%s); %lld system allocations after the first step",
+             "optimizer state for %lld (%s); %lld system allocations after the first step; "
+             "checkpoint snapshot %.2f MiB of host memory",
              comm.world().rank(), comm.pp().rank(), comm.dp().rank(), stages.c_str(),
              double(result.peak_bytes) / (1 << 20), double(allocator.capacity_bytes()) / (1 << 20),
              double(stage.max_activation_bytes()) / (1 << 20), result.max_in_flight,
              static_cast<long long>(result.parameter_count),
              static_cast<long long>(view_.adamw.StateElements()), OptimizerMemory().c_str(),
-             static_cast<long long>(result.steady_state_system_allocations)));
+             static_cast<long long>(result.steady_state_system_allocations),
+             double(result.checkpoint_buffer_bytes) / (1 << 20)));
   for (const std::string& line : memory_lines) Log(line);
   std::string layer_ranges;
   for (const partition::StageRange& range : stage.ranges()) {

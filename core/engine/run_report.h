@@ -34,6 +34,10 @@ struct StepOutcome {
   int64_t tp_bytes = 0;          // put into tp all-reduces by this rank during the step
   double tp_ms = 0;              // spent in them
   double peak = 0;               // rank 0: the largest allocator peak of any rank
+  // Checkpoints at the end of the step: the time the step loop spent on them (a snapshot, a
+  // synchronous save, a commit), and the part of it that waited for a background write.
+  double checkpoint_ms = 0;
+  double checkpoint_wait_ms = 0;
 };
 
 // The pp stages this rank hosts, "0,4".

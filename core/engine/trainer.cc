@@ -53,7 +53,6 @@ TrainResult Trainer::Run() {
   adamw_.InitState(params_);
   memory::DeviceAllocator& allocator = device_->allocator();
   int64_t system_allocations_after_first_step = -1;
-  const std::string& checkpoint_root = cfg_.checkpoint().dir();
   for (int step = start_step_; step < train_.max_steps(); ++step) {
     if (step == start_step_ + 1)
       system_allocations_after_first_step = allocator.system_allocations();
@@ -64,22 +63,19 @@ TrainResult Trainer::Run() {
     if (faults_.stall_rank == comm_.world().rank() && faults_.stall_step <= step + 1) {
       std::this_thread::sleep_for(std::chrono::hours(1));
     }
-    const StepOutcome outcome = RunStep(step);
+    StepOutcome outcome = RunStep(step);
     report_->Progress(step, outcome);
     std::optional<double> val_loss;
     if ((train_.eval_interval() > 0 && (step + 1) % train_.eval_interval() == 0) ||
         step + 1 == train_.max_steps()) {
       val_loss = Evaluate(step + 1);
     }
-    report_->Metrics(step, outcome, val_loss);
     Sample(step + 1);
-    const int interval = cfg_.checkpoint().interval();
-    if (!checkpoint_root.empty() &&
-        ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train_.max_steps())) {
-      Save(step + 1);
-    }
+    Checkpoint(step, &outcome);
+    report_->Metrics(step, outcome, val_loss);
     if (StopRequested(step)) break;
   }
+  FinishSave();
   // Steady state: after the first step every buffer comes from the allocator's cache.
   result_.steady_state_system_allocations =
       system_allocations_after_first_step < 0
@@ -88,6 +84,7 @@ TrainResult Trainer::Run() {
   result_.skipped_steps = skipped_steps_;
   result_.stopped_at_step = stopped_at_;
   result_.peak_bytes = allocator.peak_bytes();
+  result_.checkpoint_buffer_bytes = saver_ ? saver_->buffer_bytes() : 0;
   result_.max_in_flight = model_->max_in_flight();
   report_->Summary(result_, (stopped_at_ > 0 ? stopped_at_ : train_.max_steps()) - start_step_);
   report_->TraceAndDump(result_.train_losses);
@@ -309,6 +306,8 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   // Messages in flight move on while this rank computes (core/util/compute_progress.h): the
   // transport's non-blocking progress, from the GEMMs, at most every 50 us.
   util::SetComputeProgress([&comm] { comm.Progress(); }, 50e-6);
+  if (!cfg_.checkpoint().dir().empty())
+    saver_ = std::make_unique<checkpoint::Saver>(cfg_.checkpoint().async());
   report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *model_,
                                                 *executor_, adamw_, zero_.get(), timeline_});
 }
@@ -501,18 +500,59 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
   }
   if (root_) std::fprintf(stderr, "bigmac: rank 0: %s\n", message.c_str());
   comm_.world().AllOk(false);
+  FinishSave();  // every rank stops here together, so an in-flight save can still commit
   throw NumericalError(message, /*reported=*/true);
+}
+
+void Trainer::Checkpoint(int step, StepOutcome* outcome) {
+  if (!saver_) return;
+  const auto start = std::chrono::steady_clock::now();
+  checkpoint_wait_seconds_ = 0;
+  if (std::optional<checkpoint::SaveStats> stats = saver_->Poll(comm_)) LogSaved(*stats);
+  const int interval = cfg_.checkpoint().interval();
+  if ((interval > 0 && (step + 1) % interval == 0) || step + 1 == train_.max_steps())
+    Save(step + 1);
+  outcome->checkpoint_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  outcome->checkpoint_wait_ms = checkpoint_wait_seconds_ * 1000;
 }
 
 void Trainer::Save(int step) {
   comm::progress::SetAction("", "checkpoint");
-  const checkpoint::SaveStats stats =
-      checkpoint::Save(cfg_.checkpoint().dir(), step, resolved_, model_->State(), adamw_, comm_,
-                       cfg_.checkpoint().keep_last(), tokenizer_id_, faults_);
+  const checkpoint::SaveRequest request{cfg_.checkpoint().dir(),       step,          &resolved_,
+                                        cfg_.checkpoint().keep_last(), tokenizer_id_, faults_};
+  // At most one save in flight: an unfinished one is waited for first, and the wait is logged.
+  if (std::optional<checkpoint::SaveStats> previous =
+          saver_->Start(request, model_->State(), adamw_, comm_)) {
+    LogSaved(*previous);
+  }
   last_saved_step_ = step;
-  Log(Format("[ckpt] saved step %d to %s: %.2f MB in %.3f s (%.1f MB/s)", step, stats.dir.c_str(),
-             double(stats.bytes) / 1e6, stats.seconds,
-             double(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
+  if (!cfg_.checkpoint().async()) FinishSave();
+}
+
+void Trainer::FinishSave() {
+  if (!saver_) return;
+  if (std::optional<checkpoint::SaveStats> stats = saver_->Finish(comm_)) LogSaved(*stats);
+}
+
+void Trainer::LogSaved(const checkpoint::SaveStats& stats) {
+  const double mb = double(stats.bytes) / 1e6;
+  if (!stats.async) {
+    Log(Format("[ckpt] saved step %lld to %s: %.2f MB in %.3f s (%.1f MB/s)",
+               static_cast<long long>(stats.step), stats.dir.c_str(), mb, stats.seconds,
+               mb / std::max(stats.seconds, 1e-9)));
+    return;
+  }
+  checkpoint_wait_seconds_ += stats.wait_seconds;
+  Log(
+      Format("[ckpt] saved step %lld to %s: %.2f MB; the step waited %.3f s for the snapshot, "
+             "written in the background in %.3f s (%.1f MB/s), committed %.3f s after the "
+             "snapshot%s",
+             static_cast<long long>(stats.step), stats.dir.c_str(), mb, stats.snapshot_seconds,
+             stats.write_seconds, mb / std::max(stats.write_seconds, 1e-9), stats.seconds,
+             stats.wait_seconds > 5e-4
+                 ? Format("; the step loop waited %.3f s for the write", stats.wait_seconds).c_str()
+                 : ""));
 }
 
 bool Trainer::StopRequested(int step) {
@@ -527,6 +567,7 @@ bool Trainer::StopRequested(int step) {
     saved = "no checkpoint (checkpoint.save_on_signal=false)";
   } else if (!checkpoint_root.empty()) {
     if (last_saved_step_ != step + 1) Save(step + 1);
+    FinishSave();
     saved = Format("the checkpoint of step %d in %s", step + 1, checkpoint_root.c_str());
   }
   Log(Format("[signal] %s: stopping after step %d with %s. Continue with --resume auto.",

@@ -42,10 +42,12 @@ struct TrainResult {
   std::vector<std::pair<int, double>> val_losses;  // (step, mean per token) (rank 0)
   std::vector<double> final_parameters;            // this rank's owned parameters, flattened
   int64_t peak_bytes = 0;                          // this rank's allocator peak
-  int max_in_flight = 0;                           // most (micro-batch, stage) activations kept
-  int64_t parameter_count = 0;                     // this rank's owned parameters
-  int skipped_steps = 0;     // updates skipped for non-finite gradients (train.nan_policy=skip)
-  int stopped_at_step = -1;  // the step after which SIGTERM/SIGINT stopped training, or -1
+  int64_t checkpoint_buffer_bytes =
+      0;                        // host memory of the checkpoint snapshot (checkpoint/saver.h)
+  int max_in_flight = 0;        // most (micro-batch, stage) activations kept
+  int64_t parameter_count = 0;  // this rank's owned parameters
+  int skipped_steps = 0;        // updates skipped for non-finite gradients (train.nan_policy=skip)
+  int stopped_at_step = -1;     // the step after which SIGTERM/SIGINT stopped training, or -1
   // Buffers the allocator had to get from the system after the first step (0: steady state).
   int64_t steady_state_system_allocations = 0;
   // Activation and gradient bytes this rank sent to its pipeline neighbours per step (the last

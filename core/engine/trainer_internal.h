@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/saver.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
 #include "core/data/dataset.h"
@@ -105,7 +106,14 @@ class Trainer {
   void OptimizerStep(int step, StepOutcome* outcome);
   // Every rank sees the same non-finite norm: report where, then skip (returns) or throw.
   void DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* outcome);
+  // Every step's end: commits a save whose files are durable on every rank, then starts the
+  // save that is due (checkpoint.interval, the last step). Records the time in `outcome`.
+  void Checkpoint(int step, StepOutcome* outcome);
+  // Starts the save of `step` (finishing one in flight first); a synchronous one is committed.
   void Save(int step);
+  // Commits the save in flight, if any, waiting for its files.
+  void FinishSave();
+  void LogSaved(const checkpoint::SaveStats& stats);
   // After step `step` (0-based): true if a stop signal ends the run here (every rank agrees).
   bool StopRequested(int step);
   // Host copies (double) of this rank's owned parameters, for TrainResult.
@@ -143,8 +151,11 @@ class Trainer {
   int skipped_steps_ = 0;
   int last_saved_step_ = -1;
   int stopped_at_ = -1;
-  int running_step_ = 0;               // 1-based, for the fault plan
-  std::unique_ptr<RunReport> report_;  // the observer of the steps (built last)
+  int running_step_ = 0;  // 1-based, for the fault plan
+  // checkpoint.dir set: destroyed before the device, whose host memory it holds.
+  std::unique_ptr<checkpoint::Saver> saver_;
+  double checkpoint_wait_seconds_ = 0;  // the current step's, while it checkpoints
+  std::unique_ptr<RunReport> report_;   // the observer of the steps (built last)
 };
 
 }  // namespace bigmac::engine

@@ -203,6 +203,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
               : 0.0;
       stage.optimizer_mib = double(stage.parameters) * 8 / kMiB;
       stage.optimizer_zero_mib = stage.optimizer_mib / config.dp;
+      stage.checkpoint_snapshot_mib = double(stage.parameters) * config.tp * 12 / kMiB;
       const bool zero = config.values().parallel().zero_stage() == 1;
       stage.total_mib = (double(stage.parameters) * 8 + copy_bytes) / kMiB +
                         (zero ? stage.optimizer_zero_mib : stage.optimizer_mib) +
@@ -278,6 +279,15 @@ std::vector<std::string> FormatPlans(const config::ResolvedConfig& config,
     }
     lines.push_back(Format("[plan]   optimizer state per rank (dp=%d, parallel.zero_stage=%d): %s",
                            config.dp, config.values().parallel().zero_stage(), optimizer.c_str()));
+    std::string snapshot;
+    for (const StagePlan& s : plan.stages) {
+      snapshot += Format("%sstage %d at most %.2f MiB", snapshot.empty() ? "" : "; ", s.range.stage,
+                         s.checkpoint_snapshot_mib);
+    }
+    lines.push_back(
+        Format("[plan]   checkpoint snapshot per rank (host memory, with checkpoint.dir "
+               "and checkpoint.async): %s",
+               snapshot.c_str()));
   }
   if (best) {
     std::string versus;

@@ -35,6 +35,10 @@ struct StagePlan {
   // (parallel.zero_stage=1: 1/dp of them, docs/zero.md).
   double optimizer_mib = 0;
   double optimizer_zero_mib = 0;
+  // Host memory of an asynchronous checkpoint's snapshot on the rank that writes the most: the
+  // value and two moments (12 B) of every parameter of the stage, whole (tp rank 0 gathers the tp
+  // slices); replicas split the layers (docs/checkpoint.md). An upper bound.
+  double checkpoint_snapshot_mib = 0;
   // parameters x 8 B (value, gradient) + the optimizer state as configured + activations
   double total_mib = 0;
   double forward_ms = 0;

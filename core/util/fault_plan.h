@@ -33,6 +33,9 @@ struct FaultPlan {
   // BIGMAC_TEST_FAIL_CHECKPOINT=<step>: that step's checkpoint file writes fail half-way (a full
   // disk).
   int64_t fail_checkpoint_step = -1;
+  // BIGMAC_TEST_SLOW_CHECKPOINT=<ms>: every checkpoint file's write waits this long before its
+  // fsync, so that a test can signal or kill a run while an asynchronous save is in flight.
+  int64_t slow_checkpoint_ms = 0;
   // BIGMAC_TEST_MAX_MESSAGE_BYTES=<bytes>: the MPI transport splits payloads into messages of at
   // most this many bytes instead of 1 GiB (0: its own limit).
   int64_t max_message_bytes = 0;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -128,11 +129,16 @@ std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std:
   uint64_t size = 0;
   std::string problem = OpenUserFile(path, max_bytes, what, &fd, &size);
   if (!problem.empty()) return problem;
-  contents->clear();
-  contents->reserve(size);
+  // The size fstat gave is read straight into the result in large reads (a checkpoint's layer
+  // file is hundreds of MB); whatever follows, if the file grew, in small ones.
+  contents->resize(size);
+  size_t have = 0;
   char buffer[65536];
   while (true) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    const bool sized = have < size;
+    char* into = sized ? contents->data() + have : buffer;
+    const size_t want = sized ? std::min<size_t>(size - have, size_t{1} << 30) : sizeof(buffer);
+    const ssize_t n = read(fd, into, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       problem = path + ": cannot read the " + what + ": " + OsReason(errno);
@@ -140,12 +146,14 @@ std::string ReadUserFile(const std::string& path, uint64_t max_bytes, const std:
     }
     if (n == 0) break;
     // A file that grows while it is read (or lies about its size) is still bounded.
-    if (contents->size() + static_cast<size_t>(n) > max_bytes) {
+    if (have + static_cast<size_t>(n) > max_bytes) {
       problem = TooLarge(path, what, 0, max_bytes, true);
       break;
     }
-    contents->append(buffer, static_cast<size_t>(n));
+    if (!sized) contents->append(buffer, static_cast<size_t>(n));
+    have += static_cast<size_t>(n);
   }
+  contents->resize(std::min<size_t>(have, contents->size()));  // a file that shrank
   close(fd);
   if (!problem.empty()) contents->clear();
   return problem;

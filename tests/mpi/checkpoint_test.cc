@@ -2,11 +2,15 @@
 // touching the disk, a crash mid-write leaving the previous checkpoint usable, safetensors.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/checkpoint/checkpoint.pb.h"
@@ -350,6 +354,147 @@ TEST(Retention, KeepsTheLastNAndTiedWeightOnce) {
       EXPECT_EQ(tensor.file(), "embedding.bin");
     }
   }
+}
+
+// ---------------------------------------------------------------- asynchronous saves
+
+// The files of a step directory by name, manifest.txt aside (it holds the config).
+std::map<std::string, std::string> StepFiles(const std::string& step_dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::directory_iterator(step_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "manifest.txt") continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    files[name] =
+        std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  return files;
+}
+
+// The manifest's files and tensors (their CRCs included), without the config snapshot.
+std::string ManifestContents(const std::string& step_dir) {
+  checkpoint::Manifest manifest;
+  std::ifstream in(step_dir + "/manifest.pb", std::ios::binary);
+  EXPECT_TRUE(manifest.ParseFromIstream(&in)) << step_dir;
+  manifest.clear_config();
+  return manifest.SerializeAsString();
+}
+
+// An asynchronous save (the default) writes byte for byte the files a synchronous one writes, with
+// the same manifest, replicated or under ZeRO-1 (each replica's slices of the moments).
+TEST(Async, WritesTheFilesASynchronousSaveWrites) {
+  for (const std::string zero : {"0", "1"}) {
+    SCOPED_TRACE("zero_stage=" + zero);
+    std::map<std::string, std::string> dirs;
+    for (const std::string async : {"true", "false"}) {
+      const std::string dir = TempDir() + "/ckpt_async_" + async + "_zero" + zero;
+      fs::remove_all(dir);
+      const Result r = Train(2, 2, "async_" + async + "_zero" + zero,
+                             "--set checkpoint.dir=" + dir + " --set checkpoint.async=" + async +
+                                 " --set parallel.zero_stage=" + zero + Accum(4));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find(async == "true" ? "written in the background" : "MB/s)"),
+                std::string::npos)
+          << r.output;
+      dirs[async] = dir;
+    }
+    for (const char* step : {"/step_000003", "/step_000006"}) {
+      const std::map<std::string, std::string> sync_files = StepFiles(dirs["false"] + step);
+      const std::map<std::string, std::string> async_files = StepFiles(dirs["true"] + step);
+      ASSERT_EQ(sync_files.size(), async_files.size()) << step;
+      for (const auto& [name, bytes] : sync_files) {
+        if (name == "manifest.pb") continue;
+        ASSERT_TRUE(async_files.count(name)) << step << "/" << name;
+        EXPECT_TRUE(async_files.at(name) == bytes) << step << "/" << name << " differs";
+      }
+      EXPECT_EQ(ManifestContents(dirs["true"] + step), ManifestContents(dirs["false"] + step))
+          << step;
+      EXPECT_EQ(RunCommand(Bigmac() + " ckpt inspect " + dirs["true"] + step, 30).exit_code, 0);
+    }
+  }
+}
+
+// A slow disk (every file waits 300 ms before its fsync) and a save every step: each save waits
+// for the one in flight, says so, and metrics.jsonl carries the wait (checkpoint_wait_ms). The
+// run ends with every save committed and resumes like the uninterrupted run.
+TEST(Async, TheNextSaveWaitsForTheOneInFlightAndTheWaitIsMeasured) {
+  const std::string dir = TempDir() + "/ckpt_async_wait";
+  const std::string out = TempDir() + "/run_async_wait";
+  fs::remove_all(dir);
+  fs::remove_all(out);
+  const Result r =
+      Train(2, 1, "async_wait",
+            "--set checkpoint.dir=" + dir +
+                " --set checkpoint.interval=1 --set train.output_dir=" + out + Accum(4),
+            "BIGMAC_TEST_SLOW_CHECKPOINT=300 ");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the step loop waited"), std::string::npos) << r.output;
+  EXPECT_EQ(r.losses, Full(2, 1).losses);
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::map<int, double> wait_ms;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("checkpoint_wait_ms"))
+      wait_ms[record["step"].get<int>()] = record["checkpoint_wait_ms"].get<double>();
+  }
+  ASSERT_EQ(wait_ms.size(), 6u);
+  EXPECT_EQ(wait_ms[1], 0) << "nothing in flight before the first save";
+  // Steps 2 to 6 each waited for the previous save: at least one file's 300 ms.
+  for (int step = 2; step <= 6; ++step) EXPECT_GT(wait_ms[step], 250) << "step " << step;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_000006");
+  EXPECT_FALSE(fs::exists(dir + "/step_000003")) << "keep_last=3";
+  const Result resumed =
+      Train(2, 1, "async_wait_resumed",
+            "--resume " + dir + "/step_000004 --set checkpoint.dir=" + dir + "_resumed" + Accum(4));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<double>& full = Full(2, 1).losses;
+  EXPECT_EQ(resumed.losses, std::vector<double>(full.end() - 2, full.end()));
+}
+
+// SIGTERM (Slurm's warning before a time limit) while an asynchronous save is being written (the
+// disk is slow: 500 ms per file): the run finishes that save, saves the step it stopped after, and
+// exits 0; both checkpoints verify and `latest` names the last.
+TEST(Async, SigtermDuringASaveFinishesItAndSavesTheLastStep) {
+  const std::string dir = TempDir() + "/ckpt_async_sigterm";
+  fs::remove_all(dir);
+  std::thread terminator([&] {
+    for (int i = 0; i < 3000 && !fs::exists(dir + "/.tmp_step_000003"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Only this test's ranks (mpirun forwards nothing we rely on).
+    RunCommand(
+        "for p in $(pgrep -x bigmac); do grep -qa ckpt_async_sigterm /proc/$p/cmdline && "
+        "kill -TERM $p; done",
+        10);
+  });
+  const Result r = Train(2, 1, "async_sigterm",
+                         "--set checkpoint.dir=" + dir + " --set train.max_steps=200" + Accum(4),
+                         "BIGMAC_TEST_SLOW_CHECKPOINT=500 ");
+  terminator.join();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t signal_line = r.output.find("[signal] SIGTERM: stopping after step ");
+  ASSERT_NE(signal_line, std::string::npos) << r.output;
+  const int stopped = std::stoi(
+      r.output.substr(signal_line + std::strlen("[signal] SIGTERM: stopping after step ")));
+  EXPECT_GT(stopped, 3);
+  EXPECT_LT(stopped, 200);
+  // Step 3's save was in flight: the stop waited for it, then saved the last step.
+  const size_t step3 = r.output.find("[ckpt] saved step 3 ");
+  ASSERT_NE(step3, std::string::npos) << r.output;
+  EXPECT_NE(r.output.substr(step3, r.output.find('\n', step3) - step3).find("the step loop waited"),
+            std::string::npos)
+      << r.output;
+  char last[32];
+  std::snprintf(last, sizeof(last), "step_%06d", stopped);
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, last);
+  EXPECT_FALSE(fs::exists(dir + "/.tmp_step_000003"));
+  EXPECT_EQ(RunCommand(Bigmac() + " ckpt inspect " + dir + "/step_000003", 30).exit_code, 0);
+  EXPECT_EQ(RunCommand(Bigmac() + " ckpt inspect " + dir, 30).exit_code, 0);
 }
 
 // ---------------------------------------------------------------- safetensors

@@ -127,14 +127,18 @@ TEST(Fault, KilledRankEndsTheJobAndTheCheckpointSurvives) {
   ExpectContains(r.output, "exited on signal 9 (Killed)");
   std::printf("[fault] SIGKILL of rank 1 in step 5: job ended in %.1f s (exit %d)\n", r.seconds,
               r.exit_code);
-  ExpectIntactAndResumable(ckpt, "step_000004", 6);
+  // Step 4's save (asynchronous, the default) was still in flight, committed only at step 5's end:
+  // `latest` names step 2's, intact.
+  ExpectIntactAndResumable(ckpt, "step_000002", 6);
 }
 
 TEST(Fault, StalledRankFiresThePeersDeadlineNamingActionAndPeer) {
   const std::string ckpt = TempDir() + "/ckpt_stall";
   fs::remove_all(ckpt);
-  const Result r = Train("stall", 6, ckpt, "--set train.comm_timeout_seconds=3",
-                         "BIGMAC_TEST_STALL_RANK=1:5 ", 60);
+  // Synchronous saves: step 4's is complete before step 5 starts.
+  const Result r =
+      Train("stall", 6, ckpt, "--set train.comm_timeout_seconds=3 --set checkpoint.async=false",
+            "BIGMAC_TEST_STALL_RANK=1:5 ", 60);
   EXPECT_EQ(r.exit_code, 6) << r.output;
   EXPECT_LT(r.seconds, 30) << r.output;
   ExpectContains(r.output, "bigmac: rank 0: pp 0, dp 0: waited 3 s for");
