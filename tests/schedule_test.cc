@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -84,6 +86,45 @@ TEST(Simulator, InFlightMicroBatches) {
     EXPECT_EQ(gpipe.max_in_flight[r], m);
     EXPECT_EQ(one.max_in_flight[r], p - r);
     EXPECT_LE(zb.max_in_flight[r], p) << "zb_h1 defers W but keeps 1F1B's peak";
+  }
+}
+
+// With bytes per stage, the simulation gives each rank's peak and what each stage held then: under
+// 1f1b rank r's peak is (p - r) micro-batches of activations; under zb_h1 a micro-batch between
+// BackwardInput and BackwardWeight holds its deferred bytes instead, so a larger deferred size
+// raises the peak; interleaved chunks are counted one by one, and a rank's stages sum to its peak.
+TEST(Simulator, PeakBytesPerRankAndStage) {
+  const int p = 4, m = 8;
+  Costs costs;
+  costs.stage_activation_bytes.assign(p, 100);
+  costs.stage_deferred_bytes.assign(p, 100);
+  const SimResult one = Simulate(BuildAllActions({Kind::k1F1B, p, m, 1}), 1, costs);
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(one.peak_bytes[r], 100.0 * (p - r)) << "rank " << r;
+    EXPECT_EQ(one.stage_bytes_at_peak[r], one.peak_bytes[r]);
+  }
+  const SimResult zb_same = Simulate(BuildAllActions({Kind::kZeroBubbleH1, p, m, 1}), 1, costs);
+  costs.stage_deferred_bytes.assign(p, 150);
+  const SimResult zb = Simulate(BuildAllActions({Kind::kZeroBubbleH1, p, m, 1}), 1, costs);
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(zb_same.peak_bytes[r], 100.0 * zb_same.max_in_flight[r]) << "rank " << r;
+    EXPECT_GT(zb.peak_bytes[r], zb_same.peak_bytes[r]) << "rank " << r;
+    EXPECT_LE(zb.peak_bytes[r], 150.0 * zb.max_in_flight[r]) << "rank " << r;
+  }
+  const int v = 2;
+  Costs chunks;
+  for (int s = 0; s < p * v; ++s) {
+    chunks.stage_activation_bytes.push_back(s < p ? 10 : 1000);  // the second chunks are heavy
+  }
+  const SimResult interleaved =
+      Simulate(BuildAllActions({Kind::kInterleaved1F1B, p, m, v}), v, chunks);
+  for (int r = 0; r < p; ++r) {
+    const double first = interleaved.stage_bytes_at_peak[r];
+    const double second = interleaved.stage_bytes_at_peak[r + p];
+    EXPECT_EQ(first + second, interleaved.peak_bytes[r]) << "rank " << r;
+    EXPECT_EQ(std::fmod(first, 10), 0);
+    EXPECT_EQ(std::fmod(second, 1000), 0);
+    EXPECT_LE(second / 1000 + first / 10, interleaved.max_in_flight[r]) << "rank " << r;
   }
 }
 

@@ -137,22 +137,25 @@ TEST(SlicedAdamW, ReplicasTogetherUpdateBitwiseAsOneOptimizer) {
   }
   EXPECT_EQ(state, reference.StateElements()) << "each element's moments once";
 
-  // A checkpoint's full moments: a replica keeps its slice of them.
+  // A checkpoint's moments are read straight into a replica's own slice (MomentsToLoad gives the
+  // slice tensors themselves, which cover elements from StateBegin), never into a full copy.
   layer::Param* w4 = replicas[1].owned[4].get();
-  Tensor m(device.get(), {29}, DType::kF32), v(device.get(), {29}, DType::kF32);
-  for (int k = 0; k < 29; ++k) {
-    m.data<float>()[k] = float(k);
-    v.data<float>()[k] = float(100 + k);
-  }
-  sharded[1]->SetState(w4, std::move(m), std::move(v));
   ASSERT_TRUE(sharded[1]->HasSliceState(w4));
-  const Tensor* first = sharded[1]->FirstMoment(w4);
-  ASSERT_NE(first, nullptr);
-  const int64_t begin = sharded[1]->StateBegin(w4);
-  for (int64_t k = 0; k < first->numel(); ++k) {
-    EXPECT_EQ(first->data<float>()[k], float(begin + k));
-    EXPECT_EQ(sharded[1]->SecondMoment(w4)->data<float>()[k], float(100 + begin + k));
-  }
+  const int64_t elements = sharded[1]->StateElements();
+  const auto [m, v] = sharded[1]->MomentsToLoad(w4);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m, sharded[1]->FirstMoment(w4));
+  EXPECT_EQ(v, sharded[1]->SecondMoment(w4));
+  EXPECT_LT(m->numel(), 29) << "a slice, not the whole parameter";
+  EXPECT_EQ(sharded[1]->StateElements(), elements) << "nothing allocated by the lookup";
+  // Without state yet (a replicated parameter before its first step), it is created as
+  // InitState would: zero, of the parameter's shape.
+  optim::AdamW fresh(optim::AdamWOptions{});
+  const auto [m0, v0] = fresh.MomentsToLoad(w4);
+  ASSERT_NE(m0, nullptr);
+  EXPECT_EQ(m0->shape(), w4->value.shape());
+  for (int64_t k = 0; k < m0->numel(); ++k) EXPECT_EQ(m0->data<float>()[k], 0.0f);
+  EXPECT_EQ(v0->numel(), w4->value.numel());
 }
 
 }  // namespace

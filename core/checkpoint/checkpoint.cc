@@ -1,6 +1,10 @@
 #include "core/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "core/checkpoint/crc32.h"
 #include "core/checkpoint/internal.h"
@@ -26,7 +31,8 @@ using internal::kManifest;
 using internal::RunAndAgree;
 namespace {
 
-std::string ReadWholeFile(const std::string& path) {
+// The size of the regular file at `path`, or a CheckpointError saying why it cannot be read.
+uint64_t CheckedFileSize(const std::string& path) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   if (!fs::exists(status)) {
@@ -40,6 +46,11 @@ std::string ReadWholeFile(const std::string& path) {
   if (!fs::is_regular_file(status)) throw CheckpointError(path + ": not a regular file");
   const uintmax_t size = fs::file_size(path, error);
   if (error) throw CheckpointError(path + ": cannot read its size: " + error.message());
+  return size;
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  const uint64_t size = CheckedFileSize(path);
   // Read through the checked opener: the file checked above may have been replaced since.
   std::string data;
   if (std::string problem = util::ReadUserFile(path, size, "checkpoint file", &data);
@@ -47,6 +58,57 @@ std::string ReadWholeFile(const std::string& path) {
     throw CheckpointError(problem);
   }
   return data;
+}
+
+// Reads the layer file at `path` in large O_DIRECT reads into one reused, aligned buffer (no
+// page-cache copy; bench/NOTES.md), handing each chunk to `chunk(data, offset, bytes)` in order.
+// A filesystem that refuses O_DIRECT is read through the cache. Returns the bytes read; throws
+// CheckpointError.
+int64_t StreamLayerFile(const std::string& path,
+                        const std::function<void(const char*, int64_t, int64_t)>& chunk) {
+  constexpr size_t kAlign = 4096;
+  constexpr size_t kChunk = size_t{64} << 20;
+  struct Free {
+    void operator()(char* data) const { std::free(data); }
+  };
+  thread_local std::unique_ptr<char, Free> buffer(
+      static_cast<char*>(std::aligned_alloc(kAlign, kChunk)));
+  if (!buffer) throw CheckpointError(path + ": cannot allocate a buffer to read it into");
+  const uint64_t size = CheckedFileSize(path);
+  int fd = -1;
+  uint64_t opened_size = 0;
+  // Through the checked opener: the file checked above may have been replaced since.
+  if (std::string problem = util::OpenUserFile(path, size, "checkpoint file", &fd, &opened_size);
+      !problem.empty()) {
+    throw CheckpointError(problem);
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  bool direct = fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
+  int64_t offset = 0;
+  std::string problem;
+  while (true) {
+    const ssize_t n = read(fd, buffer.get(), kChunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && direct) {
+      direct = fcntl(fd, F_SETFL, flags) != 0;  // the filesystem takes no O_DIRECT
+      if (!direct) continue;
+    }
+    if (n < 0) {
+      problem = path + ": cannot read the checkpoint file: " + std::strerror(errno);
+      break;
+    }
+    if (n == 0) break;
+    try {
+      chunk(buffer.get(), offset, n);
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+    offset += n;
+  }
+  close(fd);
+  if (!problem.empty()) throw CheckpointError(problem);
+  return offset;
 }
 
 // What a manifest may claim before anything it names is opened: a plausible model size, every
@@ -246,8 +308,12 @@ Manifest ReadManifest(const std::string& step_dir, const config::Config& config)
   return manifest;
 }
 
-VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& manifest,
-                                  int layer_id, const std::vector<ExpectedTensor>& expected) {
+namespace {
+
+// VerifyLayerFile, or (`read` false) PrecheckLayerFile.
+LayerTensors CheckLayerFile(const std::string& step_dir, const Manifest& manifest, int layer_id,
+                            const std::vector<ExpectedTensor>& expected, bool read,
+                            const FileChunkSink& sink) {
   const int num_layers = manifest.config().model().num_layers();
   const LayerFile* file = nullptr;
   for (const LayerFile& candidate : manifest.files()) {
@@ -259,11 +325,11 @@ VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& m
                                         "): the manifest lists no file for it");
   }
   const std::string path = step_dir + "/" + file->file();
-  VerifiedLayerFile verified;
+  LayerTensors tensors;
   std::vector<const TensorEntry*> in_file_order;
   for (const TensorEntry& entry : manifest.tensors()) {
     if (entry.layer_id() != layer_id) continue;
-    verified.tensors[entry.name()] = &entry;
+    tensors[entry.name()] = &entry;
     in_file_order.push_back(&entry);
   }
   auto missing = [&](const std::string& name) {
@@ -275,8 +341,8 @@ VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& m
   };
   // Before reading anything: what the model needs, then what the manifest claims of the tensors.
   for (const ExpectedTensor& want : expected) {
-    auto it = verified.tensors.find(want.name);
-    if (it == verified.tensors.end()) throw missing(want.name);
+    auto it = tensors.find(want.name);
+    if (it == tensors.end()) throw missing(want.name);
     const TensorEntry& entry = *it->second;
     const std::vector<int64_t> shape(entry.shape().begin(), entry.shape().end());
     if (shape != want.shape || entry.bytes() != F32Bytes(want.shape)) {
@@ -290,8 +356,8 @@ VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& m
     const size_t hash = name.rfind('#');
     const std::string base = name.substr(0, hash);
     for (const char* kind : kKinds) {  // a value comes with its two moments
-      auto sibling = verified.tensors.find(base + "#" + kind);
-      if (sibling == verified.tensors.end()) throw missing(base + "#" + kind);
+      auto sibling = tensors.find(base + "#" + kind);
+      if (sibling == tensors.end()) throw missing(base + "#" + kind);
       if (!std::equal(sibling->second->shape().begin(), sibling->second->shape().end(),
                       entry->shape().begin(), entry->shape().end())) {
         throw bad_tensor(name, "and " + sibling->first + " differ in shape");
@@ -325,56 +391,108 @@ VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& m
       !size_error && static_cast<int64_t>(size) != file->bytes()) {
     throw wrong_size(size);
   }
+  // Each tensor inside the file, before anything is read.
+  for (const TensorEntry* entry : in_file_order) {
+    if (entry->offset() < 0 || entry->offset() + entry->bytes() > file->bytes())
+      throw bad_tensor(entry->name(), "lies outside the file");
+  }
+  if (!read) return tensors;
+  // The bytes, streamed: the file's CRC-32 and each tensor's, while each chunk is in cache.
+  uint32_t file_crc = 0;
+  std::vector<uint32_t> tensor_crcs(in_file_order.size(), 0);
+  int64_t bytes_read = 0;
   try {
-    verified.bytes = ReadWholeFile(path);
+    bytes_read = StreamLayerFile(path, [&](const char* data, int64_t offset, int64_t bytes) {
+      if (offset + bytes > file->bytes()) throw wrong_size(offset + bytes);
+      file_crc = Crc32Update(file_crc, data, bytes);
+      for (size_t i = 0; i < in_file_order.size(); ++i) {
+        const int64_t begin = std::max(offset, in_file_order[i]->offset());
+        const int64_t end =
+            std::min(offset + bytes, in_file_order[i]->offset() + in_file_order[i]->bytes());
+        if (begin < end)
+          tensor_crcs[i] = Crc32Update(tensor_crcs[i], data + (begin - offset), end - begin);
+      }
+      if (sink) sink(data, offset, bytes);
+    });
+  } catch (const LayerFileError&) {
+    throw;
   } catch (const CheckpointError& e) {
     std::error_code link_error;
     throw LayerFileError(
         fs::exists(fs::symlink_status(path, link_error)) ? "UNREADABLE" : "MISSING", e.what());
   }
-  if (static_cast<int64_t>(verified.bytes.size()) != file->bytes())
-    throw wrong_size(verified.bytes.size());
-  if (Crc32(verified.bytes.data(), verified.bytes.size()) != file->crc32()) {
+  if (bytes_read != file->bytes()) throw wrong_size(bytes_read);
+  if (file_crc != file->crc32()) {
     throw LayerFileError(
         "CHECKSUM MISMATCH",
         path + ": checksum mismatch (CRC-32 of the file differs from the manifest)");
   }
-  // Each tensor's place in it.
-  for (const TensorEntry* entry : in_file_order) {
-    if (entry->offset() < 0 ||
-        entry->offset() + entry->bytes() > static_cast<int64_t>(verified.bytes.size())) {
-      throw bad_tensor(entry->name(), "lies outside the file");
-    }
-    // The file's checksum covers its bytes; this one ties the tensor's name to its place.
-    if (Crc32(verified.bytes.data() + entry->offset(), entry->bytes()) != entry->crc32()) {
-      throw bad_tensor(entry->name(), "has a checksum mismatch at offset " +
-                                          std::to_string(entry->offset()) +
-                                          " (the manifest's tensor entry was altered)");
+  // The file's checksum covers its bytes; each tensor's ties its name to its place.
+  for (size_t i = 0; i < in_file_order.size(); ++i) {
+    if (tensor_crcs[i] != in_file_order[i]->crc32()) {
+      throw bad_tensor(in_file_order[i]->name(), "has a checksum mismatch at offset " +
+                                                     std::to_string(in_file_order[i]->offset()) +
+                                                     " (the manifest's tensor entry was altered)");
     }
   }
-  return verified;
+  return tensors;
 }
+
+}  // namespace
+
+LayerTensors PrecheckLayerFile(const std::string& step_dir, const Manifest& manifest, int layer_id,
+                               const std::vector<ExpectedTensor>& expected) {
+  return CheckLayerFile(step_dir, manifest, layer_id, expected, /*read=*/false, {});
+}
+
+LayerTensors VerifyLayerFile(const std::string& step_dir, const Manifest& manifest, int layer_id,
+                             const std::vector<ExpectedTensor>& expected,
+                             const FileChunkSink& sink) {
+  return CheckLayerFile(step_dir, manifest, layer_id, expected, /*read=*/true, sink);
+}
+
+namespace {
+
+// Where one tensor of a layer file goes as the file streams by: the bytes [begin, end) of the
+// tensor that this rank keeps, into device memory at `to` (a parameter, a moment or its ZeRO
+// slice); or, when this rank holds a tp slice of it, the whole tensor into host `staging`, cut
+// into `target` once the file is verified.
+struct Destination {
+  int64_t file_offset = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  device::Device* device = nullptr;
+  char* to = nullptr;
+  std::vector<char> staging;
+  layer::TpShard shard;
+  memory::Tensor* target = nullptr;
+};
+
+// Copies the part of the chunk [offset, offset + bytes) at `data` that falls in `d`.
+void Deliver(Destination& d, const char* data, int64_t offset, int64_t bytes) {
+  const int64_t begin = std::max(offset, d.file_offset + d.begin);
+  const int64_t end = std::min(offset + bytes, d.file_offset + d.end);
+  if (begin >= end) return;
+  const char* from = data + (begin - offset);
+  if (d.to) {
+    d.device->CopyHostToDevice(d.to + (begin - d.file_offset - d.begin), from, end - begin);
+  } else {
+    std::memcpy(d.staging.data() + (begin - d.file_offset), from, end - begin);
+  }
+}
+
+}  // namespace
 
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
              const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm) {
   int64_t next_step = 0;
-  // What this rank read, applied once every rank has read all it needs.
-  struct Loaded {
-    layer::Param* param;
-    memory::Tensor value, m, v;
-    bool optimizer_state;
-  };
-  std::vector<Loaded> loaded;
-  // Read everything before changing anything, so a bad checkpoint leaves the model as it was.
   RunAndAgree(
       comm.world(),
       [&] {
         const Manifest manifest = ReadManifest(step_dir, config.values());
         next_step = manifest.next_step();
-        std::map<std::string, int>
-            layer_of;  // tensor name -> layer_id, to find a tied copy's owner
-        for (const TensorEntry& entry : manifest.tensors())
-          layer_of[entry.name()] = entry.layer_id();
+        std::map<std::string, const TensorEntry*> entries;  // to find a tied copy's owner
+        for (const TensorEntry& entry : manifest.tensors()) entries[entry.name()] = &entry;
         // Each parameter's tensors and the layer file they are read from: its own layer's, or for a
         // tied copy the value in its owner's file (stored once, loaded without a duplicate).
         struct Wanted {
@@ -396,8 +514,8 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
             CheckMaster(step_dir, state, layer.layer_id, *param);
             Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true, shard};
             if (param->tied_copy) {
-              auto owner = layer_of.find(param->tied_owner + "#value");
-              w = {param, owner == layer_of.end() ? layer.layer_id : owner->second,
+              auto owner = entries.find(param->tied_owner + "#value");
+              w = {param, owner == entries.end() ? layer.layer_id : owner->second->layer_id(),
                    param->tied_owner, false, shard};
             }
             if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
@@ -406,32 +524,51 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
             wanted.push_back(std::move(w));
           }
         }
-        // One file in memory at a time: verified, copied into its tensors, released.
+        // Whatever can be refused without reading a byte is, for every file, before any file is
+        // read: a refusal of that kind changes nothing in the model.
+        for (int layer_id : layer_order)
+          PrecheckLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
+        // File by file, each streamed straight into the tensors while it is verified.
         for (int layer_id : layer_order) {
-          const VerifiedLayerFile file =
-              VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
+          std::vector<Destination> destinations;
           for (const Wanted& w : wanted) {
             if (w.layer_id != layer_id) continue;
-            auto read = [&](const char* kind) {
-              const TensorEntry& entry = *file.tensors.at(w.name + "#" + kind);
-              return TpSliceFromHost(file.bytes.data() + entry.offset(), w.shard,
-                                     w.param->value.device(), w.param->value.dtype());
-            };
-            Loaded l{w.param, read(kKinds[0]), memory::Tensor(), memory::Tensor(),
-                     w.optimizer_state};
-            if (w.optimizer_state) {
-              l.m = read(kKinds[1]);
-              l.v = read(kKinds[2]);
+            std::array<memory::Tensor*, 3> targets = {&w.param->value, nullptr, nullptr};
+            if (w.optimizer_state) std::tie(targets[1], targets[2]) = adamw.MomentsToLoad(w.param);
+            const int64_t element = memory::DTypeSize(w.param->value.dtype());
+            for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k) {
+              auto entry = entries.find(w.name + "#" + kKinds[k]);
+              if (entry == entries.end() || !targets[k]) continue;  // missing: refused below
+              Destination& d = destinations.emplace_back();
+              d.file_offset = entry->second->offset();
+              d.device = targets[k]->device();
+              if (w.shard.sliced()) {  // tp: the whole tensor, cut once verified
+                d.end = F32Bytes(w.shard.full_shape);
+                d.staging.resize(static_cast<size_t>(d.end));
+                d.shard = w.shard;
+                d.target = targets[k];
+                continue;
+              }
+              // A moment's ZeRO slice starts at StateBegin; everything else is whole.
+              d.begin = k > 0 ? adamw.StateBegin(w.param) * element : 0;
+              d.end = d.begin + targets[k]->bytes();
+              d.to = static_cast<char*>(targets[k]->raw());
             }
-            loaded.push_back(std::move(l));
+          }
+          VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id],
+                          [&](const char* data, int64_t offset, int64_t bytes) {
+                            for (Destination& d : destinations) Deliver(d, data, offset, bytes);
+                          });
+          for (Destination& d : destinations) {
+            if (!d.target) continue;
+            std::vector<char> local(d.target->bytes());
+            layer::FullToLocal(d.shard, d.staging.data(), local.data(),
+                               memory::DTypeSize(d.target->dtype()));
+            d.target->CopyFromHost(local.data());
           }
         }
       },
       step_dir + ": another rank could not load its layers");
-  for (Loaded& l : loaded) {
-    l.param->value.CopyFrom(l.value);
-    if (l.optimizer_state) adamw.SetState(l.param, std::move(l.m), std::move(l.v));
-  }
   return next_step;
 }
 

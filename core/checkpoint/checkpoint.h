@@ -2,6 +2,7 @@
 #define BIGMAC_CORE_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -90,27 +91,38 @@ struct ExpectedTensor {
   std::vector<int64_t> shape;
 };
 
-// A verified layer file: its bytes, and the manifest's entries of its tensors by name (pointing
-// into the manifest, which must outlive it).
-struct VerifiedLayerFile {
-  std::string bytes;
-  std::map<std::string, const TensorEntry*> tensors;
-};
+// The manifest's entries of a layer file's tensors by name (pointing into the manifest, which
+// must outlive them).
+using LayerTensors = std::map<std::string, const TensorEntry*>;
+
+// Where a layer file's bytes go as they are read: each chunk in order, `data` holding the file's
+// bytes [offset, offset + bytes).
+using FileChunkSink = std::function<void(const char* data, int64_t offset, int64_t bytes)>;
 
 // The one check of a layer file, shared by Load and Inspect: the manifest lists a file for
 // `layer_id`, and in it each of `expected` with its shape; the file has the manifest's size and
 // CRC-32; every tensor the manifest places in it is f32, as many bytes as its shape, inside the
 // file, matches its own CRC-32 (so a manifest cannot point one tensor at another's bytes), and
-// comes as a value with its two AdamW moments. Throws LayerFileError naming the file and the
-// first problem.
-VerifiedLayerFile VerifyLayerFile(const std::string& step_dir, const Manifest& manifest,
-                                  int layer_id, const std::vector<ExpectedTensor>& expected);
+// comes as a value with its two AdamW moments. The file is read once, in large chunks handed to
+// `sink` (may be empty) as the checksums are computed: what a sink got is verified only when this
+// returns. Throws LayerFileError naming the file and the first problem.
+LayerTensors VerifyLayerFile(const std::string& step_dir, const Manifest& manifest, int layer_id,
+                             const std::vector<ExpectedTensor>& expected,
+                             const FileChunkSink& sink = {});
+// VerifyLayerFile's checks that need none of the file's bytes (the manifest's entries, the
+// expected tensors, the file's size), so that a load can refuse before it reads any file.
+LayerTensors PrecheckLayerFile(const std::string& step_dir, const Manifest& manifest, int layer_id,
+                               const std::vector<ExpectedTensor>& expected);
 
 // Collective. Loads the parameters of `state` (master values and AdamW moments; a tied copy's value
-// from its owner's file) from `step_dir`, whatever layout the checkpoint was saved with, after
-// checking every file it reads (size, CRC-32, every tensor present with its shape). Nothing on
-// disk changes, and nothing in `state` unless every rank read all it needs. Returns the step to
-// continue from. Throws CheckpointError on every rank if any rank failed.
+// from its owner's file) from `step_dir`, whatever layout the checkpoint was saved with. The
+// manifest and every file's size are checked against the model (shapes, every tensor present)
+// before any file is read, so such a refusal changes nothing; each file then streams straight
+// into the parameters and moments (`adamw`'s state, created if it has none) and is verified as it
+// is read (CRC-32 of the file and of each tensor). Nothing on disk changes. Returns the step to
+// continue from. Throws CheckpointError on every rank if any rank failed; after a checksum
+// mismatch the model and the moments may hold part of the checkpoint, and the caller must not go
+// on with them (every caller stops: exit 7).
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
              const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm);
 

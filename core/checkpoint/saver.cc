@@ -139,7 +139,18 @@ struct FileJob {
   std::string file;
   int64_t file_bytes = 0;
   std::vector<Piece> pieces;
+  // This rank writes the whole file, its pieces back to back from `buffer_begin` (aligned to
+  // kDirectAlign, the region padded to it): one stream of large O_DIRECT writes.
+  bool whole = false;
+  int64_t buffer_begin = 0;
 };
+
+// O_DIRECT wants the buffer, the file offset and the length aligned to the logical block size;
+// 4096 covers every disk in use.
+constexpr int64_t kDirectAlign = 4096;
+constexpr int64_t kWriteChunk = int64_t{64} << 20;
+
+int64_t AlignUp(int64_t bytes) { return (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
 
 // The host buffer the snapshot is copied into, kept from save to save: from the device's staging
 // memory (pinned on CUDA), so a device-to-host copy runs at the bus's speed.
@@ -150,11 +161,15 @@ class SnapshotBuffer {
   SnapshotBuffer(const SnapshotBuffer&) = delete;
   SnapshotBuffer& operator=(const SnapshotBuffer&) = delete;
 
+  // `bytes` from a kDirectAlign boundary.
   char* Reserve(device::Device* device, int64_t bytes) {
     if (bytes > bytes_ || device != device_) {
       Release();
       device_ = device;
-      data_ = static_cast<char*>(device->AllocateHostStaging(bytes));
+      allocation_ = static_cast<char*>(device->AllocateHostStaging(bytes + kDirectAlign));
+      data_ =
+          allocation_ +
+          (kDirectAlign - reinterpret_cast<uintptr_t>(allocation_) % kDirectAlign) % kDirectAlign;
       bytes_ = bytes;
     }
     return data_;
@@ -164,11 +179,12 @@ class SnapshotBuffer {
 
  private:
   void Release() {
-    if (data_) device_->FreeHostStaging(data_);
-    data_ = nullptr;
+    if (allocation_) device_->FreeHostStaging(allocation_);
+    allocation_ = data_ = nullptr;
     bytes_ = 0;
   }
   device::Device* device_ = nullptr;
+  char* allocation_ = nullptr;
   char* data_ = nullptr;
   int64_t bytes_ = 0;
 };
@@ -181,62 +197,114 @@ struct WriteResult {
   std::string error;
 };
 
+// What a file write does under a reliability test's fault plan: dies half-way (crash), fails
+// half-way as on a full disk (fail); `slow_ms` before each fsync.
+struct WriteFaults {
+  bool crash = false;
+  bool fail = false;
+  int64_t slow_ms = 0;
+};
+
+// Writes `bytes` from `data` at `offset` of `fd` in chunks of `chunk` bytes (a multiple of
+// kDirectAlign). `share` and `*written` count this file's bytes for the fault plan, whose half-way
+// point is rounded to `chunk`'s alignment. Returns "" or the error (errno in `*error_number`).
+std::string WriteRange(int fd, const char* data, int64_t bytes, int64_t offset, int64_t chunk,
+                       int64_t share, const WriteFaults& faults, int64_t* written,
+                       int* error_number) {
+  const int64_t half = std::max<int64_t>(1, share / 2 / kDirectAlign * kDirectAlign);
+  for (int64_t done = 0; done < bytes;) {
+    int64_t size = std::min(chunk, bytes - done);
+    if (faults.crash || faults.fail) {
+      if (faults.fail && *written >= half) return "No space left on device (injected)";
+      if (*written < half) size = std::min(size, half - *written);
+    }
+    const ssize_t n =
+        pwrite(fd, data + done, static_cast<size_t>(size), static_cast<off_t>(offset + done));
+    if (n <= 0) {
+      *error_number = n < 0 ? errno : ENOSPC;
+      return std::strerror(*error_number);
+    }
+    done += n;
+    *written += n;
+    if (faults.crash && *written >= half) _exit(9);
+  }
+  return "";
+}
+
 // Writes every job's pieces from `buffer` into `dir` and fsyncs each file. Touches nothing but the
-// buffer and the files. `faults` (a reliability test's): the first file's write dies half-way
-// (crash) or fails half-way as on a full disk (fail); every file waits before its fsync (slow).
+// buffer and the files. A file this rank writes whole goes out in large O_DIRECT writes from the
+// aligned snapshot (no page-cache copy; bench/NOTES.md), then is cut to its size; where the
+// filesystem refuses O_DIRECT, and for the pieces of a shared (ZeRO-1) file, buffered pwrite.
+// The first file only dies half-way under `faults.crash`.
 WriteResult WriteJobs(const std::vector<FileJob>& jobs, const char* buffer, const std::string& dir,
-                      bool crash, bool fail, int64_t slow_ms) {
+                      WriteFaults faults) {
   const auto start = Clock::now();
   WriteResult result;
   for (const FileJob& job : jobs) {
     const std::string path = dir + "/" + job.file;
     int64_t share = 0;
     for (const Piece& piece : job.pieces) share += piece.bytes;
-    // Replicas may write pieces of one file: no O_TRUNC, each sizes it the same.
-    const int fd = open(path.c_str(), O_WRONLY | O_CREAT, 0644);
-    if (fd < 0) {
-      result.error = path + ": cannot create: " + std::strerror(errno);
-      break;
+    int64_t written = 0;
+    int error_number = 0;
+    std::string failure;
+    int fd = -1;
+    bool direct = false;
+    if (job.whole) {
+      fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+      direct = fd >= 0;
+      if (direct) {
+        failure = WriteRange(fd, buffer + job.buffer_begin, AlignUp(job.file_bytes), 0, kWriteChunk,
+                             share, faults, &written, &error_number);
+        if (!failure.empty() && error_number == EINVAL && written == 0) {
+          close(fd);  // O_DIRECT opened but refused: write through the page cache instead
+          fd = -1;
+          direct = false;
+          failure.clear();
+        }
+      }
     }
-    if (ftruncate(fd, static_cast<off_t>(job.file_bytes)) != 0) {
+    if (fd < 0) {
+      // Replicas may write pieces of one file: no O_TRUNC, each sizes it the same.
+      fd = open(path.c_str(), O_WRONLY | O_CREAT, 0644);
+      if (fd < 0) {
+        result.error = path + ": cannot create: " + std::strerror(errno);
+        break;
+      }
+    }
+    if (!direct && ftruncate(fd, static_cast<off_t>(job.file_bytes)) != 0) {
       result.error = path + ": cannot size it to " + std::to_string(job.file_bytes) +
                      " bytes: " + std::strerror(errno);
     }
-    int64_t written = 0;
-    for (const Piece& piece : job.pieces) {
-      if (!result.error.empty()) break;
-      const char* data = buffer + piece.buffer_offset;
-      for (int64_t done = 0; done < piece.bytes && result.error.empty();) {
-        int64_t chunk = piece.bytes - done;
-        if (crash || fail) chunk = std::min(chunk, std::max<int64_t>(1, share / 2 - written));
-        if (fail && written >= share / 2) {
-          result.error = path + ": write failed after " + std::to_string(written) + " of " +
-                         std::to_string(share) + " bytes: No space left on device (injected)";
-          break;
-        }
-        const ssize_t n = pwrite(fd, data + done, static_cast<size_t>(chunk),
-                                 static_cast<off_t>(piece.file_offset + done));
-        if (n <= 0) {
-          result.error = path + ": write failed after " + std::to_string(written) + " of " +
-                         std::to_string(share) + " bytes: " + std::strerror(errno);
-          break;
-        }
-        done += n;
-        written += n;
-        if (crash && written >= share / 2) _exit(9);
-      }
-      TensorPiece& reported = result.pieces.emplace_back();
-      reported.set_entry(piece.entry);
-      reported.set_offset(piece.entry_offset);
-      reported.set_bytes(piece.bytes);
-      reported.set_crc32(Crc32(data, static_cast<size_t>(piece.bytes)));  // while it is hot
+    for (size_t i = 0; !direct && result.error.empty() && failure.empty() && i < job.pieces.size();
+         ++i) {
+      const Piece& piece = job.pieces[i];
+      failure = WriteRange(fd, buffer + piece.buffer_offset, piece.bytes, piece.file_offset,
+                           kWriteChunk, share, faults, &written, &error_number);
     }
-    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+    // O_DIRECT wrote whole blocks: the file is cut to its size.
+    if (direct && failure.empty() && ftruncate(fd, static_cast<off_t>(job.file_bytes)) != 0) {
+      result.error = path + ": cannot size it to " + std::to_string(job.file_bytes) +
+                     " bytes: " + std::strerror(errno);
+    }
+    if (!failure.empty()) {
+      result.error = path + ": write failed after " + std::to_string(std::min(written, share)) +
+                     " of " + std::to_string(share) + " bytes: " + failure;
+    }
+    if (result.error.empty()) {
+      for (const Piece& piece : job.pieces) {
+        TensorPiece& reported = result.pieces.emplace_back();
+        reported.set_entry(piece.entry);
+        reported.set_offset(piece.entry_offset);
+        reported.set_bytes(piece.bytes);
+        reported.set_crc32(Crc32(buffer + piece.buffer_offset, static_cast<size_t>(piece.bytes)));
+      }
+    }
+    if (faults.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_ms));
     if (result.error.empty() && fsync(fd) != 0)
       result.error = path + ": fsync failed: " + std::strerror(errno);
     close(fd);
-    result.bytes += written;
-    crash = false;  // only the first file dies half-way
+    result.bytes += std::min(written, share);
+    faults.crash = false;  // only the first file dies half-way
     if (!result.error.empty()) break;
   }
   result.seconds = SecondsSince(start);
@@ -422,6 +490,8 @@ void Saver::Impl::Snapshot(const ModelState& state, const optim::AdamW& adamw,
     FileJob& job = jobs.emplace_back();
     job.file = plan.file;
     job.file_bytes = entries.empty() ? 0 : entries.back().offset() + entries.back().bytes();
+    total = AlignUp(total);
+    job.buffer_begin = total;
     for (size_t p = 0; p < plan.owned.size(); ++p) {
       const bool slice = !plan.gathered && adamw.HasSliceState(plan.owned[p]);
       for (int k = 0; k < 3; ++k) {
@@ -440,6 +510,12 @@ void Saver::Impl::Snapshot(const ModelState& state, const optim::AdamW& adamw,
         job.pieces.push_back(std::move(piece));
       }
     }
+    // Pieces back to back from offset 0 to the end: the file is this rank's alone.
+    int64_t next = 0;
+    for (const Piece& piece : job.pieces)
+      next = piece.file_offset == next ? next + piece.bytes : -1;
+    job.whole = next == job.file_bytes && job.file_bytes > 0;
+    total = AlignUp(total);  // O_DIRECT writes whole blocks
     if (!plan.writer) continue;
     for (TensorEntry& entry : entries) *fragment.add_tensors() = std::move(entry);
     LayerFile* layer_file = fragment.add_files();
@@ -565,7 +641,7 @@ std::optional<SaveStats> Saver::Start(const SaveRequest& request, const ModelSta
   const int64_t slow_ms = request.faults.slow_checkpoint_ms;
   auto write = [&s, crash, fail, slow_ms] {
     if (s.error.empty())
-      s.result = WriteJobs(s.jobs, s.buffer.data(), s.tmp_dir, crash, fail, slow_ms);
+      s.result = WriteJobs(s.jobs, s.buffer.data(), s.tmp_dir, {crash, fail, slow_ms});
     s.written = true;
   };
   if (s.async) {

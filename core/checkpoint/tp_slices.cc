@@ -22,18 +22,4 @@ memory::Tensor GatherTpSlices(const memory::Tensor& local, const layer::TpShard&
   return full;
 }
 
-memory::Tensor TpSliceFromHost(const void* full_host, const layer::TpShard& shard,
-                               device::Device* device, memory::DType dtype) {
-  if (!shard.sliced()) {
-    memory::Tensor whole(device, shard.full_shape, dtype);
-    whole.CopyFromHost(full_host);
-    return whole;
-  }
-  memory::Tensor local(device, shard.LocalShape(), dtype);
-  std::vector<char> local_host(local.bytes());
-  layer::FullToLocal(shard, full_host, local_host.data(), memory::DTypeSize(dtype));
-  local.CopyFromHost(local_host.data());
-  return local;
-}
-
 }  // namespace bigmac::checkpoint

@@ -16,11 +16,6 @@ namespace bigmac::checkpoint {
 memory::Tensor GatherTpSlices(const memory::Tensor& local, const layer::TpShard& shard,
                               comm::Group& tp);
 
-// This rank's slice (padding rows zero) of the full tensor at `full_host` (host memory of
-// shard.full_shape), as a new tensor of `dtype` on `device`: one copy when the shard is whole.
-memory::Tensor TpSliceFromHost(const void* full_host, const layer::TpShard& shard,
-                               device::Device* device, memory::DType dtype);
-
 }  // namespace bigmac::checkpoint
 
 #endif  // BIGMAC_CORE_CHECKPOINT_TP_SLICES_H_

@@ -47,10 +47,11 @@ constexpr char kPipelineSum[] = "OptimizerStep: all-reduce of the gradient norm 
 
 TrainResult Trainer::Run() {
   report_->Model(train_data_ ? train_data_->description() : "(data on other ranks)");
+  // The moments exist before a checkpoint is read into them, as before a fresh first step.
+  adamw_.InitState(params_);
   Resume();
   report_->Open(start_step_);  // once the inputs (data, checkpoint) have been read
   Evaluate(start_step_);       // the starting point: about ln(vocab_size) for a fresh model
-  adamw_.InitState(params_);
   memory::DeviceAllocator& allocator = device_->allocator();
   int64_t system_allocations_after_first_step = -1;
   for (int step = start_step_; step < train_.max_steps(); ++step) {
@@ -289,7 +290,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   executor_->set_dp_reduce(dp_reduce);
   if (dp_reduce.shard && comm.dp().size() > 1) {
     zero_ = std::make_unique<ZeroShards>(executor_->dp_reducer().buckets(), &comm.dp(), device_);
-    zero_->InitState(&adamw_);  // before a checkpoint's moments arrive (SetState slices them)
+    zero_->InitState(&adamw_);  // before a checkpoint's moments arrive (read into the slices)
   }
   if (faults_.sigstop_rank == comm.world().rank()) {
     const int microbatch = std::min(1, microbatches_ - 1);

@@ -16,6 +16,12 @@ struct BlockShape {
   int64_t replicated_params = 0;       // norms and row-parallel biases
   int64_t sliced_activations = 0;      // per token, / tp: qkv, attention output, MLP inner rows
   int64_t replicated_activations = 0;  // per token: input, norms' outputs, residual, statistics
+  // Per token, between BackwardInput and BackwardWeight (stages/gpt/cpu_block.h): the matmuls'
+  // inputs and their output gradients; BackwardInput frees fc's output, the attention's
+  // statistics and qkv, and adds dy, dfc, dln2, dres2, dln1 and dqkv. Unknown (< 0): taken to be
+  // the forward's activations.
+  int64_t sliced_deferred = -1;
+  int64_t replicated_deferred = -1;
 };
 
 BlockShape BlockShapeOf(const ModelDims& dims) {
@@ -37,6 +43,8 @@ BlockShape BlockShapeOf(const ModelDims& dims) {
   shape.replicated_params = 6 * c;     // two LayerNorms and the two row-parallel biases
   shape.sliced_activations = 12 * c;   // qkv 3C, attention output C, fc 4C, gelu 4C
   shape.replicated_activations = 4 * c + 4;
+  shape.sliced_deferred = 12 * c;         // attention output C, gelu 4C, dfc 4C, dqkv 3C
+  shape.replicated_deferred = 8 * c + 4;  // x, ln1, res2, ln2, dy, dln2, dres2, dln1; statistics
   return shape;
 }
 
@@ -49,6 +57,7 @@ LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq) {
   if (dims.arch == Arch::kGpt) cost.parameters += int64_t{dims.max_seq_length} * c;  // wpe
   cost.forward_flops = int64_t{batch} * seq * c;
   cost.backward_flops = cost.forward_flops;
+  cost.deferred_bytes = int64_t{batch} * seq * c * 4;  // dy, for the table gradients
   return cost;
 }
 
@@ -79,6 +88,11 @@ LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
           ? n * c
           : n * (shape.replicated_activations + shape.sliced_activations / tp) + statistics;
   cost.activation_bytes = elements * bytes_per_element;
+  // With recomputation the internals are restored for the backward and kept until the weights'.
+  cost.deferred_bytes =
+      shape.sliced_deferred < 0
+          ? cost.activation_bytes
+          : n * (shape.replicated_deferred + shape.sliced_deferred / tp) * bytes_per_element;
   if (tp > 1)
     cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;
   return cost;
@@ -114,6 +128,8 @@ LayerCost TpHeadCost(const ModelDims& dims, int tp, int batch, int seq, int byte
   cost.backward_flops = 2 * cost.forward_flops;
   // x, the norm's output and statistics, the logits (and, split, the row max and sum).
   cost.activation_bytes = (2 * n * c + (tp > 1 ? 4 : 2) * n + n * rows) * bytes_per_element;
+  // BackwardInput frees the logits and keeps their gradient and the norm's.
+  cost.deferred_bytes = cost.activation_bytes + n * c * bytes_per_element;
   // Row maxima, the f64 sums of exponentials and target logits, the input gradient.
   if (tp > 1)
     cost.tp_allreduce_bytes = n * bytes_per_element + 2 * n * 8 + n * c * bytes_per_element;

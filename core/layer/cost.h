@@ -15,6 +15,9 @@ struct LayerCost {
   int64_t forward_flops = 0;     // a multiply-add counts 2
   int64_t backward_flops = 0;    // input and weight gradients (plus the recomputed forward)
   int64_t activation_bytes = 0;  // kept between forward and backward, per micro-batch
+  // Kept between the zero-bubble split's BackwardInput and BackwardWeight, per micro-batch: what
+  // the weight gradients still need (the inputs of the matmuls and their output gradients).
+  int64_t deferred_bytes = 0;
   // Bytes this rank puts into tensor-parallel all-reduces per micro-batch (forward, backward
   // and a recomputed forward); 0 at tp = 1.
   int64_t tp_allreduce_bytes = 0;

@@ -70,20 +70,11 @@ void AdamW::InitSliceState(const layer::Param* param, int64_t begin, int64_t len
   state.v = state.m.Clone();
 }
 
-void AdamW::SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v) {
+std::pair<memory::Tensor*, memory::Tensor*> AdamW::MomentsToLoad(layer::Param* param) {
+  InitState({param});
   State& state = state_[param];
-  if (!state.slice) {
-    state.m = std::move(m);
-    state.v = std::move(v);
-    return;
-  }
-  // This rank's slice of the full moments.
-  const int64_t element = memory::DTypeSize(m.dtype());
-  for (auto [from, to] : {std::pair{&m, &state.m}, std::pair{&v, &state.v}}) {
-    if (to->empty()) continue;
-    from->device()->CopyDeviceToDevice(
-        to->raw(), static_cast<const char*>(from->raw()) + state.begin * element, to->bytes());
-  }
+  if (state.m.empty()) return {nullptr, nullptr};  // an empty slice
+  return {&state.m, &state.v};
 }
 
 bool AdamW::HasSliceState(const layer::Param* param) const {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/layer/layer.h"
@@ -39,9 +40,10 @@ class AdamW {
   // compute copy are another rank's to update. Call before any other state exists for it.
   void InitSliceState(const layer::Param* param, int64_t begin, int64_t length);
 
-  // Restores `param`'s moments (from a checkpoint); they have the parameter's shape (full
-  // tensors, whatever layout saved them). A parameter with slice state keeps its slice of them.
-  void SetState(const layer::Param* param, memory::Tensor m, memory::Tensor v);
+  // The moment tensors a checkpoint is read into: `param`'s own, created (zero) as InitState
+  // would if it has none yet. With slice state they hold elements [StateBegin, StateBegin + numel)
+  // of the parameter, and are null for an empty slice. Owned by this object.
+  std::pair<memory::Tensor*, memory::Tensor*> MomentsToLoad(layer::Param* param);
 
   // The moment tensors of `param` (for checkpoints and tests); null before its first step. For
   // slice state they hold elements [StateBegin, StateBegin + numel) of the parameter (and are

@@ -164,11 +164,13 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       stage.range = range;
       stage.parameters = int64_t{range.num_layers} * block.parameters;
       double activation = double(range.num_layers) * block.activation_bytes;
+      double deferred = double(range.num_layers) * block.deferred_bytes;
       double tp_bytes = double(range.num_layers) * block.tp_allreduce_bytes;
       stage.forward_ms = range.num_layers * times.block_forward;
       stage.backward_ms = range.num_layers * times.block_backward;
       if (range.has_embedding) {
         stage.parameters += embedding.parameters;
+        deferred += double(embedding.deferred_bytes);
         tp_bytes += double(embedding.tp_allreduce_bytes);
         stage.forward_ms += times.embedding_forward;
         stage.backward_ms += times.embedding_backward;
@@ -177,6 +179,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       if (range.has_head) {
         stage.parameters += head.parameters;
         activation += double(head.activation_bytes);
+        deferred += double(head.deferred_bytes);
         tp_bytes += double(head.tp_allreduce_bytes);
         stage.forward_ms += times.head_forward;
         stage.backward_ms += times.head_backward;
@@ -187,14 +190,19 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       stage.tp_allreduce_mib = tp_bytes * microbatches_per_step / kMiB;
       costs.stage_forward.push_back(stage.forward_ms);
       costs.stage_backward.push_back(stage.backward_ms);
+      costs.stage_activation_bytes.push_back(activation);
+      costs.stage_deferred_bytes.push_back(deferred);
       plan.stages.push_back(stage);
     }
     const schedule::SimResult sim =
         schedule::Simulate(schedule::BuildAllActions({kind, pp, m, v}), v, costs);
     for (StagePlan& stage : plan.stages) {
       const int rank = stage.range.pp_rank;
-      // The rank's in-flight count covers all its chunks; spread it evenly over them.
+      // The rank's in-flight count covers all its chunks; spread evenly over them for the table.
+      // The memory is what the stage held at its rank's simulated peak: each chunk's own count,
+      // and under zb_h1 what waits for the weight gradients (LayerCost::deferred_bytes).
       stage.in_flight = (sim.max_in_flight[rank] + v - 1) / v;
+      const double held_mib = sim.stage_bytes_at_peak[stage.range.stage] / kMiB;
       // The head's copy of wte is memory, not a parameter it owns.
       const double copy_bytes =
           dims.tied_head() && stage.range.has_head && !stage.range.has_embedding
@@ -206,8 +214,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       stage.checkpoint_snapshot_mib = double(stage.parameters) * config.tp * 12 / kMiB;
       const bool zero = config.values().parallel().zero_stage() == 1;
       stage.total_mib = (double(stage.parameters) * 8 + copy_bytes) / kMiB +
-                        (zero ? stage.optimizer_zero_mib : stage.optimizer_mib) +
-                        stage.activation_mib * stage.in_flight;
+                        (zero ? stage.optimizer_zero_mib : stage.optimizer_mib) + held_mib;
     }
     plan.step_ms = sim.makespan * config.batch.flushes_per_step;
     plan.bubble = sim.bubble_fraction;

@@ -39,7 +39,9 @@ struct StagePlan {
   // value and two moments (12 B) of every parameter of the stage, whole (tp rank 0 gathers the tp
   // slices); replicas split the layers (docs/checkpoint.md). An upper bound.
   double checkpoint_snapshot_mib = 0;
-  // parameters x 8 B (value, gradient) + the optimizer state as configured + activations
+  // parameters x 8 B (value, gradient) + the optimizer state as configured + the activations
+  // (and, under zb_h1, what waits for the weight gradients) the stage holds at its rank's
+  // simulated peak
   double total_mib = 0;
   double forward_ms = 0;
   double backward_ms = 0;

@@ -34,6 +34,32 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
   SimResult result;
   result.busy.assign(p, 0);
   result.max_in_flight.assign(p, 0);
+  const bool bytes = !costs.stage_activation_bytes.empty();
+  const int stages = static_cast<int>(costs.stage_activation_bytes.size());
+  result.peak_bytes.assign(p, 0);
+  result.stage_bytes_at_peak.assign(stages, 0);
+  std::vector<double> held(p, 0);             // bytes per rank now
+  std::vector<double> stage_held(stages, 0);  // bytes per stage now
+  // A computation's change to what its stage holds.
+  auto hold = [&](int r, const Action& a) {
+    if (!bytes || a.stage < 0 || a.stage >= stages) return;
+    const double act = costs.stage_activation_bytes[a.stage];
+    const double deferred =
+        costs.stage_deferred_bytes.empty() ? act : costs.stage_deferred_bytes[a.stage];
+    double delta = 0;
+    if (a.op == Op::kForward) delta = act;
+    if (a.op == Op::kBackward) delta = -act;
+    if (a.op == Op::kBackwardInput) delta = deferred - act;
+    if (a.op == Op::kBackwardWeight) delta = -deferred;
+    held[r] += delta;
+    stage_held[a.stage] += delta;
+    if (held[r] > result.peak_bytes[r]) {
+      result.peak_bytes[r] = held[r];
+      for (int s = 0; s < stages; ++s) {
+        if (s % p == r) result.stage_bytes_at_peak[s] = stage_held[s];  // stage s is on rank s % p
+      }
+    }
+  };
   std::vector<size_t> pc(p, 0);
   std::vector<double> clock(p, 0);
   std::vector<std::set<std::pair<int, int>>> live(p);  // (mb, stage) holding activations
@@ -109,6 +135,7 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
           live[r].erase({a.microbatch, a.stage});
         result.max_in_flight[r] =
             std::max(result.max_in_flight[r], static_cast<int>(live[r].size()));
+        hold(r, a);
       }
       result.events.push_back(event);
       ++pc[r];

@@ -22,6 +22,11 @@ struct Costs {
   // gives each backward half.
   std::vector<double> stage_forward;
   std::vector<double> stage_backward;
+  // Optional bytes each (micro-batch, stage) holds, by global stage: from its forward to its
+  // backward (activation), and from the zero-bubble split's BackwardInput to its BackwardWeight
+  // (deferred). Given, the simulation reports each rank's peak of their sum.
+  std::vector<double> stage_activation_bytes;
+  std::vector<double> stage_deferred_bytes;
 };
 
 struct SimEvent {
@@ -38,7 +43,11 @@ struct SimResult {
   std::vector<double> busy;        // computation time per rank
   double bubble_fraction = 0;      // idle share of p * makespan
   std::vector<int> max_in_flight;  // per rank: most micro-batch stages holding activations at once
-  std::vector<SimEvent> events;    // computations and transfers, in execution order per rank
+  // With Costs' bytes: per rank, the most bytes its micro-batch stages held at once; and per
+  // global stage, what that stage held at its rank's peak (a rank's stages sum to its peak).
+  std::vector<double> peak_bytes;
+  std::vector<double> stage_bytes_at_peak;
+  std::vector<SimEvent> events;  // computations and transfers, in execution order per rank
 };
 
 // Runs every rank's list (one flush, BuildAllActions; or BuildForwardOnlyActions) against the

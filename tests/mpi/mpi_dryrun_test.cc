@@ -196,9 +196,8 @@ TEST(Plan, PrintsTheSameConfigWithoutMpi) {
 }
 
 // plan --check trains the configured layout for a few steps and prints each pipeline rank's
-// predicted peak memory against the measured one; tiny_pp4 under 1f1b is within 10% (measured
-// -1.9% .. -3.2%). Under zb_h1 the model leaves out what a deferred weight gradient keeps (-13% and
-// -16% on the last two ranks): the check says OFF and exits 1 (issue 31 keeps it open).
+// predicted peak memory against the measured one; tiny_pp4 under 1f1b and zb_h1 is within 10%
+// (measured -1.9% .. -3.2% and -1.1% .. -1.2%).
 TEST(Plan, CheckComparesPredictedAndMeasuredPeaks) {
   std::string text;
   for (int i = 0; i < 4000; ++i)
@@ -228,11 +227,11 @@ TEST(Plan, CheckComparesPredictedAndMeasuredPeaks) {
   EXPECT_NE(refused.output.find("holds files that plan --check did not write"), std::string::npos)
       << refused.output;
   EXPECT_TRUE(std::filesystem::exists(mine + "/keep.txt"));
+  // zb_h1 keeps what the weight gradients need from BackwardInput to BackwardWeight
+  // (LayerCost::deferred_bytes): measured -1.1% .. -1.2%.
   const testutil::RunResult zb = RunCommand(command + " --set parallel.schedule=zb_h1", 240);
-  EXPECT_EQ(zb.exit_code, 1) << zb.output;
-  EXPECT_NE(zb.output.find(" OFF\n"), std::string::npos) << zb.output;
-  EXPECT_NE(zb.output.find("[check] verdict: 2 rank(s) outside 10%"), std::string::npos)
-      << zb.output;
+  EXPECT_EQ(zb.exit_code, 0) << zb.output;
+  EXPECT_EQ(CountOccurrences(zb.output, " ok\n"), 4) << zb.output;
 }
 
 TEST(Plan, EveryShippedConfigIsValidAndTextProtoMatchesYaml) {
