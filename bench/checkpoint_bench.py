@@ -3,9 +3,10 @@
 
 1. Throughput: the 124M GPT-2 shape with its AdamW moments (about 1.48 GB per checkpoint) saved
    synchronously (three saves per run: the first, which also faults in the snapshot buffer, is
-   reported apart) and loaded by `bigmac train`, against `dd` writing (conv=fsync) and reading as
-   many bytes on the same disk; every read from a cold page cache where the machine lets us drop
-   it. Rounds in turn; medians and the ratios to dd.
+   reported apart) and loaded by `bigmac train`, against `dd` writing as many bytes (bs=1M,
+   conv=fsync) and reading the checkpoint's own files (bs=1M) on the same disk; every read from a
+   cold page cache where the machine lets us drop it, BigMac and dd reading first in turn. Medians
+   and the ratios to dd.
 2. The step-time cost of saving: a 20M run (L6 C512 H8, T256, micro-batch 8) saving every N steps,
    with no saves, with asynchronous saves (the default) and with synchronous ones. A step's time is
    its compute plus what the step loop spent on checkpoints (metrics.jsonl: step_ms +
@@ -82,17 +83,31 @@ def throughput_round(a, scratch, index):
     mb = saves[0][0]
     row = {"mb": mb, "first_save": mb / saves[0][1],
            "save": statistics.median(m / s for m, s in saves[1:])}
-    row["cold"] = drop_caches()
-    out = train(a, {**GPT2_124M, "train.max_steps": 4, "train.output_dir": scratch / "run"},
-                "--resume", ckpt / "step_000003")
-    read_mb, seconds = map(float, RESUMED.search(out).groups())
-    row["load"] = read_mb / seconds
+    step_dir = ckpt / "step_000003"
+
+    def bigmac_load():
+        row["cold"] = drop_caches()
+        out = train(a, {**GPT2_124M, "train.max_steps": 4, "train.output_dir": scratch / "run"},
+                    "--resume", step_dir)
+        read_mb, seconds = map(float, RESUMED.search(out).groups())
+        row["load"] = read_mb / seconds
+
+    def dd_read():  # the checkpoint's own files, as they lie on the disk
+        drop_caches()
+        total, seconds = 0, 0.0
+        for f in sorted(step_dir.iterdir()):
+            match = DD.search(run(["dd", f"if={f}", "of=/dev/null", "bs=1M"]))
+            total += int(match.group(1))
+            seconds += float(match.group(2))
+        row["dd_read"] = total / 1e6 / seconds
+
+    # In turn, so that neither always reads first.
+    for measure in ((bigmac_load, dd_read) if index % 2 == 0 else (dd_read, bigmac_load)):
+        measure()
     shutil.rmtree(ckpt, ignore_errors=True)
     count = int(mb * 1e6 / (1 << 20)) + 1
     dd_file = scratch / "dd.bin"
     row["dd_write"] = dd("if=/dev/zero", f"of={dd_file}", "bs=1M", f"count={count}", "conv=fsync")
-    drop_caches()
-    row["dd_read"] = dd(f"if={dd_file}", "of=/dev/null", "bs=1M")
     dd_file.unlink()
     return row
 

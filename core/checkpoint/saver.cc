@@ -663,6 +663,17 @@ std::optional<SaveStats> Saver::Finish(comm::PipelineComm& comm) {
   return impl_->Commit(comm);
 }
 
+double Saver::Prepare(const ModelState& state, const optim::AdamW& adamw,
+                      comm::PipelineComm& comm) {
+  Finish(comm);
+  const auto start = Clock::now();
+  impl_->tmp_dir = "(the snapshot buffer, prepared)";  // names nothing: no file is written
+  impl_->Snapshot(state, adamw, comm);
+  impl_->jobs.clear();
+  impl_->fragment.Clear();
+  return SecondsSince(start);
+}
+
 bool Saver::in_flight() const { return impl_->in_flight; }
 
 int64_t Saver::buffer_bytes() const { return impl_->buffer.bytes(); }

@@ -55,9 +55,15 @@ class Saver {
   // Nothing if no save is in flight.
   std::optional<SaveStats> Finish(comm::PipelineComm& comm);
 
+  // Collective, before the first step. Sizes the snapshot buffer and touches every byte of it by
+  // taking a snapshot that is then dropped: fresh host memory is slow to touch the first time
+  // (and pinning it is slow on CUDA), and that cost belongs to start-up, not to the first save's
+  // step. Nothing is written. Returns the seconds it took.
+  double Prepare(const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm);
+
   bool in_flight() const;
-  // The snapshot buffer's bytes, held from the first save to the saver's end (pinned host memory
-  // on CUDA, outside the device allocator).
+  // The snapshot buffer's bytes, held from Prepare or the first save to the saver's end (pinned
+  // host memory on CUDA, outside the device allocator).
   int64_t buffer_bytes() const;
 
  private:

@@ -50,11 +50,22 @@ plan::RunRecord ReadRunRecord(const std::string& name, const std::string& dir,
       wait[rank].push_back(r["wait_ms"].get<double>());
     }
   }
+  for (plan::RankRecord r : ReadMemoryLines(output)) {
+    r.forward_ms = plan::Mean(forward[r.rank]);
+    r.backward_ms = plan::Mean(backward[r.rank]);
+    r.wait_ms = plan::Mean(wait[r.rank]);
+    record.ranks.push_back(r);
+  }
+  return record;
+}
+
+std::vector<plan::RankRecord> ReadMemoryLines(const std::string& output) {
   const std::regex memory(
       R"(\[memory\] rank (\d+) \(pp (\d+), dp (\d+), stage [^)]*\): peak ([0-9.]+) MiB of ([0-9.]+) MiB capacity, activations peak ([0-9.]+) MiB, .* (\d+) parameters)");
+  std::vector<plan::RankRecord> ranks;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), memory);
        it != std::sregex_iterator(); ++it) {
-    plan::RankRecord r;
+    plan::RankRecord& r = ranks.emplace_back();
     r.rank = std::stoi((*it)[1]);
     r.pp = std::stoi((*it)[2]);
     r.dp = std::stoi((*it)[3]);
@@ -62,12 +73,8 @@ plan::RunRecord ReadRunRecord(const std::string& name, const std::string& dir,
     r.capacity_mib = std::stod((*it)[5]);
     r.activation_mib = std::stod((*it)[6]);
     r.parameter_mib = std::stod((*it)[7]) * 16 / (1024.0 * 1024.0);
-    r.forward_ms = plan::Mean(forward[r.rank]);
-    r.backward_ms = plan::Mean(backward[r.rank]);
-    r.wait_ms = plan::Mean(wait[r.rank]);
-    record.ranks.push_back(r);
   }
-  return record;
+  return ranks;
 }
 
 }  // namespace bigmac::cli

@@ -5,6 +5,7 @@
 // plan --check): its metrics.jsonl in `dir` and the [memory] lines of its `output`.
 
 #include <string>
+#include <vector>
 
 #include "core/plan/compare.h"
 
@@ -14,6 +15,9 @@ namespace bigmac::cli {
 // times. A missing or unreadable metrics file is said on stderr and leaves those fields empty.
 plan::RunRecord ReadRunRecord(const std::string& name, const std::string& dir,
                               const std::string& output, int warmup);
+
+// Each rank's memory from the `[memory]` lines of a run's `output` (no times).
+std::vector<plan::RankRecord> ReadMemoryLines(const std::string& output);
 
 }  // namespace bigmac::cli
 

@@ -3,7 +3,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -11,11 +13,15 @@
 
 #include "core/cli/commands.h"
 #include "core/cli/exit_codes.h"
+#include "core/cli/run_record.h"
 #include "core/cli/startup_checks.h"
 #include "core/config/errors.h"
 #include "core/config/loader.h"
 #include "core/config/resolve.h"
+#include "core/partition/partition.h"
+#include "core/plan/plan.h"
 #include "core/util/files.h"
+#include "core/util/format.h"
 #include "core/util/output_file.h"
 #include "core/util/process.h"
 
@@ -43,6 +49,7 @@ const char* OutcomeName(Outcome outcome) {
 struct Try {
   Outcome outcome;
   std::string detail;  // the line that decided it
+  std::string output;  // the child's stdout and stderr
 };
 
 std::string Replace(std::string text, const std::string& from, const std::string& to) {
@@ -54,8 +61,7 @@ std::string Replace(std::string text, const std::string& from, const std::string
 
 // Runs `command` with a deadline; classifies its end like seed 2: only an out-of-memory error (the
 // allocator's, exit code 3, or CUDA's own words) means "does not fit".
-Try RunTry(const std::string& command, int timeout_seconds) {
-  const util::ChildResult child = util::RunChild(command, timeout_seconds);
+Try Classify(const util::ChildResult& child, int timeout_seconds) {
   const std::string& output = child.output;
   const int code = child.exit_code;
   const double elapsed = child.seconds;
@@ -90,6 +96,41 @@ Try RunTry(const std::string& command, int timeout_seconds) {
     if (!line.empty() && line.find("----") == std::string::npos) last = line;
   }
   return {Outcome::kFailure, "exit " + std::to_string(code) + ": " + last};
+}
+
+Try RunTry(const std::string& command, int timeout_seconds) {
+  const util::ChildResult child = util::RunChild(command, timeout_seconds);
+  Try result = Classify(child, timeout_seconds);
+  result.output = child.output;
+  return result;
+}
+
+// The comparison `plan --check` makes, for a try that ran: the plan's predicted peak per pipeline
+// rank at micro-batch `mbs` (the layout the tries run, `overrides` applied) against the try's
+// [memory] lines. One line; `*worst` keeps the largest |error|.
+std::string MemoryAgainstPlan(const std::string& config_file,
+                              const std::vector<std::string>& overrides, int world, int mbs,
+                              const std::string& output, double* worst) {
+  std::vector<std::string> sets = overrides;
+  sets.push_back("train.micro_batch_size=" + std::to_string(mbs));
+  const config::ResolvedConfig resolved =
+      config::Resolve(config::LoadConfig(config_file, sets), world, "tune-mbs");
+  const std::vector<plan::PolicyPlan> plans =
+      plan::PlanPolicies(resolved, plan::EstimateLayerTimes(resolved, 20));
+  const std::string policy = partition::PolicyName(resolved.policy);
+  const auto it = std::find_if(plans.begin(), plans.end(),
+                               [&](const plan::PolicyPlan& p) { return p.policy == policy; });
+  if (it == plans.end() || !it->valid) return "no plan for policy " + policy;
+  std::string line;
+  for (const plan::MemoryCheck& check : plan::CheckMemory(*it, ReadMemoryLines(output))) {
+    if (check.measured_mib <= 0) continue;
+    *worst = std::max(*worst, std::fabs(check.error()));
+    line +=
+        util::Format("%spp %d %.1f / %.1f MiB (%+.1f%%)", line.empty() ? "" : ", ", check.pp_rank,
+                     check.predicted_mib, check.measured_mib, 100 * check.error());
+  }
+  return line.empty() ? "no [memory] line in the try's output"
+                      : "plan's predicted / measured peak: " + line;
 }
 
 // Sets train.micro_batch_size in the YAML file, on its line if the file sets it, else under train:.
@@ -144,12 +185,12 @@ bool WriteMicroBatch(const std::string& file, const config::LoadedConfig& loaded
 int RunTuneMbs(const TuneMbsOptions& options) {
   config::LoadedConfig loaded;
   config::ResolvedConfig resolved;
+  std::vector<std::string> single = options.overrides;  // the layout the tries run
   try {
     loaded = config::LoadConfig(options.config, options.overrides);
     const int world = options.pipeline
                           ? loaded.values.parallel().pp_size() * loaded.values.parallel().tp_size()
                           : 1;
-    std::vector<std::string> single = options.overrides;
     if (!options.pipeline) {
       for (const char* set :
            {"parallel.pp_size=1", "parallel.tp_size=1", "parallel.virtual_stages=1",
@@ -204,10 +245,22 @@ int RunTuneMbs(const TuneMbsOptions& options) {
               options.pipeline
                   ? ("the real pipeline on " + std::to_string(world) + " ranks").c_str()
                   : "one rank with the whole model");
+  double worst_error = 0;
+  int compared = 0;
   auto run = [&](int mbs) {
     const Try t = RunTry(Replace(base, "{mbs}", std::to_string(mbs)), options.timeout_seconds);
     std::printf("  try micro_batch_size=%-4d %s%s%s\n", mbs, OutcomeName(t.outcome),
                 t.detail.empty() ? "" : ": ", t.detail.c_str());
+    if (t.outcome == Outcome::kFits && options.child_command.empty()) {
+      try {
+        std::printf(
+            "    %s\n",
+            MemoryAgainstPlan(options.config, single, world, mbs, t.output, &worst_error).c_str());
+        ++compared;
+      } catch (const std::exception& error) {
+        std::printf("    no plan for micro_batch_size=%d: %s\n", mbs, error.what());
+      }
+    }
     std::fflush(stdout);
     return t;
   };
@@ -264,6 +317,13 @@ int RunTuneMbs(const TuneMbsOptions& options) {
       "max micro_batch_size = %d; recommended %d (about 80%%, leaving room for the pipeline's "
       "buffers)\n",
       lo, recommended);
+  if (compared > 0) {
+    std::printf(
+        "memory model: the plan's peaks were within %.1f%% of the measured ones over %d "
+        "tr%s that ran (%s; bigmac plan --check makes the same comparison)\n",
+        100 * worst_error, compared, compared == 1 ? "y" : "ies",
+        worst_error <= 0.10 ? "within 10%" : "OUTSIDE 10%: the plan is off for this model");
+  }
   if (options.pipeline && !binding.empty()) {
     const std::regex rank_pattern(R"(cpu:(\d+)|rank (\d+))");
     std::smatch match;

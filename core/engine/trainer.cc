@@ -50,6 +50,12 @@ TrainResult Trainer::Run() {
   // The moments exist before a checkpoint is read into them, as before a fresh first step.
   adamw_.InitState(params_);
   Resume();
+  if (saver_) {
+    const double seconds = saver_->Prepare(model_->State(), adamw_, comm_);
+    Log(Format("[ckpt] snapshot buffer ready: %.2f MiB of host memory, touched in %.3f s (so the "
+               "first save costs its step no more than the later ones)",
+               double(saver_->buffer_bytes()) / (1 << 20), seconds));
+  }
   report_->Open(start_step_);  // once the inputs (data, checkpoint) have been read
   Evaluate(start_step_);       // the starting point: about ln(vocab_size) for a fresh model
   memory::DeviceAllocator& allocator = device_->allocator();
