@@ -165,6 +165,9 @@ TEST(ModelState, ARefusedLoadLeavesTheModelAsItWas) {
   EXPECT_NE(LoadError(model, dir).find("head.bin: 100 bytes, the manifest says"),
             std::string::npos);
   EXPECT_EQ(Bytes(model.stage->TiedOwner()->value), before);
+  fs::remove(dir + "/head.bin");  // a missing file is found before reading too
+  EXPECT_NE(LoadError(model, dir).find("head.bin: missing (cannot open)"), std::string::npos);
+  EXPECT_EQ(Bytes(model.stage->TiedOwner()->value), before);
 }
 
 // ---------------------------------------------------------------- one verification

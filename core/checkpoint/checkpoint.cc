@@ -386,11 +386,15 @@ LayerTensors CheckLayerFile(const std::string& step_dir, const Manifest& manifes
                           path + ": " + std::to_string(size) + " bytes, the manifest says " +
                               std::to_string(file->bytes()) + " (truncated or altered)");
   };
-  std::error_code size_error;
-  if (const uintmax_t size = fs::file_size(path, size_error);
-      !size_error && static_cast<int64_t>(size) != file->bytes()) {
-    throw wrong_size(size);
+  uint64_t size = 0;
+  try {
+    size = CheckedFileSize(path);
+  } catch (const CheckpointError& e) {
+    std::error_code link_error;
+    throw LayerFileError(
+        fs::exists(fs::symlink_status(path, link_error)) ? "UNREADABLE" : "MISSING", e.what());
   }
+  if (static_cast<int64_t>(size) != file->bytes()) throw wrong_size(size);
   // Each tensor inside the file, before anything is read.
   for (const TensorEntry* entry : in_file_order) {
     if (entry->offset() < 0 || entry->offset() + entry->bytes() > file->bytes())
@@ -485,25 +489,28 @@ void Deliver(Destination& d, const char* data, int64_t offset, int64_t bytes) {
 
 int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
              const ModelState& state, optim::AdamW& adamw, comm::PipelineComm& comm) {
-  int64_t next_step = 0;
+  // Each parameter's tensors and the layer file they are read from: its own layer's, or for a
+  // tied copy the value in its owner's file (stored once, loaded without a duplicate).
+  struct Wanted {
+    layer::Param* param;
+    int layer_id;
+    std::string name;  // without the #kind
+    bool optimizer_state;
+    layer::TpShard shard;  // the file holds the full tensor; this rank takes its slice
+  };
+  Manifest manifest;
+  std::vector<Wanted> wanted;
+  std::vector<int> layer_order;
+  std::map<int, LayerTensors> layer_tensors;  // each file's entries, as the prechecks saw them
+  // First, on every rank, whatever can be refused without reading a byte (the manifest, every
+  // file's entries and size): a refusal of that kind changes nothing in any rank's model.
   RunAndAgree(
       comm.world(),
       [&] {
-        const Manifest manifest = ReadManifest(step_dir, config.values());
-        next_step = manifest.next_step();
-        std::map<std::string, const TensorEntry*> entries;  // to find a tied copy's owner
-        for (const TensorEntry& entry : manifest.tensors()) entries[entry.name()] = &entry;
-        // Each parameter's tensors and the layer file they are read from: its own layer's, or for a
-        // tied copy the value in its owner's file (stored once, loaded without a duplicate).
-        struct Wanted {
-          layer::Param* param;
-          int layer_id;
-          std::string name;  // without the #kind
-          bool optimizer_state;
-          layer::TpShard shard;  // the file holds the full tensor; this rank takes its slice
-        };
-        std::vector<Wanted> wanted;
-        std::vector<int> layer_order;
+        manifest = ReadManifest(step_dir, config.values());
+        std::map<std::string, int> layer_of;  // tensor name -> layer_id, for a tied copy's owner
+        for (const TensorEntry& entry : manifest.tensors())
+          layer_of[entry.name()] = entry.layer_id();
         std::map<int, std::vector<ExpectedTensor>> expected;
         for (const LayerParams& layer : state.layers) {
           for (size_t i = 0; i < layer.params.size(); ++i) {
@@ -514,8 +521,8 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
             CheckMaster(step_dir, state, layer.layer_id, *param);
             Wanted w{param, layer.layer_id, ParamName(state, layer.layer_id, *param), true, shard};
             if (param->tied_copy) {
-              auto owner = entries.find(param->tied_owner + "#value");
-              w = {param, owner == entries.end() ? layer.layer_id : owner->second->layer_id(),
+              auto owner = layer_of.find(param->tied_owner + "#value");
+              w = {param, owner == layer_of.end() ? layer.layer_id : owner->second,
                    param->tied_owner, false, shard};
             }
             if (!expected.count(w.layer_id)) layer_order.push_back(w.layer_id);
@@ -524,12 +531,18 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
             wanted.push_back(std::move(w));
           }
         }
-        // Whatever can be refused without reading a byte is, for every file, before any file is
-        // read: a refusal of that kind changes nothing in the model.
-        for (int layer_id : layer_order)
-          PrecheckLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
-        // File by file, each streamed straight into the tensors while it is verified.
         for (int layer_id : layer_order) {
+          layer_tensors[layer_id] =
+              PrecheckLayerFile(step_dir, manifest, layer_id, expected[layer_id]);
+        }
+      },
+      step_dir + ": another rank refused the checkpoint");
+  // Then file by file, each streamed straight into the tensors while it is verified.
+  RunAndAgree(
+      comm.world(),
+      [&] {
+        for (int layer_id : layer_order) {
+          const LayerTensors& tensors = layer_tensors.at(layer_id);
           std::vector<Destination> destinations;
           for (const Wanted& w : wanted) {
             if (w.layer_id != layer_id) continue;
@@ -537,10 +550,10 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
             if (w.optimizer_state) std::tie(targets[1], targets[2]) = adamw.MomentsToLoad(w.param);
             const int64_t element = memory::DTypeSize(w.param->value.dtype());
             for (int k = 0; k < (w.optimizer_state ? 3 : 1); ++k) {
-              auto entry = entries.find(w.name + "#" + kKinds[k]);
-              if (entry == entries.end() || !targets[k]) continue;  // missing: refused below
+              if (!targets[k]) continue;  // an empty ZeRO slice
               Destination& d = destinations.emplace_back();
-              d.file_offset = entry->second->offset();
+              // Present with the expected shape: the precheck said so.
+              d.file_offset = tensors.at(w.name + "#" + kKinds[k])->offset();
               d.device = targets[k]->device();
               if (w.shard.sliced()) {  // tp: the whole tensor, cut once verified
                 d.end = F32Bytes(w.shard.full_shape);
@@ -555,7 +568,7 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
               d.to = static_cast<char*>(targets[k]->raw());
             }
           }
-          VerifyLayerFile(step_dir, manifest, layer_id, expected[layer_id],
+          VerifyLayerFile(step_dir, manifest, layer_id, {},
                           [&](const char* data, int64_t offset, int64_t bytes) {
                             for (Destination& d : destinations) Deliver(d, data, offset, bytes);
                           });
@@ -569,7 +582,7 @@ int64_t Load(const std::string& step_dir, const config::ResolvedConfig& config,
         }
       },
       step_dir + ": another rank could not load its layers");
-  return next_step;
+  return manifest.next_step();
 }
 
 bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {

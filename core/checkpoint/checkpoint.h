@@ -116,8 +116,9 @@ LayerTensors PrecheckLayerFile(const std::string& step_dir, const Manifest& mani
 
 // Collective. Loads the parameters of `state` (master values and AdamW moments; a tied copy's value
 // from its owner's file) from `step_dir`, whatever layout the checkpoint was saved with. The
-// manifest and every file's size are checked against the model (shapes, every tensor present)
-// before any file is read, so such a refusal changes nothing; each file then streams straight
+// manifest and every file's presence and size are checked against the model (shapes, every
+// tensor present), and the ranks agree, before any file is read, so such a refusal changes
+// nothing; each file then streams straight
 // into the parameters and moments (`adamw`'s state, created if it has none) and is verified as it
 // is read (CRC-32 of the file and of each tensor). Nothing on disk changes. Returns the step to
 // continue from. Throws CheckpointError on every rank if any rank failed; after a checksum

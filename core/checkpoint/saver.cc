@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -132,6 +131,10 @@ struct Piece {
   int64_t file_offset = 0;
   int64_t bytes = 0;
   int64_t buffer_offset = 0;
+  // Which tensor: the layer file's plan, the parameter in it, value (0) or moment (1, 2).
+  int plan = 0;
+  int param = 0;
+  int kind = 0;
 };
 
 // The pieces of one file this rank writes, and the file's size.
@@ -448,7 +451,6 @@ struct Saver::Impl {
   double snapshot_seconds = 0;
   double wait_seconds = 0;
   std::vector<FileJob> jobs;
-  std::deque<memory::Tensor> gathered;  // tp: full tensors, until copied (stable addresses)
   Manifest fragment;
   std::string error;  // this rank's, before the write
   std::thread writer;
@@ -459,31 +461,28 @@ struct Saver::Impl {
 void Saver::Impl::Snapshot(const ModelState& state, const optim::AdamW& adamw,
                            comm::PipelineComm& comm) {
   jobs.clear();
-  gathered.clear();
   fragment.Clear();
   device::Device* device = nullptr;
   int64_t total = 0;
-  for (const LayerFilePlan& plan : PlanLayerFiles(state, adamw, comm)) {
+  const std::vector<LayerFilePlan> plans = PlanLayerFiles(state, adamw, comm);
+  // The three tensors of a parameter this rank holds: value and moments, whole or a slice (a
+  // moment is null before its first step, or for an empty ZeRO slice).
+  auto own = [&](const layer::Param* param) {
+    return std::array<const memory::Tensor*, 3>{&param->value, adamw.FirstMoment(param),
+                                                adamw.SecondMoment(param)};
+  };
+  // First the plan: every piece's place in the buffer, sized from the full shapes, so that the
+  // buffer is reserved before anything is gathered.
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const LayerFilePlan& plan = plans[i];
     const std::string where = tmp_dir + "/" + plan.file;
-    for (const layer::Param* param : plan.owned)
-      internal::CheckMaster(where, state, plan.layer_id, *param);
-    // The three tensors of each parameter this rank writes from, whole or a slice.
-    std::vector<std::array<const memory::Tensor*, 3>> sources;
     std::vector<std::vector<int64_t>> shapes;
     for (size_t p = 0; p < plan.owned.size(); ++p) {
       const layer::Param* param = plan.owned[p];
+      internal::CheckMaster(where, state, plan.layer_id, *param);
       device = param->value.device();
-      std::array<const memory::Tensor*, 3> own = {&param->value, adamw.FirstMoment(param),
-                                                  adamw.SecondMoment(param)};
-      if (plan.gathered) {
-        for (const memory::Tensor*& tensor : own) {
-          if (!tensor) continue;
-          gathered.push_back(GatherTpSlices(*tensor, plan.shards[p], comm.tp()));
-          tensor = &gathered.back();
-        }
-      }
-      sources.push_back(own);
-      shapes.push_back(own[0]->shape());
+      const bool sliced = plan.gathered && plan.shards[p].sliced();
+      shapes.push_back(sliced ? plan.shards[p].full_shape : param->value.shape());
     }
     if (plan.gathered && comm.tp().rank() != 0) continue;  // tp rank 0 writes
     std::vector<TensorEntry> entries = LayerEntries(plan, state, shapes);
@@ -494,9 +493,12 @@ void Saver::Impl::Snapshot(const ModelState& state, const optim::AdamW& adamw,
     job.buffer_begin = total;
     for (size_t p = 0; p < plan.owned.size(); ++p) {
       const bool slice = !plan.gathered && adamw.HasSliceState(plan.owned[p]);
+      const std::array<const memory::Tensor*, 3> sources = own(plan.owned[p]);
       for (int k = 0; k < 3; ++k) {
         const TensorEntry& entry = entries[3 * p + k];
-        Piece piece{sources[p][k], entry.name(), 0, entry.offset(), entry.bytes(), total};
+        Piece piece{sources[k],          entry.name(),        0,
+                    entry.offset(),      entry.bytes(),       total,
+                    static_cast<int>(i), static_cast<int>(p), k};
         if (k > 0 && slice) {  // this replica's slice of the moment (ZeRO-1)
           piece.entry_offset =
               adamw.StateBegin(plan.owned[p]) * memory::DTypeSize(plan.owned[p]->value.dtype());
@@ -525,17 +527,35 @@ void Saver::Impl::Snapshot(const ModelState& state, const optim::AdamW& adamw,
     layer_file->set_writer_rank(comm.world().rank());
   }
   char* data = device ? buffer.Reserve(device, total) : nullptr;
+  std::map<std::array<int, 3>, const Piece*> pieces;
   for (const FileJob& job : jobs) {
-    for (const Piece& piece : job.pieces) {
-      char* to = data + piece.buffer_offset;
-      if (piece.source) {
-        piece.source->CopyToHost(to);  // device memory through the host
-      } else {
-        std::memset(to, 0, static_cast<size_t>(piece.bytes));
+    for (const Piece& piece : job.pieces) pieces[{piece.plan, piece.param, piece.kind}] = &piece;
+  }
+  auto copy = [&](const Piece& piece, const memory::Tensor* from) {
+    char* to = data + piece.buffer_offset;
+    if (from) {
+      from->CopyToHost(to);  // device memory through the host
+    } else {
+      std::memset(to, 0, static_cast<size_t>(piece.bytes));
+    }
+  };
+  // Then the copies, tensor by tensor. Under tp every rank of the group gathers each tensor (a
+  // collective, in the same order everywhere) and only tp rank 0 keeps it, one at a time.
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const LayerFilePlan& plan = plans[i];
+    for (size_t p = 0; p < plan.owned.size(); ++p) {
+      const std::array<const memory::Tensor*, 3> sources = own(plan.owned[p]);
+      for (int k = 0; k < 3; ++k) {
+        auto piece = pieces.find({static_cast<int>(i), static_cast<int>(p), k});
+        if (plan.gathered && plan.shards[p].sliced() && sources[k]) {
+          const memory::Tensor full = GatherTpSlices(*sources[k], plan.shards[p], comm.tp());
+          if (piece != pieces.end()) copy(*piece->second, &full);
+        } else if (piece != pieces.end()) {
+          copy(*piece->second, sources[k]);
+        }
       }
     }
   }
-  gathered.clear();
 }
 
 void Saver::Impl::Join() {

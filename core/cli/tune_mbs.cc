@@ -107,10 +107,11 @@ Try RunTry(const std::string& command, int timeout_seconds) {
 
 // The comparison `plan --check` makes, for a try that ran: the plan's predicted peak per pipeline
 // rank at micro-batch `mbs` (the layout the tries run, `overrides` applied) against the try's
-// [memory] lines. One line; `*worst` keeps the largest |error|.
+// [memory] lines. One line; `*worst` keeps the largest |error|, `*compared` says whether any
+// rank was compared.
 std::string MemoryAgainstPlan(const std::string& config_file,
                               const std::vector<std::string>& overrides, int world, int mbs,
-                              const std::string& output, double* worst) {
+                              const std::string& output, double* worst, bool* compared) {
   std::vector<std::string> sets = overrides;
   sets.push_back("train.micro_batch_size=" + std::to_string(mbs));
   const config::ResolvedConfig resolved =
@@ -125,6 +126,7 @@ std::string MemoryAgainstPlan(const std::string& config_file,
   for (const plan::MemoryCheck& check : plan::CheckMemory(*it, ReadMemoryLines(output))) {
     if (check.measured_mib <= 0) continue;
     *worst = std::max(*worst, std::fabs(check.error()));
+    *compared = true;
     line +=
         util::Format("%spp %d %.1f / %.1f MiB (%+.1f%%)", line.empty() ? "" : ", ", check.pp_rank,
                      check.predicted_mib, check.measured_mib, 100 * check.error());
@@ -253,10 +255,11 @@ int RunTuneMbs(const TuneMbsOptions& options) {
                 t.detail.empty() ? "" : ": ", t.detail.c_str());
     if (t.outcome == Outcome::kFits && options.child_command.empty()) {
       try {
-        std::printf(
-            "    %s\n",
-            MemoryAgainstPlan(options.config, single, world, mbs, t.output, &worst_error).c_str());
-        ++compared;
+        bool made = false;
+        std::printf("    %s\n", MemoryAgainstPlan(options.config, single, world, mbs, t.output,
+                                                  &worst_error, &made)
+                                    .c_str());
+        compared += made;
       } catch (const std::exception& error) {
         std::printf("    no plan for micro_batch_size=%d: %s\n", mbs, error.what());
       }

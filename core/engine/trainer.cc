@@ -52,7 +52,8 @@ TrainResult Trainer::Run() {
   Resume();
   if (saver_) {
     const double seconds = saver_->Prepare(model_->State(), adamw_, comm_);
-    Log(Format("[ckpt] snapshot buffer ready: %.2f MiB of host memory, touched in %.3f s (so the "
+    Log(
+        Format("[ckpt] snapshot buffer ready: %.2f MiB of host memory, touched in %.3f s (so the "
                "first save costs its step no more than the later ones)",
                double(saver_->buffer_bytes()) / (1 << 20), seconds));
   }
@@ -507,7 +508,13 @@ void Trainer::DiagnoseNonFinite(int step, const std::string& bad, StepOutcome* o
   }
   if (root_) std::fprintf(stderr, "bigmac: rank 0: %s\n", message.c_str());
   comm_.world().AllOk(false);
-  FinishSave();  // every rank stops here together, so an in-flight save can still commit
+  // Every rank stops here together, so a save in flight can still commit; if it cannot, that is
+  // said, and the stop is still the NaN's.
+  try {
+    FinishSave();
+  } catch (const checkpoint::CheckpointError& error) {
+    if (root_) std::fprintf(stderr, "bigmac: rank 0: %s\n", error.what());
+  }
   throw NumericalError(message, /*reported=*/true);
 }
 
