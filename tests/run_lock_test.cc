@@ -47,12 +47,20 @@ std::string Train(const std::string& extra) {
 
 // Every file under `dir` with its bytes, to show that a refused run changed nothing.
 std::string Snapshot(const std::string& dir) {
-  std::string listing;
-  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    listing += entry.path().string() + "\n";
-    if (entry.is_regular_file()) listing += ReadFile(entry.path().string()) + "\n";
+  // A run that is still writing may rename a directory under the iterator: list again.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      std::string listing;
+      for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+        listing += entry.path().string() + "\n";
+        if (entry.is_regular_file()) listing += ReadFile(entry.path().string()) + "\n";
+      }
+      return listing;
+    } catch (const fs::filesystem_error&) {
+      if (attempt == 50) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
-  return listing;
 }
 
 // A run in the background that holds its directories: it stalls (a testing hook) at step 3,
