@@ -66,8 +66,8 @@ std::string ReadWholeFile(const std::string& path) {
 // CheckpointError.
 int64_t StreamLayerFile(const std::string& path,
                         const std::function<void(const char*, int64_t, int64_t)>& chunk) {
-  constexpr size_t kAlign = 4096;
-  constexpr size_t kChunk = size_t{64} << 20;
+  constexpr size_t kAlign = internal::kDirectIoAlign;
+  constexpr size_t kChunk = internal::kDirectIoChunk;
   struct Free {
     void operator()(char* data) const { std::free(data); }
   };

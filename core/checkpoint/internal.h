@@ -19,6 +19,12 @@ inline constexpr char kLatest[] = "latest";
 // The three tensors of a parameter in a layer file, in file order.
 inline constexpr const char* kKinds[] = {"value", "exp_avg", "exp_avg_sq"};
 
+// Checkpoint files are written and read in chunks of kDirectIoChunk bytes with O_DIRECT, which
+// wants buffers, offsets and lengths aligned to the logical block size; kDirectIoAlign covers
+// every disk in use.
+inline constexpr int64_t kDirectIoAlign = 4096;
+inline constexpr int64_t kDirectIoChunk = int64_t{64} << 20;
+
 // The bytes of an f32 tensor of `shape`, or -1 if an extent is negative or the count overflows.
 int64_t F32Bytes(const std::vector<int64_t>& shape);
 

@@ -143,17 +143,17 @@ struct FileJob {
   int64_t file_bytes = 0;
   std::vector<Piece> pieces;
   // This rank writes the whole file, its pieces back to back from `buffer_begin` (aligned to
-  // kDirectAlign, the region padded to it): one stream of large O_DIRECT writes.
+  // kDirectIoAlign, the region padded to it): one stream of large O_DIRECT writes.
   bool whole = false;
   int64_t buffer_begin = 0;
 };
 
-// O_DIRECT wants the buffer, the file offset and the length aligned to the logical block size;
-// 4096 covers every disk in use.
-constexpr int64_t kDirectAlign = 4096;
-constexpr int64_t kWriteChunk = int64_t{64} << 20;
+using internal::kDirectIoAlign;
+using internal::kDirectIoChunk;
 
-int64_t AlignUp(int64_t bytes) { return (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
+int64_t AlignUp(int64_t bytes) {
+  return (bytes + kDirectIoAlign - 1) / kDirectIoAlign * kDirectIoAlign;
+}
 
 // The host buffer the snapshot is copied into, kept from save to save: from the device's staging
 // memory (pinned on CUDA), so a device-to-host copy runs at the bus's speed.
@@ -164,15 +164,15 @@ class SnapshotBuffer {
   SnapshotBuffer(const SnapshotBuffer&) = delete;
   SnapshotBuffer& operator=(const SnapshotBuffer&) = delete;
 
-  // `bytes` from a kDirectAlign boundary.
+  // `bytes` from a kDirectIoAlign boundary.
   char* Reserve(device::Device* device, int64_t bytes) {
     if (bytes > bytes_ || device != device_) {
       Release();
       device_ = device;
-      allocation_ = static_cast<char*>(device->AllocateHostStaging(bytes + kDirectAlign));
-      data_ =
-          allocation_ +
-          (kDirectAlign - reinterpret_cast<uintptr_t>(allocation_) % kDirectAlign) % kDirectAlign;
+      allocation_ = static_cast<char*>(device->AllocateHostStaging(bytes + kDirectIoAlign));
+      data_ = allocation_ +
+              (kDirectIoAlign - reinterpret_cast<uintptr_t>(allocation_) % kDirectIoAlign) %
+                  kDirectIoAlign;
       bytes_ = bytes;
     }
     return data_;
@@ -208,15 +208,14 @@ struct WriteFaults {
   int64_t slow_ms = 0;
 };
 
-// Writes `bytes` from `data` at `offset` of `fd` in chunks of `chunk` bytes (a multiple of
-// kDirectAlign). `share` and `*written` count this file's bytes for the fault plan, whose half-way
-// point is rounded to `chunk`'s alignment. Returns "" or the error (errno in `*error_number`).
-std::string WriteRange(int fd, const char* data, int64_t bytes, int64_t offset, int64_t chunk,
-                       int64_t share, const WriteFaults& faults, int64_t* written,
-                       int* error_number) {
-  const int64_t half = std::max<int64_t>(1, share / 2 / kDirectAlign * kDirectAlign);
+// Writes `bytes` from `data` at `offset` of `fd` in chunks of kDirectIoChunk bytes. `share` and
+// `*written` count this file's bytes for the fault plan, whose half-way point is rounded to
+// kDirectIoAlign. Returns "" or the error (errno in `*error_number`).
+std::string WriteRange(int fd, const char* data, int64_t bytes, int64_t offset, int64_t share,
+                       const WriteFaults& faults, int64_t* written, int* error_number) {
+  const int64_t half = std::max<int64_t>(1, share / 2 / kDirectIoAlign * kDirectIoAlign);
   for (int64_t done = 0; done < bytes;) {
-    int64_t size = std::min(chunk, bytes - done);
+    int64_t size = std::min(kDirectIoChunk, bytes - done);
     if (faults.crash || faults.fail) {
       if (faults.fail && *written >= half) return "No space left on device (injected)";
       if (*written < half) size = std::min(size, half - *written);
@@ -256,8 +255,8 @@ WriteResult WriteJobs(const std::vector<FileJob>& jobs, const char* buffer, cons
       fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
       direct = fd >= 0;
       if (direct) {
-        failure = WriteRange(fd, buffer + job.buffer_begin, AlignUp(job.file_bytes), 0, kWriteChunk,
-                             share, faults, &written, &error_number);
+        failure = WriteRange(fd, buffer + job.buffer_begin, AlignUp(job.file_bytes), 0, share,
+                             faults, &written, &error_number);
         if (!failure.empty() && error_number == EINVAL && written == 0) {
           close(fd);  // O_DIRECT opened but refused: write through the page cache instead
           fd = -1;
@@ -281,8 +280,8 @@ WriteResult WriteJobs(const std::vector<FileJob>& jobs, const char* buffer, cons
     for (size_t i = 0; !direct && result.error.empty() && failure.empty() && i < job.pieces.size();
          ++i) {
       const Piece& piece = job.pieces[i];
-      failure = WriteRange(fd, buffer + piece.buffer_offset, piece.bytes, piece.file_offset,
-                           kWriteChunk, share, faults, &written, &error_number);
+      failure = WriteRange(fd, buffer + piece.buffer_offset, piece.bytes, piece.file_offset, share,
+                           faults, &written, &error_number);
     }
     // O_DIRECT wrote whole blocks: the file is cut to its size.
     if (direct && failure.empty() && ftruncate(fd, static_cast<off_t>(job.file_bytes)) != 0) {
