@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <random>
 #include <string>
@@ -193,6 +194,43 @@ TEST_F(CudaDeviceTest, ReleasingTheCacheNearCapacityDoesNotWaitForOtherStreams) 
   const Tensor got = allocation.get();
   EXPECT_EQ(small->allocator().cached_bytes(), 0);
   EXPECT_EQ(small->allocator().current_bytes(), int64_t{48} << 20);
+}
+
+// The checkpoint snapshot's path (core/checkpoint/saver.cc): copies queued on the copy stream
+// after the compute stream's work, the compute stream made to wait for them before it writes the
+// state again, and the host waiting for them from another thread. The copy stream is held shut,
+// so the compute stream's overwrite would land first if any of these orders were missing.
+TEST_F(CudaDeviceTest, ASnapshotOnTheCopyStreamReadsTheValuesBeforeTheNextWrite) {
+  ASSERT_NE(gpu_->copy_stream().handle, gpu_->compute_stream().handle);
+  const std::vector<float> values = Random(kN, 7);
+  Tensor state = On(gpu_.get(), values);  // queued on the compute stream
+  void* pinned = gpu_->AllocateHostStaging(state.bytes());
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  const cudaHostFn_t hold = [](void* data) {
+    static_cast<std::shared_future<void>*>(data)->wait();
+  };
+  const device::Stream copies = gpu_->copy_stream();
+  const device::Event ready = gpu_->RecordEvent(gpu_->compute_stream());
+  gpu_->WaitEvent(copies, ready);
+  gpu_->DestroyEvent(ready);
+  ASSERT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(copies.handle), hold, &opened),
+            cudaSuccess);
+  gpu_->CopyDeviceToHostAsync(pinned, state.raw(), state.bytes(), copies);
+  const device::Event copied = gpu_->RecordEvent(copies);
+  gpu_->WaitEvent(gpu_->compute_stream(), copied);  // Saver::GuardState
+  state.Zero();                                     // the next optimizer step's write
+  auto landed = std::async(std::launch::async, [&] { gpu_->WaitEventOnHost(copied); });
+  EXPECT_EQ(landed.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the host wait returned before the copy ran";
+  open.set_value();
+  landed.get();
+  std::vector<float> snapshot(kN);
+  std::memcpy(snapshot.data(), pinned, state.bytes());
+  EXPECT_EQ(snapshot, values) << "the snapshot saw a later write";
+  for (float v : Host(state)) ASSERT_EQ(v, 0.0f);  // and the write still happened after it
+  gpu_->DestroyEvent(copied);
+  gpu_->FreeHostStaging(pinned);
 }
 
 TEST_F(CudaDeviceTest, UnderEmulationABlockFromTheCacheReadsAsNanAgain) {

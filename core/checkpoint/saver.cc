@@ -438,10 +438,18 @@ struct Saver::Impl {
   void Snapshot(const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm);
   // Joins the background write (or runs it here when synchronous).
   void Join();
+  // The snapshot's copies have landed (the writer waited for them): their event goes.
+  void ReleaseCopies();
   SaveStats Commit(comm::PipelineComm& comm);
 
   const bool async;
   SnapshotBuffer buffer;
+  // The snapshot's device-to-host copies, on the device's copy stream: complete when `copied` is
+  // (recorded after them; null on the CPU, where they are done at the call). `guard` is set until
+  // the compute stream has been made to wait for them (GuardState) or the host saw them land.
+  device::Device* copy_device = nullptr;
+  device::Event copied;
+  bool guard = false;
   // The save in flight.
   bool in_flight = false;
   SaveRequest request;
@@ -526,41 +534,71 @@ void Saver::Impl::Snapshot(const ModelState& state, const optim::AdamW& adamw,
     layer_file->set_writer_rank(comm.world().rank());
   }
   char* data = device ? buffer.Reserve(device, total) : nullptr;
+  if (!device) return;
+  // The copies run on the copy stream, after everything the compute stream has been given (the
+  // optimizer step that made these values), and overlap what it is given next.
+  const device::Stream stream = device->copy_stream();
+  const device::Event ready = device->RecordEvent(device->compute_stream());
+  device->WaitEvent(stream, ready);
+  device->DestroyEvent(ready);
+  copy_device = device;
   std::map<std::array<int, 3>, const Piece*> pieces;
   for (const FileJob& job : jobs) {
     for (const Piece& piece : job.pieces) pieces[{piece.plan, piece.param, piece.kind}] = &piece;
   }
-  auto copy = [&](const Piece& piece, const memory::Tensor* from) {
+  auto copy = [&](const Piece& piece, const memory::Tensor* from, bool lives_on) {
     char* to = data + piece.buffer_offset;
-    if (from) {
-      from->CopyToHost(to);  // device memory through the host
-    } else {
+    if (!from) {
       std::memset(to, 0, static_cast<size_t>(piece.bytes));
+    } else if (lives_on) {
+      device->CopyDeviceToHostAsync(to, from->raw(), from->bytes(), stream);
+    } else {
+      from->CopyToHost(to);  // a gathered temporary: copied before it is freed
     }
+  };
+  // Recorded also when a gather throws: the copies already queued still write the buffer.
+  auto record_copied = [&] {
+    copied = device->RecordEvent(stream);
+    guard = true;
   };
   // Then the copies, tensor by tensor. Under tp every rank of the group gathers each tensor (a
   // collective, in the same order everywhere) and only tp rank 0 keeps it, one at a time.
-  for (size_t i = 0; i < plans.size(); ++i) {
-    const LayerFilePlan& plan = plans[i];
-    for (size_t p = 0; p < plan.owned.size(); ++p) {
-      const std::array<const memory::Tensor*, 3> sources = own(plan.owned[p]);
-      for (int k = 0; k < 3; ++k) {
-        auto piece = pieces.find({static_cast<int>(i), static_cast<int>(p), k});
-        if (plan.gathered && plan.shards[p].sliced() && sources[k]) {
-          const memory::Tensor full = GatherTpSlices(*sources[k], plan.shards[p], comm.tp());
-          if (piece != pieces.end()) copy(*piece->second, &full);
-        } else if (piece != pieces.end()) {
-          copy(*piece->second, sources[k]);
+  try {
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const LayerFilePlan& plan = plans[i];
+      for (size_t p = 0; p < plan.owned.size(); ++p) {
+        const std::array<const memory::Tensor*, 3> sources = own(plan.owned[p]);
+        for (int k = 0; k < 3; ++k) {
+          auto piece = pieces.find({static_cast<int>(i), static_cast<int>(p), k});
+          if (plan.gathered && plan.shards[p].sliced() && sources[k]) {
+            const memory::Tensor full = GatherTpSlices(*sources[k], plan.shards[p], comm.tp());
+            if (piece != pieces.end()) copy(*piece->second, &full, /*lives_on=*/false);
+          } else if (piece != pieces.end()) {
+            copy(*piece->second, sources[k], /*lives_on=*/true);
+          }
         }
       }
     }
+  } catch (...) {
+    record_copied();
+    throw;
   }
+  record_copied();
 }
 
 void Saver::Impl::Join() {
   const auto start = Clock::now();
   if (writer.joinable()) writer.join();
   wait_seconds += SecondsSince(start);
+  ReleaseCopies();
+}
+
+void Saver::Impl::ReleaseCopies() {
+  if (!copy_device) return;
+  copy_device->DestroyEvent(copied);
+  copy_device = nullptr;
+  copied = {};
+  guard = false;  // the host has seen them land: later work is ordered after them
 }
 
 SaveStats Saver::Impl::Commit(comm::PipelineComm& comm) {
@@ -619,6 +657,14 @@ Saver::Saver(bool async) : impl_(std::make_unique<Impl>(async)) {}
 
 Saver::~Saver() {
   if (impl_->writer.joinable()) impl_->writer.join();
+  if (impl_->copy_device) {
+    try {  // a snapshot whose write never started (an error before it): its copies still land
+      impl_->copy_device->WaitEventOnHost(impl_->copied);
+      impl_->ReleaseCopies();
+    } catch (const std::exception&) {
+      // The device failed; the error that ended the run is reported elsewhere.
+    }
+  }
 }
 
 std::optional<SaveStats> Saver::Start(const SaveRequest& request, const ModelState& state,
@@ -659,6 +705,11 @@ std::optional<SaveStats> Saver::Start(const SaveRequest& request, const ModelSta
   const bool fail = request.faults.fail_checkpoint_step == request.step;
   const int64_t slow_ms = request.faults.slow_checkpoint_ms;
   auto write = [&s, crash, fail, slow_ms] {
+    try {
+      if (s.copy_device) s.copy_device->WaitEventOnHost(s.copied);  // the snapshot has landed
+    } catch (const std::exception& e) {
+      if (s.error.empty()) s.error = e.what();
+    }
     if (s.error.empty())
       s.result = WriteJobs(s.jobs, s.buffer.data(), s.tmp_dir, {crash, fail, slow_ms});
     s.written = true;
@@ -688,9 +739,18 @@ double Saver::Prepare(const ModelState& state, const optim::AdamW& adamw,
   const auto start = Clock::now();
   impl_->tmp_dir = "(the snapshot buffer, prepared)";  // names nothing: no file is written
   impl_->Snapshot(state, adamw, comm);
+  if (impl_->copy_device) impl_->copy_device->WaitEventOnHost(impl_->copied);
+  impl_->ReleaseCopies();
   impl_->jobs.clear();
   impl_->fragment.Clear();
   return SecondsSince(start);
+}
+
+void Saver::GuardState() {
+  Impl& s = *impl_;
+  if (!s.guard) return;
+  s.copy_device->WaitEvent(s.copy_device->compute_stream(), s.copied);
+  s.guard = false;
 }
 
 bool Saver::in_flight() const { return impl_->in_flight; }

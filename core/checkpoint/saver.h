@@ -25,9 +25,12 @@ struct SaveRequest {
 // (checkpoint.async):
 //   Start   collective: this rank's share of the step's layer files is copied into one host
 //           buffer the saver keeps from save to save (tp slices gathered first; ZeRO-1 slices of
-//           the moments as pieces of their file): the snapshot, all a step waits for. The buffer
-//           is then written and fsynced into a temporary directory, on a background thread when
-//           asynchronous, before Start returns otherwise.
+//           the moments as pieces of their file): the snapshot, all a step waits for. On a GPU
+//           the copies are queued on the device's copy stream (Device::copy_stream) into pinned
+//           memory, so the step waits only for queueing them, and GuardState orders the next
+//           write of the state after them. The buffer is then written and fsynced into a
+//           temporary directory, on a background thread when asynchronous, before Start returns
+//           otherwise; the writing starts when the copies have landed.
 //   Poll    collective, once per step while a save is in flight: if every rank's files are
 //           durable, commits.
 //   Finish  collective: waits for this rank's files, then commits.
@@ -37,7 +40,8 @@ struct SaveRequest {
 //           CheckpointError on every rank and leaves the previous checkpoints and `latest` as they
 //           were.
 // At most one save is in flight: Start finishes the one before it first. The background thread
-// touches only the buffer and the files, never a communicator, a device or the model.
+// touches only the buffer and the files, never a communicator or the model; of the device, it
+// only waits for the snapshot's copies (Device::WaitEventOnHost).
 class Saver {
  public:
   explicit Saver(bool async);
@@ -60,6 +64,11 @@ class Saver {
   // (and pinning it is slow on CUDA), and that cost belongs to start-up, not to the first save's
   // step. Nothing is written. Returns the seconds it took.
   double Prepare(const ModelState& state, const optim::AdamW& adamw, comm::PipelineComm& comm);
+
+  // Call before anything writes the parameters' values or the moments again after a Start (the
+  // next optimizer step): the device's compute stream waits for the snapshot's copies, without
+  // blocking the host. Nothing to do on the CPU, or once the copies are known to have landed.
+  void GuardState();
 
   bool in_flight() const;
   // The snapshot buffer's bytes, held from Prepare or the first save to the saver's end (pinned

@@ -98,6 +98,18 @@ class Device {
   virtual Event RecordTimedEvent(Stream stream) { return RecordEvent(stream); }
   virtual double ElapsedMs(Event /*start*/, Event /*end*/) { return 0; }
 
+  // A second stream for copies that should overlap the compute stream's work (the checkpoint
+  // snapshot's device-to-host copies; core/checkpoint/saver.h). Ordered against the compute
+  // stream only by events. Null on the CPU, where a copy is done when its call returns.
+  virtual Stream copy_stream() { return compute_stream(); }
+  // Enqueues a copy of `bytes` from device memory into `host` on `stream` and returns: on CUDA
+  // before it runs when `host` is AllocateHostStaging memory (pinned), so the bytes are there only
+  // once an event recorded on `stream` after it is complete. On the CPU it copies at the call.
+  virtual void CopyDeviceToHostAsync(void* host, const void* data, int64_t bytes, Stream stream);
+  // Blocks the calling thread until `event` is complete. Any thread may call it (the saver's
+  // writer does), as long as the event is not destroyed meanwhile.
+  virtual void WaitEventOnHost(Event /*event*/) {}
+
   // Host memory for staging transfers (the MPI transport's buffers for device tensors):
   // page-locked on CUDA (cudaHostAlloc), so copies run at the bus's speed; ordinary memory on the
   // CPU. Outside the allocator's capacity. A copy from it into device memory may still be running

@@ -150,6 +150,7 @@ StepOutcome Trainer::RunStep(int step) {
 }
 
 void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
+  if (saver_) saver_->GuardState();  // a snapshot's copies may still be reading the state
   if (faults_.nan_step == step + 1) {
     // Every replica holding the layer: as a NaN from the backward would be after the
     // data-parallel all-reduce.

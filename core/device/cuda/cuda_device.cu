@@ -243,6 +243,7 @@ class CudaDevice : public Device {
     gpu_name_ = props.name;
     total_memory_ = static_cast<int64_t>(props.totalGlobalMem);
     BIGMAC_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking), where);
+    BIGMAC_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), where);
     int pools = 0;
     BIGMAC_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal),
                       where);
@@ -260,6 +261,7 @@ class CudaDevice : public Device {
   ~CudaDevice() override {
     // Best effort: a failing teardown must not hide the error that ended the run.
     cudaStreamSynchronize(context_.stream);
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
     blocks_->Detach();  // the blocks still cached or alive return after this, with cudaFree
     cudaFreeHost(host_flag_);
     if (host_sums_) cudaFreeHost(host_sums_);
@@ -268,6 +270,7 @@ class CudaDevice : public Device {
     if (context_.dnn) cudnnDestroy(context_.dnn);
     if (context_.blas_lt) cublasLtDestroy(context_.blas_lt);
     if (context_.stream) cudaStreamDestroy(context_.stream);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
   }
 
   Backend backend() const override { return Backend::kCuda; }
@@ -294,6 +297,18 @@ class CudaDevice : public Device {
   }
 
   Stream compute_stream() override { return {context_.stream}; }
+  Stream copy_stream() override { return {copy_stream_}; }
+  void CopyDeviceToHostAsync(void* host, const void* data, int64_t bytes, Stream stream) override {
+    BIGMAC_CUDA_CHECK(cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost,
+                                      static_cast<cudaStream_t>(stream.handle)),
+                      Where("device-to-host copy (asynchronous)"));
+  }
+  void WaitEventOnHost(Event event) override {
+    // Possibly another thread than the one that made the device: bind it to this GPU first.
+    BIGMAC_CUDA_CHECK(cudaSetDevice(context_.ordinal), Where("event wait on the host"));
+    BIGMAC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event.handle)),
+                      Where("event wait on the host"));
+  }
   Event RecordEvent(Stream stream) override {
     cudaEvent_t event = nullptr;
     BIGMAC_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), Where("event"));
@@ -504,8 +519,9 @@ class CudaDevice : public Device {
   CudaContext context_;
   std::string gpu_name_;
   int64_t total_memory_ = 0;
-  void* host_flag_ = nullptr;  // pinned: AllFinite's int flag
-  void* host_sums_ = nullptr;  // pinned: SumSquaresEach's totals
+  cudaStream_t copy_stream_ = nullptr;  // copy_stream(): the snapshot's device-to-host copies
+  void* host_flag_ = nullptr;           // pinned: AllFinite's int flag
+  void* host_sums_ = nullptr;           // pinned: SumSquaresEach's totals
   int64_t host_sums_capacity_ = 0;
 };
 
