@@ -3,9 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -111,6 +110,21 @@ TEST(Simulator, PeakBytesPerRankAndStage) {
     EXPECT_GT(zb.peak_bytes[r], zb_same.peak_bytes[r]) << "rank " << r;
     EXPECT_LE(zb.peak_bytes[r], 150.0 * zb.max_in_flight[r]) << "rank " << r;
   }
+  // A backward's transient peak counts while it runs: under 1f1b it comes on top of the (p - r)
+  // micro-batches held before rank r's first backward.
+  Costs transient;
+  transient.stage_activation_bytes.assign(p, 100);
+  transient.stage_backward_peak_bytes.assign(p, 30);
+  const SimResult with = Simulate(BuildAllActions({Kind::k1F1B, p, m, 1}), 1, transient);
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(with.peak_bytes[r], 100.0 * (p - r) + 30) << "rank " << r;
+    EXPECT_EQ(with.stage_bytes_at_peak[r], with.peak_bytes[r]);
+  }
+  transient.stage_deferred_bytes.assign(p, 100);
+  transient.stage_backward_input_peak_bytes.assign(p, 40);
+  const SimResult zb_with = Simulate(BuildAllActions({Kind::kZeroBubbleH1, p, m, 1}), 1, transient);
+  for (int r = 0; r < p; ++r)
+    EXPECT_EQ(zb_with.peak_bytes[r], zb_same.peak_bytes[r] + 40) << "rank " << r;
   const int v = 2;
   Costs chunks;
   for (int s = 0; s < p * v; ++s) {

@@ -1,5 +1,7 @@
 #include "core/layer/cost.h"
 
+#include <algorithm>
+
 #include "core/layer/tp_layer.h"
 
 namespace bigmac::layer {
@@ -22,6 +24,9 @@ struct BlockShape {
   // the forward's activations.
   int64_t sliced_deferred = -1;
   int64_t replicated_deferred = -1;
+  // Per token, / tp: BackwardInput's locals, freed when it returns (the MLP's inner gradient
+  // before its activation's backward, the attention output's gradient).
+  int64_t sliced_backward_temporaries = 0;
 };
 
 BlockShape BlockShapeOf(const ModelDims& dims) {
@@ -36,6 +41,12 @@ BlockShape BlockShapeOf(const ModelDims& dims) {
     shape.sliced_activations = 2 * c + 2 * kv_width + 3 * inner;
     // x, norm 1, residual, norm 2; two RMS statistics.
     shape.replicated_activations = 4 * c + 2;
+    // stages/llama/block.cc: BackwardInput frees gate/up, qkv and the log-sum-exps, keeps the
+    // rest and adds dy, dgate_up 2I, dnorm2, dres2, dqkv and dnorm1.
+    shape.sliced_deferred =
+        2 * c + 2 * kv_width + 3 * inner;   // attention out, SwiGLU, dgate_up, dqkv
+    shape.replicated_deferred = 8 * c + 2;  // x, norms, residual, dy, dnorm2, dres2, dnorm1; rstds
+    shape.sliced_backward_temporaries = inner + c;  // dswiglu, datty
     return shape;
   }
   shape.sliced_matrix_params = 12 * c * c;
@@ -45,6 +56,7 @@ BlockShape BlockShapeOf(const ModelDims& dims) {
   shape.replicated_activations = 4 * c + 4;
   shape.sliced_deferred = 12 * c;         // attention output C, gelu 4C, dfc 4C, dqkv 3C
   shape.replicated_deferred = 8 * c + 4;  // x, ln1, res2, ln2, dy, dln2, dres2, dln1; statistics
+  shape.sliced_backward_temporaries = 5 * c;  // dfch_gelu 4C, datty C
   return shape;
 }
 
@@ -58,6 +70,7 @@ LayerCost EmbeddingCost(const ModelDims& dims, int batch, int seq) {
   cost.forward_flops = int64_t{batch} * seq * c;
   cost.backward_flops = cost.forward_flops;
   cost.deferred_bytes = int64_t{batch} * seq * c * 4;  // dy, for the table gradients
+  cost.backward_peak_bytes = 2 * cost.deferred_bytes;  // and the dy it was given
   return cost;
 }
 
@@ -93,6 +106,10 @@ LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
       shape.sliced_deferred < 0
           ? cost.activation_bytes
           : n * (shape.replicated_deferred + shape.sliced_deferred / tp) * bytes_per_element;
+  // At BackwardInput's end: the deferred set, its locals, the dy it was given and the dx it makes.
+  cost.backward_peak_bytes =
+      cost.deferred_bytes - cost.activation_bytes +
+      n * (shape.sliced_backward_temporaries / tp + 2 * c) * bytes_per_element;
   if (tp > 1)
     cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;
   return cost;
@@ -130,6 +147,9 @@ LayerCost TpHeadCost(const ModelDims& dims, int tp, int batch, int seq, int byte
   cost.activation_bytes = (2 * n * c + (tp > 1 ? 4 : 2) * n + n * rows) * bytes_per_element;
   // BackwardInput frees the logits and keeps their gradient and the norm's.
   cost.deferred_bytes = cost.activation_bytes + n * c * bytes_per_element;
+  // The logits' gradient is made while the logits are still held; later the norm's gradient and
+  // dx replace them.
+  cost.backward_peak_bytes = std::max(n * rows, 2 * n * c) * bytes_per_element;
   // Row maxima, the f64 sums of exponentials and target logits, the input gradient.
   if (tp > 1)
     cost.tp_allreduce_bytes = n * bytes_per_element + 2 * n * 8 + n * c * bytes_per_element;

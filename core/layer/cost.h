@@ -18,6 +18,11 @@ struct LayerCost {
   // Kept between the zero-bubble split's BackwardInput and BackwardWeight, per micro-batch: what
   // the weight gradients still need (the inputs of the matmuls and their output gradients).
   int64_t deferred_bytes = 0;
+  // The most this layer holds at once during its backward (or BackwardInput) above its forward
+  // activations: the growth to its deferred set, its temporaries, the output gradient it is given
+  // and the input gradient it returns. What the planner adds to a stage's held bytes while the
+  // layer runs its backward.
+  int64_t backward_peak_bytes = 0;
   // Bytes this rank puts into tensor-parallel all-reduces per micro-batch (forward, backward
   // and a recomputed forward); 0 at tp = 1.
   int64_t tp_allreduce_bytes = 0;

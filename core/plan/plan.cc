@@ -186,6 +186,23 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
         stage.notes += std::string(stage.notes.empty() ? "" : ", ") +
                        (dims.tied_head() ? "head (tied copy of wte)" : "head (own lm_head)");
       }
+      // The backward's transient peak above what the stage held before it: layers run last to
+      // first, one at a time; the fused backward frees each layer's activations after it, the
+      // split one leaves its deferred set.
+      double fused_peak = 0, split_peak = 0, fused_done = 0, split_done = 0;
+      auto backward_of = [&](const layer::LayerCost& layer, int count) {
+        for (int i = 0; i < count; ++i) {
+          fused_peak = std::max(fused_peak, fused_done + double(layer.backward_peak_bytes));
+          split_peak = std::max(split_peak, split_done + double(layer.backward_peak_bytes));
+          fused_done -= double(layer.activation_bytes);
+          split_done += double(layer.deferred_bytes - layer.activation_bytes);
+        }
+      };
+      if (range.has_head) backward_of(head, 1);
+      backward_of(block, range.num_layers);
+      if (range.has_embedding) backward_of(embedding, 1);
+      costs.stage_backward_peak_bytes.push_back(fused_peak);
+      costs.stage_backward_input_peak_bytes.push_back(split_peak);
       stage.activation_mib = activation / kMiB;
       stage.tp_allreduce_mib = tp_bytes * microbatches_per_step / kMiB;
       costs.stage_forward.push_back(stage.forward_ms);

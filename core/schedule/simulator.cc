@@ -46,6 +46,20 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
     const double act = costs.stage_activation_bytes[a.stage];
     const double deferred =
         costs.stage_deferred_bytes.empty() ? act : costs.stage_deferred_bytes[a.stage];
+    // A candidate peak: what the rank holds now with `extra` more on the acting stage.
+    auto consider = [&](double extra) {
+      if (held[r] + extra <= result.peak_bytes[r]) return;
+      result.peak_bytes[r] = held[r] + extra;
+      for (int s = 0; s < stages; ++s) {
+        if (s % p == r)  // stage s is on rank s % p
+          result.stage_bytes_at_peak[s] = stage_held[s] + (s == a.stage ? extra : 0);
+      }
+    };
+    auto transient = [&](const std::vector<double>& peaks) {
+      return peaks.empty() ? 0.0 : peaks[a.stage];
+    };
+    if (a.op == Op::kBackward) consider(transient(costs.stage_backward_peak_bytes));
+    if (a.op == Op::kBackwardInput) consider(transient(costs.stage_backward_input_peak_bytes));
     double delta = 0;
     if (a.op == Op::kForward) delta = act;
     if (a.op == Op::kBackward) delta = -act;
@@ -53,12 +67,7 @@ SimResult Simulate(const std::vector<std::vector<Action>>& lists, int virtual_st
     if (a.op == Op::kBackwardWeight) delta = -deferred;
     held[r] += delta;
     stage_held[a.stage] += delta;
-    if (held[r] > result.peak_bytes[r]) {
-      result.peak_bytes[r] = held[r];
-      for (int s = 0; s < stages; ++s) {
-        if (s % p == r) result.stage_bytes_at_peak[s] = stage_held[s];  // stage s is on rank s % p
-      }
-    }
+    consider(0);
   };
   std::vector<size_t> pc(p, 0);
   std::vector<double> clock(p, 0);

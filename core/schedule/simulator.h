@@ -27,6 +27,11 @@ struct Costs {
   // (deferred). Given, the simulation reports each rank's peak of their sum.
   std::vector<double> stage_activation_bytes;
   std::vector<double> stage_deferred_bytes;
+  // Optional, by global stage: the most a stage holds at once during a micro-batch's fused
+  // backward, and during its BackwardInput, above what it held before (its layers' temporaries
+  // and gradients; LayerCost::backward_peak_bytes). Counted toward the peak while it runs.
+  std::vector<double> stage_backward_peak_bytes;
+  std::vector<double> stage_backward_input_peak_bytes;
 };
 
 struct SimEvent {
