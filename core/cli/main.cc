@@ -179,11 +179,14 @@ int main(int argc, char** argv) {
   plan->add_option("--plugin", plan_options.plugins, "load a layer plugin library (as for train)");
   plan->add_flag("--check", plan_options.check,
                  "train the configured layout for a few steps and print each pipeline rank's "
-                 "predicted peak memory against the measured one (exit 1 if any is more than 10% "
-                 "off)");
+                 "predicted peak memory against the measured one (exit 1 if any is more than "
+                 "--check-tolerance off)");
   plan->add_option("--check-steps", plan_options.check_steps,
                    "steps of the --check run (default 3)")
       ->check(CLI::Range(1, 1000));
+  plan->add_option("--check-tolerance", plan_options.check_tolerance,
+                   "the largest relative error --check accepts per rank (default 0.10)")
+      ->check(CLI::Range(0.0, 10.0));
   plan->add_option("--launcher", plan_options.launcher,
                    "how --check starts the ranks ({np} is --world-size)");
   plan->add_option("--check-dir", plan_options.check_dir,

@@ -370,9 +370,8 @@ std::vector<std::string> FormatMemoryChecks(const std::vector<MemoryCheck>& chec
   }
   lines.push_back(
       outside + missing == 0
-          ? Format("[check] verdict: every rank within %.0f%% of its measured peak",
-                   100 * tolerance)
-          : Format("[check] verdict: %d rank(s) outside %.0f%%, %d without a measurement", outside,
+          ? Format("[check] verdict: every rank within %g%% of its measured peak", 100 * tolerance)
+          : Format("[check] verdict: %d rank(s) outside %g%%, %d without a measurement", outside,
                    100 * tolerance, missing));
   return lines;
 }

@@ -243,6 +243,13 @@ TEST(Plan, CheckComparesPredictedAndMeasuredPeaks) {
                  240);
   EXPECT_EQ(llama.exit_code, 0) << llama.output;
   EXPECT_EQ(CountOccurrences(llama.output, " ok\n"), 2) << llama.output;
+  // A rank outside the tolerance is marked OFF and the check exits 1 (no plan is exact to 0.01%).
+  const testutil::RunResult strict = RunCommand(command + " --check-tolerance 0.0001", 240);
+  EXPECT_EQ(strict.exit_code, 1) << strict.output;
+  EXPECT_EQ(CountOccurrences(strict.output, " OFF\n"), 4) << strict.output;
+  EXPECT_NE(strict.output.find("[check] verdict: 4 rank(s) outside 0.01%, 0 without a measurement"),
+            std::string::npos)
+      << strict.output;
 }
 
 TEST(Plan, EveryShippedConfigIsValidAndTextProtoMatchesYaml) {
