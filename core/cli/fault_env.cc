@@ -24,6 +24,7 @@ util::FaultPlan FaultPlanFromEnvironment() {
   ReadPair("BIGMAC_TEST_KILL", &plan.kill_rank, &plan.kill_step);
   ReadPair("BIGMAC_TEST_NAN_GRAD", &plan.nan_step, &plan.nan_layer);
   ReadPair("BIGMAC_TEST_SIGSTOP", &plan.sigstop_rank, &plan.sigstop_step);
+  ReadPair("BIGMAC_TEST_SLOW_RANK", &plan.slow_rank, &plan.slow_rank_ms);
   ReadPair<int>("BIGMAC_TEST_MISMATCH_SCHEDULE", &plan.mismatch_rank, nullptr);
   ReadPair<int64_t>("BIGMAC_TEST_CRASH_IN_CHECKPOINT", &plan.crash_in_checkpoint_step, nullptr);
   ReadPair<int64_t>("BIGMAC_TEST_FAIL_CHECKPOINT", &plan.fail_checkpoint_step, nullptr);

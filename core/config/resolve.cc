@@ -361,6 +361,8 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
   };
   check_range("train.comm_timeout_seconds", train.comm_timeout_seconds(), 0, true, 1e9, false,
               "> 0");
+  check_range("train.straggler_ratio", train.straggler_ratio(), 1, true, 1e9, false,
+              "> 1 (a rank as fast as its peers is no straggler)");
   check_range("optim.lr", optim.lr(), 0, true, 1e9, false, "> 0");
   check_range("optim.min_lr", optim.min_lr(), 0, false, optim.lr(), false, "in [0, optim.lr]");
   check_range("optim.beta1", optim.beta1(), 0, false, 1, true, "in [0, 1)");

@@ -9,7 +9,9 @@
 
 #include "core/checkpoint/tp_slices.h"
 #include "core/config/effective_log.h"
+#include "core/metrics/stragglers.h"
 #include "core/util/format.h"
+#include "core/util/process.h"
 #include "nlohmann/json.hpp"
 
 namespace bigmac::engine {
@@ -76,7 +78,15 @@ RunReport::RunReport(const RunView& view)
       cfg_(view.resolved.values()),
       root_(view.comm.world().rank() == 0),
       tokens_per_step_(double(cfg_.train().micro_batch_size()) * cfg_.train().seq_length() *
-                       cfg_.train().gradient_accumulation_steps() * view.resolved.dp) {}
+                       cfg_.train().gradient_accumulation_steps() * view.resolved.dp),
+      host_(util::HostName()),
+      work_([&view] {
+        double flops = 0;
+        const config::Train& train = view.resolved.values().train();
+        for (const auto& layer : view.stage.layers())
+          flops += double(layer->ForwardFlops(train.micro_batch_size(), train.seq_length()));
+        return flops;
+      }()) {}
 
 void RunReport::Log(const std::string& line) const {
   if (root_) view_.options.log(line);
@@ -164,50 +174,108 @@ void RunReport::Sample(int step, const std::string& text) {
 }
 
 void RunReport::Progress(int step, const StepOutcome& outcome) {
+  const std::vector<std::string> per_rank =
+      view_.comm.world().GatherToRoot(RankRecord(outcome).dump());
+  if (root_) {
+    step_ranks_ = nlohmann::json::array();
+    for (const std::string& text : per_rank) step_ranks_.push_back(nlohmann::json::parse(text));
+    interval_ms_.resize(step_ranks_.size(), 0.0);
+    for (size_t r = 0; r < step_ranks_.size(); ++r)
+      interval_ms_[r] += step_ranks_[r]["compute_ms"].get<double>();
+    ++interval_steps_;
+  }
+  spread_ = nullptr;
   const config::Train& train = cfg_.train();
   if ((step + 1) % train.log_interval() == 0 || step == 0 || step + 1 == train.max_steps()) {
+    const std::string spread = root_ ? ComputeSpreadWords() : "";
     Log(Format(
         "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | peak %.1f "
-        "MiB%s",
+        "MiB%s%s",
         step + 1, train.max_steps(), outcome.loss, outcome.lr, outcome.norm,
         tokens_per_step_ / (outcome.ms / 1000.0), outcome.ms, outcome.peak / (1 << 20),
-        outcome.skipped_steps > 0 ? Format(" | skipped %d", outcome.skipped_steps).c_str() : ""));
+        outcome.skipped_steps > 0 ? Format(" | skipped %d", outcome.skipped_steps).c_str() : "",
+        spread.c_str()));
+    if (root_) {
+      for (const nlohmann::json& straggler : spread_.value("stragglers", nlohmann::json::array()))
+        Log(straggler["line"].get<std::string>());
+    }
   }
 }
 
-void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<double> val_loss) {
-  const double peak = outcome.peak;
+std::string RunReport::ComputeSpreadWords() {
+  const int steps = interval_steps_;
+  std::vector<metrics::RankCompute> ranks;
+  for (size_t r = 0; r < step_ranks_.size(); ++r) {
+    const nlohmann::json& record = step_ranks_[r];
+    ranks.push_back({record["rank"].get<int>(), record["pp"].get<int>(),
+                     record["host"].get<std::string>(), interval_ms_[r] / std::max(steps, 1),
+                     record["work"].get<double>()});
+  }
+  interval_ms_.assign(interval_ms_.size(), 0.0);
+  interval_steps_ = 0;
+  if (ranks.size() < 2) return "";
+  const metrics::ComputeSpread spread =
+      metrics::AnalyzeCompute(ranks, cfg_.train().straggler_ratio());
+  nlohmann::json stragglers = nlohmann::json::array();
+  for (const metrics::Straggler& s : spread.stragglers) {
+    stragglers.push_back({{"rank", s.rank},
+                          {"host", s.host},
+                          {"ratio", s.ratio},
+                          {"peers", s.peers},
+                          {"line", metrics::FormatStraggler(s)}});
+  }
+  spread_ = {{"steps", steps},
+             {"median_ms", spread.median_ms},
+             {"slowest_rank", spread.slowest_rank},
+             {"slowest_host", spread.slowest_host},
+             {"slowest_ms", spread.slowest_ms},
+             {"slowest_ratio", spread.ratio},
+             {"stragglers", stragglers}};
+  return Format(" | compute %.1f ms median, slowest rank %d (%s) %.2fx", spread.median_ms,
+                spread.slowest_rank, spread.slowest_host.c_str(), spread.ratio);
+}
+
+nlohmann::json RunReport::RankRecord(const StepOutcome& outcome) const {
   const DpReducer& dp = view_.executor.dp_reducer();
   // Per-rank milliseconds in compute and waiting this step.
   const auto& w = view_.timeline.window_ms();
   auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
-  const nlohmann::json rank = {
-      {"rank", view_.comm.world().rank()},
-      {"forward_ms", get("forward")},
-      {"backward_ms", get("backward") + get("backward_input") + get("backward_weight")},
-      {"wait_ms", get("wait")},
-      {"allreduce_ms", get("allreduce")},
-      // The dp all-reduce's buckets, how many started during the last flush (overlapped with its
-      // backward), and their time in flight (overlapping other spans).
-      {"dp_buckets", dp.buckets().size()},
-      {"dp_reduce_bytes", dp.bytes()},
-      {"dp_tied_bytes", dp.tied_bytes()},
-      {"dp_buckets_overlapped", dp.started_early()},
-      {"dp_reduce_inflight_ms", get("dp_reduce")},
-      // On an asynchronous device, traced steps only: the time its streams spent in the actions'
-      // work and in the transport's operations (the host's forward/backward time is enqueueing).
-      {"device_compute_ms", get("device_compute")},
-      {"device_comm_ms", get("device_comm")},
-      {"peak_bytes", view_.device->allocator().peak_bytes()},
-      {"rss_bytes", ResidentBytes()},
-      {"activation_bytes_sent", outcome.activation_bytes},
-      // Tensor parallelism: this rank's all-reduce payload and time during the step.
-      {"tp_allreduce_bytes", outcome.tp_bytes},
-      {"tp_allreduce_ms", outcome.tp_ms}};
-  const std::vector<std::string> per_rank = view_.comm.world().GatherToRoot(rank.dump());
+  const double backward_ms = get("backward") + get("backward_input") + get("backward_weight");
+  return {{"rank", view_.comm.world().rank()},
+          {"pp", view_.comm.pp().rank()},
+          {"host", host_},
+          {"forward_ms", get("forward")},
+          {"backward_ms", backward_ms},
+          // What the straggler report compares: the computations' time, on the device's own clock
+          // where the host's would time only their enqueueing.
+          {"compute_ms",
+           view_.device->has_timed_events() ? get("device_compute") : get("forward") + backward_ms},
+          {"work", work_},
+          {"wait_ms", get("wait")},
+          {"allreduce_ms", get("allreduce")},
+          // The dp all-reduce's buckets, how many started during the last flush (overlapped with
+          // its backward), and their time in flight (overlapping other spans).
+          {"dp_buckets", dp.buckets().size()},
+          {"dp_reduce_bytes", dp.bytes()},
+          {"dp_tied_bytes", dp.tied_bytes()},
+          {"dp_buckets_overlapped", dp.started_early()},
+          {"dp_reduce_inflight_ms", get("dp_reduce")},
+          // On an asynchronous device: the time its streams spent in the actions' work and in the
+          // transport's operations (the host's forward/backward time is enqueueing).
+          {"device_compute_ms", get("device_compute")},
+          {"device_comm_ms", get("device_comm")},
+          {"peak_bytes", view_.device->allocator().peak_bytes()},
+          {"rss_bytes", ResidentBytes()},
+          {"activation_bytes_sent", outcome.activation_bytes},
+          // Tensor parallelism: this rank's all-reduce payload and time during the step.
+          {"tp_allreduce_bytes", outcome.tp_bytes},
+          {"tp_allreduce_ms", outcome.tp_ms}};
+}
+
+void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<double> val_loss) {
+  const double peak = outcome.peak;
   if (!metrics_file_) return;
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const std::string& text : per_rank) ranks.push_back(nlohmann::json::parse(text));
+  const nlohmann::json& ranks = step_ranks_;
   const bool clipped = cfg_.optim().grad_clip() > 0 && outcome.norm > cfg_.optim().grad_clip();
   nlohmann::json line = {{"step", step + 1},
                          {"loss", outcome.loss},
@@ -225,6 +293,8 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
                          {"precision", cfg_.precision().dtype()},
                          {"ranks", ranks}};
   if (val_loss) line["val_loss"] = *val_loss;
+  // On the steps that end a logging interval: the ranks' compute spread over it (Progress).
+  if (!spread_.is_null()) line["compute_spread"] = spread_;
   metrics_file_->Append(line.dump() + "\n");
   CheckRecordFiles();
   if (!events_) return;
@@ -241,6 +311,10 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
     events_->AddScalar(tag, step + 1, line[key].get<double>());
   }
   events_->AddScalar("memory/peak_mib", step + 1, peak / (1 << 20));
+  if (!spread_.is_null()) {
+    events_->AddScalar("compute/median_ms", step + 1, spread_["median_ms"].get<double>());
+    events_->AddScalar("compute/slowest_ratio", step + 1, spread_["slowest_ratio"].get<double>());
+  }
   for (const nlohmann::json& r : ranks) {
     events_->AddScalar(Format("memory/peak_mib/rank_%d", r["rank"].get<int>()), step + 1,
                        r["peak_bytes"].get<double>() / (1 << 20));

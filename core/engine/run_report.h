@@ -19,6 +19,7 @@
 #include "core/metrics/timeline.h"
 #include "core/optim/adamw.h"
 #include "core/util/output_file.h"
+#include "nlohmann/json.hpp"
 
 namespace bigmac::engine {
 
@@ -76,9 +77,14 @@ class RunReport {
   void Model(const std::string& data_description);
   // Rank 0: metrics.jsonl and the TensorBoard events under train.output_dir, the config as text.
   void Open(int start_step);
-  // The progress line, every train.log_interval steps (`step` is 0-based).
+  // Collective over the world, every step: gathers every rank's record of the step on rank 0
+  // (for metrics.jsonl and the straggler report; the one gather a step makes for reporting), then
+  // the progress line every train.log_interval steps (`step` is 0-based) with the spread of the
+  // ranks' compute time over the interval, and a [straggler] line for each rank more than
+  // train.straggler_ratio slower than its peers (core/metrics/stragglers.h).
   void Progress(int step, const StepOutcome& outcome);
-  // metrics.jsonl and TensorBoard; the step's line carries val_loss when it was evaluated.
+  // Rank 0, after Progress: metrics.jsonl and TensorBoard, from the records Progress gathered;
+  // the step's line carries val_loss when it was evaluated. Not collective.
   void Metrics(int step, const StepOutcome& outcome, std::optional<double> val_loss);
   void ValLoss(int step, double loss);
   void Sample(int step, const std::string& text);
@@ -93,6 +99,11 @@ class RunReport {
   // The [memory] line's optimizer bytes, sharded or not.
   std::string OptimizerMemory() const;
 
+  // This rank's record of the step: time per category, buckets, memory, tp traffic.
+  nlohmann::json RankRecord(const StepOutcome& outcome) const;
+  // Rank 0: the interval's compute spread, its progress-line words and its [straggler] lines.
+  std::string ComputeSpreadWords();
+
   RunView view_;
   const config::Config& cfg_;
   const bool root_;
@@ -100,6 +111,12 @@ class RunReport {
   std::unique_ptr<util::RecordFile> metrics_file_;  // rank 0: metrics.jsonl
   std::unique_ptr<metrics::EventWriter> events_;    // rank 0, beside metrics.jsonl
   bool metrics_failure_reported_ = false, events_failure_reported_ = false;
+  const std::string host_;           // this rank's host name
+  const double work_ = 0;            // this rank's forward FLOPs per micro-batch (predicted)
+  nlohmann::json step_ranks_;        // rank 0: every rank's record of the step, in rank order
+  std::vector<double> interval_ms_;  // rank 0: each rank's compute time since the last line
+  int interval_steps_ = 0;           // rank 0: the steps in interval_ms_
+  nlohmann::json spread_;            // rank 0: the interval's spread, on the step that ended it
   std::vector<std::string> output_failures_;
 };
 

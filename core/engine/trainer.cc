@@ -109,7 +109,9 @@ StepOutcome Trainer::RunStep(int step) {
   StepOutcome outcome;
   const bool tracing = step - start_step_ < train_.trace_steps();
   timeline_.set_recording(tracing);
-  device_spans_->set_enabled(tracing);
+  // A device with its own clock times every step's computations (the straggler report's
+  // compute time); the trace keeps only the traced steps'.
+  device_spans_->set_enabled(tracing || device_->has_timed_events());
   comm_.links().set_record_messages(tracing);
   comm_.links().TakeMessageSpans();  // an evaluation's or a generation's since the last step
   timeline_.ResetWindow();
@@ -300,11 +302,14 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     zero_ = std::make_unique<ZeroShards>(executor_->dp_reducer().buckets(), &comm.dp(), device_);
     zero_->InitState(&adamw_);  // before a checkpoint's moments arrive (read into the slices)
   }
-  if (faults_.sigstop_rank == comm.world().rank()) {
+  const bool stops = faults_.sigstop_rank == comm.world().rank();
+  const bool slow = faults_.slow_rank == comm.world().rank() && faults_.slow_rank_ms > 0;
+  if (stops || slow) {
     const int microbatch = std::min(1, microbatches_ - 1);
-    executor_->set_action_hook([this, microbatch](const schedule::Action& action) {
-      if (running_step_ == faults_.sigstop_step && action.op == schedule::Op::kForward &&
-          action.microbatch == microbatch) {
+    executor_->set_action_hook([this, microbatch, stops, slow](const schedule::Action& action) {
+      if (action.op != schedule::Op::kForward) return;
+      if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(faults_.slow_rank_ms));
+      if (stops && running_step_ == faults_.sigstop_step && action.microbatch == microbatch) {
         std::fflush(stdout);
         std::raise(SIGSTOP);
       }

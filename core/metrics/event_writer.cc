@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "core/metrics/events.pb.h"
+#include "core/util/process.h"
 
 namespace bigmac::metrics {
 namespace {
@@ -69,8 +70,7 @@ int RemoveEventFiles(const std::string& dir) {
 std::unique_ptr<EventWriter> EventWriter::Open(const std::string& dir, std::string* error) {
   std::error_code code;
   std::filesystem::create_directories(dir, code);
-  char host[256] = "localhost";
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = util::HostName();
   const std::string path = dir + "/events.out.tfevents." +
                            std::to_string(static_cast<int64_t>(WallTime())) + "." + host + "." +
                            std::to_string(getpid());

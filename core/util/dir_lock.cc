@@ -10,14 +10,14 @@
 #include <system_error>
 
 #include "core/util/files.h"
+#include "core/util/process.h"
 
 namespace bigmac::util {
 namespace {
 
 // The holder's line: "bigmac train on host h (pid 12, started 2026-12-02 17:40:01 UTC)".
 std::string HolderLine(const std::string& command) {
-  char host[256] = "unknown";
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = HostName();
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   gmtime_r(&now, &utc);

@@ -25,6 +25,10 @@ struct FaultPlan {
   // micro-batch 1.
   int sigstop_rank = -1;
   int sigstop_step = -1;
+  // BIGMAC_TEST_SLOW_RANK=<rank>:<ms>: that rank sleeps this long before each of its forward
+  // computations, counted as computing (a straggler: a slower CPU, a throttled GPU).
+  int slow_rank = -1;
+  int slow_rank_ms = 0;
   // BIGMAC_TEST_MISMATCH_SCHEDULE=<rank>: that rank runs schedule::MismatchForTesting.
   int mismatch_rank = -1;
   // BIGMAC_TEST_CRASH_IN_CHECKPOINT=<step>: the writer of that step's first checkpoint file dies

@@ -14,6 +14,12 @@ std::string ShellQuote(const std::string& text) {
   return quoted + "'";
 }
 
+std::string HostName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == 0) return "unknown";
+  return host;
+}
+
 std::string SelfPath() {
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -8,6 +8,9 @@ namespace bigmac::util {
 // `text` as one single-quoted shell word.
 std::string ShellQuote(const std::string& text);
 
+// This machine's host name (gethostname), or "unknown".
+std::string HostName();
+
 // This program's own path (/proc/self/exe), to start it again as a child.
 std::string SelfPath();
 
