@@ -195,8 +195,8 @@ void RunReport::Progress(int step, const StepOutcome& outcome) {
         tokens_per_step_ / (outcome.ms / 1000.0), outcome.ms, outcome.peak / (1 << 20),
         outcome.skipped_steps > 0 ? Format(" | skipped %d", outcome.skipped_steps).c_str() : "",
         spread.c_str()));
-    if (root_) {
-      for (const nlohmann::json& straggler : spread_.value("stragglers", nlohmann::json::array()))
+    if (spread_.is_object()) {  // rank 0 of a run of several ranks
+      for (const nlohmann::json& straggler : spread_["stragglers"])
         Log(straggler["line"].get<std::string>());
     }
   }
