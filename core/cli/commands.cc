@@ -166,14 +166,17 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   const std::string rank = "bigmac: rank " + std::to_string(pipeline.world().rank()) + ": ";
   try {
     const engine::TrainResult result = engine::Train(resolved, pipeline, options);
-    if (result.output_failures.empty()) return kExitOk;
+    // Every rank agreed on the stop, so every rank returns the same code.
+    const bool stopped = result.stopped_at_step > 0 &&
+                         result.stopped_at_step < resolved.values().train().max_steps();
+    if (result.output_failures.empty()) return stopped ? kExitStopped : kExitOk;
     // The training itself (and its checkpoints) completed; outputs that are not whole are a
     // filesystem failure (docs/exit_codes.md): say which, once more, at the end.
     std::fprintf(stderr,
                  "%sexits with code %d: %zu output file(s) not written whole (each named in an "
                  "[output] warning above); training and its checkpoints completed\n",
                  rank.c_str(), kExitOutput, result.output_failures.size());
-    return kExitOutput;
+    return kExitOutput;  // before kExitStopped: a requeue would not mend the outputs
   } catch (...) {
     const config::Train& train = resolved.values().train();
     return ReportCurrentFailure(

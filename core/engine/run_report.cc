@@ -130,9 +130,26 @@ void RunReport::Open(int start_step) {
   std::filesystem::create_directories(output_dir, error);
   const std::string metrics_path = output_dir + "/metrics.jsonl";
   std::filesystem::remove(metrics_path + ".incomplete", error);  // an earlier run's
+  // A resumed run (a requeued job) continues the earlier run's record: its lines up to the step
+  // resumed from are kept, and so are its TensorBoard events. A fresh run replaces both.
+  std::vector<std::string> kept;
   if (std::filesystem::exists(metrics_path, error)) {
-    Log("[train] " + output_dir + ": replacing the earlier run's metrics.jsonl, trace.json and " +
-        "TensorBoard events (one run per train.output_dir; set another to keep them)");
+    if (start_step > 0) {
+      std::ifstream earlier(metrics_path);
+      for (std::string line; std::getline(earlier, line);) {
+        const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+        if (!record.is_discarded() && record.contains("step") &&
+            record["step"].get<int64_t>() <= start_step)
+          kept.push_back(line + "\n");
+      }
+      Log(
+          Format("[train] %s: resumed at step %d: metrics.jsonl keeps the earlier run's %zu "
+                 "line(s) up to it, and its TensorBoard events stay",
+                 output_dir.c_str(), start_step, kept.size()));
+    } else {
+      Log("[train] " + output_dir + ": replacing the earlier run's metrics.jsonl, trace.json and " +
+          "TensorBoard events (one run per train.output_dir; set another to keep them)");
+    }
   }
   std::string problem;
   metrics_file_ = util::RecordFile::Create(metrics_path, &problem);
@@ -140,7 +157,8 @@ void RunReport::Open(int start_step) {
     OutputFailed(problem + "; no metrics, events or trace this run");
     return;
   }
-  metrics::RemoveEventFiles(output_dir);  // one run per directory, as metrics.jsonl
+  for (const std::string& line : kept) metrics_file_->Append(line);
+  if (start_step == 0) metrics::RemoveEventFiles(output_dir);  // one run per directory
   events_ = metrics::EventWriter::Open(output_dir, &problem);
   if (!events_) {
     OutputFailed(problem + "; no TensorBoard events this run");

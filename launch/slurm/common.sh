@@ -12,6 +12,14 @@
 #   OMP_NUM_THREADS     threads per rank; default: --cpus-per-task if given, else bigmac divides
 #                       the node's cores by the ranks on the node
 #   OMP_WAIT_POLICY     default passive: ranks that share cores must not spin-wait
+#   BIGMAC_MAX_REQUEUES most times a job stopped before its time limit requeues itself (default 5;
+#                       0: never)
+#
+# Time limits: the sbatch headers ask for SIGTERM before the limit (--signal=B:TERM@N) and allow
+# requeueing (--requeue). On the signal the ranks stop after the step in progress, write a
+# checkpoint and exit with code 10 (unfinished; docs/exit_codes.md); the script then requeues the
+# job (scontrol requeue), and the requeued job (SLURM_RESTART_COUNT > 0) resumes with
+# --resume auto. Slurm's own requeue after a node failure (--requeue) resumes the same way.
 
 bigmac_slurm_die() {
   echo "bigmac-slurm: error: $*" >&2
@@ -62,7 +70,20 @@ bigmac_slurm_train() {
   # local rank (core/comm/device.cc).
   local -a extra=()
   read -r -a extra <<<"${BIGMAC_SRUN_FLAGS:-}"
-  local -a cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$bin" train "$@")
+  local -a args=("$@")
+  local restarts=${SLURM_RESTART_COUNT:-0}
+  if ((restarts > 0)); then
+    local arg given=
+    for arg in "${args[@]}"; do [[ "$arg" == --resume || "$arg" == --resume=* ]] && given=1; done
+    if [[ -z "$given" ]]; then
+      args+=(--resume auto)
+      echo "bigmac-slurm: requeued run ${restarts} started $(date -u +%FT%TZ): resuming with" \
+        "--resume auto"
+    else
+      echo "bigmac-slurm: requeued run ${restarts}: the command line already names --resume"
+    fi
+  fi
+  local -a cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$bin" train "${args[@]}")
 
   echo "bigmac-slurm: job ${SLURM_JOB_ID} (${SLURM_JOB_NAME:-bigmac}): nodes=${nodes}" \
     "[${SLURM_JOB_NODELIST:-?}] ranks=${ranks} ranks_per_node=${per_node} gpus_per_node=${gpus}" \
@@ -81,8 +102,10 @@ bigmac_slurm_train() {
   # the ranks as a signal to the job's steps (scancel --signal without --batch signals the steps
   # and cancels nothing). Not `kill -TERM srun`: srun takes that as "terminate the step" and
   # SIGKILLs the ranks after KillWait. The ranks agree to stop after the current step, write a
-  # final checkpoint (checkpoint.dir) and exit 0; resubmit with --resume auto to continue.
+  # final checkpoint (checkpoint.dir) and exit 10; the job is then requeued (below).
+  BIGMAC_SLURM_GOT_TERM=
   trap 'echo "bigmac-slurm: SIGTERM, stopping the training step" >&2
+        BIGMAC_SLURM_GOT_TERM=1
         scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null ||
           kill -TERM "$BIGMAC_SLURM_SRUN_PID" 2>/dev/null || true' TERM
 
@@ -95,5 +118,30 @@ bigmac_slurm_train() {
   done
   trap - USR1 TERM
   echo "bigmac-slurm: bigmac train exited with status ${rc}"
+  # Unfinished after a stop signal: code 10 (stopped after a step, with a checkpoint), or a stop
+  # during start-up (143/130: nothing trained, nothing lost) when the signal came to this script.
+  if ((rc == 10)) || { [[ -n "$BIGMAC_SLURM_GOT_TERM" ]] && ((rc == 143 || rc == 130)); }; then
+    bigmac_slurm_requeue "$rc" "$restarts"
+  fi
   exit "$rc"
+}
+
+# Requeues this job (it must have been submitted with --requeue) unless BIGMAC_MAX_REQUEUES
+# requeues were made already; exits 0 when requeued, returns otherwise.
+bigmac_slurm_requeue() {
+  local rc=$1 restarts=$2 max=${BIGMAC_MAX_REQUEUES:-5}
+  [[ "$max" =~ ^[0-9]+$ ]] || bigmac_slurm_die "BIGMAC_MAX_REQUEUES='$max' is not a count"
+  if ((restarts >= max)); then
+    echo "bigmac-slurm: unfinished (status ${rc}) after ${restarts} requeue(s), the most" \
+      "BIGMAC_MAX_REQUEUES=${max} allows: not requeueing; resubmit with --resume auto"
+    return
+  fi
+  echo "bigmac-slurm: unfinished (status ${rc}): requeueing job ${SLURM_JOB_ID}" \
+    "(requeue $((restarts + 1)) of at most ${max}, BIGMAC_MAX_REQUEUES) at $(date -u +%FT%TZ)"
+  if ! scontrol requeue "$SLURM_JOB_ID"; then
+    echo "bigmac-slurm: scontrol requeue failed (was the job submitted with --requeue?);" \
+      "resubmit with --resume auto"
+    return
+  fi
+  exit 0
 }

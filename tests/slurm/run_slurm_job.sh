@@ -19,7 +19,9 @@
 # Environment: BIGMAC_REPO (repository root; default: two levels above this script),
 # BIGMAC_SLURM_RANKS (default 4), BIGMAC_SLURM_TIMEOUT (seconds for the job, default 240),
 # TEST_TMPDIR (Bazel's; preferred for the temporary directory), BIGMAC_SLURM_KEEP=1 (keep the
-# temporary directories, for debugging).
+# temporary directories, for debugging), BIGMAC_SLURM_SBATCH_FLAGS (more sbatch flags, split on
+# spaces, e.g. a time limit: "--time=1 --signal=B:TERM@50"). A job that requeues itself is
+# waited for until it ends for good.
 # shellcheck disable=SC2317  # (functions that only the EXIT trap calls)
 set -euo pipefail
 
@@ -213,7 +215,8 @@ SlurmUser=$(id -un)
 SlurmdUser=$(id -un)
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$socket
+# cred_expire: also how long a requeued job waits before it may start again (default 120 s).
+AuthInfo=socket=$socket,cred_expire=10
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$run/spool
 TmpFS=$run/tmp
@@ -232,6 +235,8 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/builtin
+# Every second, not every 60 s: a requeued job starts as soon as it may.
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # Node registers as idle at once; trust the CPU count below over what slurmd detects.
@@ -277,9 +282,11 @@ out=$work/job.out
 # --chdir: the run's outputs (runs/latest) land in the temporary directory, not the repository.
 # BIGMAC_REPO is left out so that the script finds launch/slurm/common.sh the way it does on a
 # cluster (through the submitted script's path; the submit directory here is not the repo).
+read -r -a sbatch_flags <<<"${BIGMAC_SLURM_SBATCH_FLAGS:-}"
 submitted=$(env -u BIGMAC_REPO "$tag" TMPDIR="$run/tmp" \
   sbatch --parsable -N1 -n"$ranks" --overcommit --chdir="$work/job" --output="$out" \
-  "$script" --config "$config" --set data.dir="$data" "$@") || die "sbatch failed"
+  "${sbatch_flags[@]}" "$script" --config "$config" --set data.dir="$data" "$@") ||
+  die "sbatch failed"
 job_id=${submitted%%;*}
 [[ "$job_id" =~ ^[0-9]+$ ]] || die "sbatch printed '$submitted', not a job id"
 # Wait for the job, bounded. Not `sbatch --wait`: it polls after 2 s, then 8 s more, then 32 s
