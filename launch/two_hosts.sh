@@ -12,9 +12,20 @@
 # ssh); Open MPI is held to TCP (btl tcp,self, both restricted to the veth subnet). The one-host
 # run is plain launch/bigmac-mpirun --cpu --np 4 on this machine (shared memory).
 #
-# Usage: launch/two_hosts.sh [--bigmac BIN] [--steps N] [--keep]
+# With --slurm the two hosts are a Slurm cluster instead: munged here, slurmctld on hostA and one
+# slurmd per host, and the job is `sbatch -N 2 --ntasks-per-node=2 launch/slurm/train_multinode.sbatch`
+# submitted on hostA, its ranks started by `srun --mpi=pmix` on both hosts.
+#
+# With --lose-node (on the Slurm cluster) a job trains with checkpoints until hostB is lost (its
+# processes killed, its link down) at step 5: the job must end within the deadline plus 30 s and
+# name hostB; then a job on hostA alone (--exclude=hostB) resumes with --resume auto from the last
+# complete checkpoint.
+#
+# Usage: launch/two_hosts.sh [--bigmac BIN] [--steps N] [--slurm | --lose-node] [--keep]
 #   --bigmac BIN  the bigmac binary (default: bazel-bin/bigmac of this checkout, or $BIGMAC_BIN)
 #   --steps N     training steps (default 5)
+#   --slurm       launch through a two-node Slurm cluster instead of mpirun
+#   --lose-node   the lost-node scenario above instead of the comparison
 #   --keep        keep the work directory (metrics, logs) and print its path
 #
 # Needs root, iproute2 (`ip netns`), util-linux (`unshare`), Open MPI. Exit status: 0 the losses
@@ -69,7 +80,33 @@ if [[ "${1:-}" == --inside ]]; then
   hostname "$host" 2>/dev/null || echo "$host" >/proc/sys/kernel/hostname
   mount --bind "$dir/etc_hosts" /etc/hosts
   mount -t tmpfs -o size=512m,mode=1777 "shm-$host" /dev/shm
+  # ip netns exec mounts a sysfs of its own, without the cgroup filesystems slurmd looks for:
+  # mount them again as this machine has them (/proc/self/cgroup lists its hierarchies).
+  if ! mountpoint -q /sys/fs/cgroup; then
+    if [[ "$(cut -d: -f1 /proc/self/cgroup | sort -u)" == 0 ]]; then
+      mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || true
+    else # cgroup v1 (or hybrid): a tmpfs with one directory per hierarchy
+      mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup 2>/dev/null || true
+      while IFS=: read -r id controllers _; do
+        if [[ "$id" == 0 ]]; then
+          mkdir -p /sys/fs/cgroup/unified
+          mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified 2>/dev/null || true
+        else
+          cgroup_dir=${controllers#name=}
+          opts=$controllers
+          [[ "$controllers" == name=* ]] && opts=none,$controllers
+          mkdir -p "/sys/fs/cgroup/$cgroup_dir"
+          mount -t cgroup -o "$opts" cgroup "/sys/fs/cgroup/$cgroup_dir" 2>/dev/null || true
+        fi
+      done </proc/self/cgroup
+    fi
+  fi
   export TMPDIR=$dir/$host/tmp
+  # --slurm: Slurm's TmpFS (PMIx's directories) is node-local, as on a cluster.
+  if [[ -d "$dir/slurm/tmp" ]]; then
+    mkdir -p "$dir/$host/slurm-tmp"
+    mount --bind "$dir/$host/slurm-tmp" "$dir/slurm/tmp"
+  fi
   exec "$@"
 fi
 
@@ -77,11 +114,15 @@ fi
 bigmac=${BIGMAC_BIN:-$repo/bazel-bin/bigmac}
 steps=5
 keep=0
+slurm=0
+lose_node=0
 while (($#)); do
   case "$1" in
     --bigmac) bigmac=${2:?--bigmac needs a path}; shift 2 ;;
     --steps) steps=${2:?--steps needs a number}; shift 2 ;;
     --keep) keep=1; shift ;;
+    --slurm) slurm=1; shift ;;
+    --lose-node) slurm=1; lose_node=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$self" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "two_hosts: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -121,6 +162,7 @@ veth_a=bm$$a
 veth_b=bm$$b
 work=$(mktemp -d "/tmp/$prefix-$$.XXXXXX")
 made_ns=()
+slurm_daemons=() # --slurm: munged, slurmctld, the slurmds
 child= # the running job (timeout, mpirun and its ranks), stopped first on an interruption
 
 cleanup() {
@@ -138,6 +180,7 @@ cleanup() {
     kill -KILL "$child" 2>/dev/null
     wait "$child" 2>/dev/null
   fi
+  for p in "${slurm_daemons[@]}"; do kill -KILL "$p" 2>/dev/null; done
   for ns in "${made_ns[@]}"; do
     # A rank or orted that outlived mpirun keeps the namespace alive: kill what runs in it.
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
@@ -232,6 +275,152 @@ bounded() {
   child=
 }
 
+# --- --slurm: a two-node Slurm cluster over the two hosts ---------------------------------------
+# munged on this machine (its socket is a file, which both hosts see), slurmctld and a slurmd on
+# hostA, a slurmd on hostB, each in its host's namespaces (so every RPC, PMIx's included, crosses
+# the veth pair), all configured in the work directory (nothing under /etc is read or written).
+# Adds the daemons' pids to slurm_daemons; cleanup stops them with the namespaces.
+slurm_up() {
+  local tool
+  for tool in munged slurmctld slurmd sbatch sinfo scontrol srun; do
+    command -v "$tool" >/dev/null || skip "'$tool' not found (Debian: munge slurmctld slurmd slurm-client)"
+  done
+  local s=$work/slurm
+  mkdir -p "$s/state" "$s/tmp" "$s/spool-hostA" "$s/spool-hostB" "$work/job"
+  chmod 0711 "$work" "$s"
+  dd if=/dev/urandom of="$s/munge.key" bs=1024 count=1 status=none
+  chmod 0400 "$s/munge.key"
+  munged --foreground --force --socket="$s/munge.sock" --key-file="$s/munge.key" \
+    --pid-file="$s/munged.pid" --seed-file="$s/munged.seed" --num-threads=2 \
+    </dev/null >"$s/munged.log" 2>&1 &
+  slurm_daemons+=($!)
+  for _ in $(seq 50); do [[ -S "$s/munge.sock" ]] && break; sleep 0.1; done
+  [[ -S "$s/munge.sock" ]] || die "munged did not start ($s/munged.log)"
+  : >"$s/plugstack.conf"
+  # shellcheck source=slurm/throwaway_cluster.sh
+  source "$repo/launch/slurm/throwaway_cluster.sh"
+  # 4 CPUs a node, though each host has this machine's 2: the resumed job of --lose-node runs 4
+  # ranks on hostA (cons_tres refuses more tasks than CPUs even with --overcommit).
+  cat >"$s/slurm.conf" <<CONF
+# Two-node cluster of launch/two_hosts.sh --slurm
+ClusterName=bigmac2h
+SlurmctldHost=hostA($subnet.1)
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$s/state
+SlurmdSpoolDir=$s/spool-%n
+TmpFS=$s/tmp
+SlurmctldPidFile=$s/slurmctld.pid
+SlurmdPidFile=$s/slurmd-%n.pid
+SlurmctldLogFile=$s/slurmctld.log
+SlurmdLogFile=$s/slurmd-%n.log
+PlugStackConfig=$s/plugstack.conf
+SlurmdTimeout=20
+$(bigmac_throwaway_slurm_conf "$s/munge.sock")
+NodeName=hostA NodeAddr=$subnet.1 CPUs=4 State=UNKNOWN
+NodeName=hostB NodeAddr=$subnet.2 CPUs=4 State=UNKNOWN
+PartitionName=test Nodes=hostA,hostB Default=YES MaxTime=INFINITE State=UP
+CONF
+  export SLURM_CONF=$s/slurm.conf
+  "$self" --enter hostA slurmctld -D -i -f "$SLURM_CONF" </dev/null >"$s/slurmctld.console" 2>&1 &
+  slurm_daemons+=($!)
+  local host
+  for host in hostA hostB; do
+    "$self" --enter "$host" slurmd -D -f "$SLURM_CONF" -N "$host" </dev/null \
+      >"$s/slurmd-$host.console" 2>&1 &
+    slurm_daemons+=($!)
+  done
+  local idle=
+  for _ in $(seq 60); do
+    idle=$("$self" --enter hostA sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 == "idle"' | wc -l)
+    ((idle == 2)) && break
+    sleep 0.5
+  done
+  if ((idle != 2)); then
+    tail -n 20 "$s"/*.log "$s"/*.console >&2 2>/dev/null
+    die "the two Slurm nodes are not idle within 30 s"
+  fi
+  log "slurm up: slurmctld on hostA, slurmd on hostA and hostB ($SECONDS s)"
+}
+
+# Submits `sbatch FLAGS... train_multinode.sbatch ARGS...` on hostA (FLAGS and ARGS split by
+# --), its output to OUT; prints the job id. Open MPI is held to TCP on the veth subnet, and the
+# sbatch header's GPUs and cores are replaced.
+slurm_submit() {
+  local out=$1 flags=()
+  shift
+  while (($#)) && [[ "$1" != -- ]]; do flags+=("$1"); shift; done
+  shift
+  local id
+  id=$("$self" --enter hostA env BIGMAC_BIN="$bigmac" BIGMAC_REPO="$repo" \
+    OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include="$subnet.0/24" \
+    OMPI_MCA_oob_tcp_if_include="$subnet.0/24" BIGMAC_SRUN_FLAGS="${srun_flags:-}" \
+    sbatch --parsable --cpus-per-task=1 --gpus-per-node=0 --time=5 --chdir="$work/job" \
+    --output="$out" "${flags[@]}" "$repo/launch/slurm/train_multinode.sbatch" "$@") ||
+    die "sbatch failed"
+  echo "${id%%;*}"
+}
+
+# The job's state once it has ended (COMPLETED, FAILED, ...), waiting at most run_timeout.
+slurm_wait() {
+  local id=$1 info
+  for _ in $(seq $((run_timeout * 2))); do
+    info=$("$self" --enter hostA scontrol show job -o "$id" 2>/dev/null || true)
+    if [[ "$info" =~ JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL) ]]; then
+      slurm_state=${BASH_REMATCH[1]}
+      [[ "$info" =~ ExitCode=([0-9]+):([0-9]+) ]] && slurm_exit=${BASH_REMATCH[1]}
+      return
+    fi
+    sleep 0.5
+  done
+  slurm_state=RUNNING
+  slurm_exit=124
+}
+
+# --- --lose-node: hostB lost mid-training, the job resumed without it ---------------------------
+if ((lose_node)); then
+  slurm_up
+  ckpt=$work/ckpt
+  echo "== a lost node: sbatch -N 2 --ntasks-per-node=2 --no-requeue, checkpoints every 2 steps," \
+    "train.comm_timeout_seconds=10; hostB lost at step 5"
+  job=$(slurm_submit "$work/lost.log" -N 2 --ntasks-per-node=2 --no-requeue -- "${train_args[@]}" \
+    --set train.max_steps=100000 --set "checkpoint.dir=$ckpt" --set checkpoint.interval=2 \
+    --set train.comm_timeout_seconds=10 --set "train.output_dir=$work/lost")
+  for _ in $(seq 600); do
+    grep -qs '^step 5/' "$work/lost.log" && break
+    sleep 0.1
+  done
+  grep -qs '^step 5/' "$work/lost.log" || { cat "$work/lost.log" >&2; die "the job did not reach step 5"; }
+  # As a node that loses power: its processes gone (slurmd, slurmstepd, ranks 2 and 3), its link down.
+  lost_at=$SECONDS
+  for p in $(ip netns pids "$ns_b" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+  ip -n "$ns_b" link set eth0 down
+  slurm_wait "$job"
+  echo "  slurm job $job: $slurm_state, exit $slurm_exit, $((SECONDS - lost_at)) s after hostB was lost"
+  grep -E '^(bigmac: hang|bigmac-slurm: bigmac train exited|srun: error)' "$work/lost.log" | sed 's/^/  /' || true
+  grep -q 'bigmac: hang: no rank on hostB (ranks 2, 3) answers: .*excluding host hostB' "$work/lost.log" ||
+    die "the hang report does not name hostB as lost"
+  latest=$(cat "$ckpt/latest" 2>/dev/null || true)
+  [[ -n "$latest" && -f "$ckpt/$latest/manifest.pb" ]] ||
+    die "latest ('$latest') does not name a complete checkpoint"
+  saved=$((10#${latest#step_}))
+  echo "  latest: $latest (complete); left over: $(cd "$ckpt" && ls -d .tmp_* 2>/dev/null | tr '\n' ' ')"
+  echo "== resumed without hostB: sbatch -N 1 --ntasks-per-node=4 --overcommit --exclude=hostB ..." \
+    "--resume auto"
+  srun_flags=--overcommit
+  job=$(slurm_submit "$work/resumed.log" -N 1 --ntasks-per-node=4 --overcommit --exclude=hostB -- \
+    "${train_args[@]}" --set "train.max_steps=$((saved + 3))" --set "checkpoint.dir=$ckpt" \
+    --set "train.output_dir=$work/resumed" --resume auto)
+  slurm_wait "$job"
+  echo "  slurm job $job: $slurm_state, exit $slurm_exit"
+  grep -E '^(\[ckpt\] resumed|step )' "$work/resumed.log" | sed 's/^/  /' || true
+  ((slurm_exit == 0)) || { tail -n 30 "$work/resumed.log" >&2; die "the resumed job failed"; }
+  grep -q "^\[ckpt\] resumed from $ckpt/$latest at step $saved" "$work/resumed.log" ||
+    die "the resumed job did not start from $latest"
+  echo "two_hosts: hostB lost: the job ended and named it; resumed on hostA from $latest"
+  exit 0
+fi
+
 # --- the two-host run --------------------------------------------------------------------------
 counters() { # bytes received and sent by hostB's eth0
   "$self" --enter hostB cat /sys/class/net/eth0/statistics/rx_bytes /sys/class/net/eth0/statistics/tx_bytes | paste -sd' '
@@ -244,12 +433,24 @@ mca=(--mca plm_rsh_agent "$work/agent --agent" --mca plm_rsh_no_tree_spawn 1
   --mca btl tcp,self --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24")
 mpirun_args=()
 for a in "${mca[@]}"; do mpirun_args+=("--mpirun-arg=$a"); done
-echo "== two hosts: on hostA, launch/bigmac-mpirun --nodes 2 --cpu --np 4 --hostfile (hostA slots=2, hostB slots=2)"
-BIGMAC_BIN=$bigmac bounded "$work/two_hosts.log" "$self" --enter hostA "$repo/launch/bigmac-mpirun" \
-  --nodes 2 --cpu --np 4 --hostfile "$work/hostfile" "${mpirun_args[@]}" "${train_args[@]}" \
-  --set "train.output_dir=$work/two_hosts"
+if ((slurm)); then
+  slurm_up
+  read -r rx0 tx0 < <(counters)
+  echo "== two hosts under Slurm: on hostA, sbatch -N 2 --ntasks-per-node=2 launch/slurm/train_multinode.sbatch"
+  # Open MPI over TCP on the veth subnet only; the sbatch header's GPUs and cores replaced.
+  job=$(slurm_submit "$work/two_hosts.log" -N 2 --ntasks-per-node=2 -- "${train_args[@]}" \
+    --set "train.output_dir=$work/two_hosts")
+  slurm_wait "$job"
+  rc=$slurm_exit
+  echo "  slurm job $job: $slurm_state, exit $rc"
+else
+  echo "== two hosts: on hostA, launch/bigmac-mpirun --nodes 2 --cpu --np 4 --hostfile (hostA slots=2, hostB slots=2)"
+  BIGMAC_BIN=$bigmac bounded "$work/two_hosts.log" "$self" --enter hostA "$repo/launch/bigmac-mpirun" \
+    --nodes 2 --cpu --np 4 --hostfile "$work/hostfile" "${mpirun_args[@]}" "${train_args[@]}" \
+    --set "train.output_dir=$work/two_hosts"
+fi
 read -r rx1 tx1 < <(counters)
-grep -E '^(mpirun|\[rank\]|step )' "$work/two_hosts.log" | sed 's/^/  /' || true
+grep -E '^(mpirun|bigmac-slurm|\[rank\]|step )' "$work/two_hosts.log" | sed 's/^/  /' || true
 echo "  hostB eth0: received $((rx1 - rx0)) bytes, sent $((tx1 - tx0)) bytes during the run"
 if ((rc != 0)); then
   tail -n 40 "$work/two_hosts.log" >&2

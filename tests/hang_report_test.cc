@@ -132,6 +132,25 @@ TEST(HangReport, ADeadRankIsNamedDead) {
             "its status port refuses connections)");
 }
 
+// Every rank of one host refuses contact while the other host's answer: a lost node, named with
+// its ranks and the way to go on. One dead rank among live ones on its host is no lost node.
+TEST(HangReport, AHostWithNoLiveRankIsALostNode) {
+  std::vector<RankStatus> ranks = {
+      Answered(0, Receiving(0, 3, "RecvGrad2@s0<r2", "RecvGrad mb2", 2, 8194, 5)),
+      Answered(1, Receiving(1, 3, "RecvGrad2@s0<r3", "RecvGrad mb2", 3, 8194, 5)),
+      Mute(2, RankStatus::Contact::kRefused, "gone"), Mute(3, RankStatus::Contact::kRefused, "")};
+  ranks[0].host = ranks[1].host = "hostA";
+  ranks[2].host = ranks[3].host = "hostB";
+  const HangReport lost = Explain(ranks);
+  EXPECT_EQ(lost.lost_hosts, std::vector<std::string>{"hostB"});
+  EXPECT_EQ(lost.lost_hosts_line,
+            "no rank on hostB (ranks 2, 3) answers: a lost node? Resume with --resume auto, "
+            "excluding host hostB");
+  ranks[3] = Answered(3, Receiving(3, 3, "RecvAct2@s1<r1", "RecvAct mb2", 1, 4098, 5));
+  ranks[3].host = "hostB";
+  EXPECT_TRUE(Explain(ranks).lost_hosts.empty());
+}
+
 TEST(HangReport, RanksWaitingOnEachOtherAreACycle) {
   const HangReport report =
       Explain({Answered(0, Receiving(0, 1, "RecvGrad0@s0<r1", "RecvGrad mb0", 1, 8192, 5)),

@@ -31,13 +31,19 @@ TEST(AnalyzeCompute, ARankIsComparedWithTheMedianOfItsPeersOfTheSameStage) {
 TEST(AnalyzeCompute, WithoutPeersTheTimePerUnitOfWorkIsCompared) {
   // pp=4, dp=1: the last stage predicted at 3 units; rank 1 takes 1.5x per unit.
   const std::vector<RankCompute> ranks = {
-      {0, 0, "a", 10, 1}, {1, 1, "a", 15, 1}, {2, 2, "b", 10, 1}, {3, 3, "b", 30.3, 3}};
+      {0, 0, "a", 100, 1}, {1, 1, "a", 150, 1}, {2, 2, "b", 100, 1}, {3, 3, "b", 303, 3}};
   const ComputeSpread spread = AnalyzeCompute(ranks, 1.2);
   ASSERT_EQ(spread.stragglers.size(), 1u);
   EXPECT_EQ(spread.stragglers[0].rank, 1);
-  EXPECT_DOUBLE_EQ(spread.stragglers[0].ratio, 15 / 10.0);  // the others: 10, 10, 10.1
+  EXPECT_DOUBLE_EQ(spread.stragglers[0].ratio, 150 / 100.0);  // the others: 100, 100, 101
   EXPECT_EQ(spread.stragglers[0].peers, "the other 3 pipeline ranks, per unit of predicted work");
   EXPECT_EQ(spread.slowest_rank, 3) << "the spread itself is raw time";
+}
+
+// 1.5x of a 4 ms computation is noise, not a straggler (kMinStragglerGapMs).
+TEST(AnalyzeCompute, ASmallGapIsNoStraggler) {
+  EXPECT_TRUE(AnalyzeCompute({{0, 0, "a", 4, 1}, {1, 0, "a", 6, 1}}, 1.2).stragglers.empty());
+  EXPECT_EQ(AnalyzeCompute({{0, 0, "a", 40, 1}, {1, 0, "a", 60, 1}}, 1.2).stragglers.size(), 1u);
 }
 
 TEST(AnalyzeCompute, OneRankHasNoPeers) {

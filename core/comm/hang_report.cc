@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "core/util/format.h"
 
@@ -208,10 +209,42 @@ std::string RankLine(const RankStatus& s) {
 
 }  // namespace
 
+namespace {
+
+// The hosts on which no rank is reachable, while some rank elsewhere is; and their ranks.
+void FindLostHosts(const std::vector<RankStatus>& ranks, HangReport* report) {
+  std::map<std::string, std::vector<int>> silent;  // host -> its ranks, while none answers
+  std::set<std::string> alive;
+  for (const RankStatus& s : ranks) {
+    if (s.host.empty()) continue;
+    if (Reachable(s)) {
+      alive.insert(s.host);
+    } else {
+      silent[s.host].push_back(s.rank);
+    }
+  }
+  if (alive.empty()) return;
+  std::string hosts, described;
+  for (const auto& [host, host_ranks] : silent) {
+    if (alive.count(host)) continue;
+    report->lost_hosts.push_back(host);
+    hosts += (hosts.empty() ? "" : ",") + host;
+    described += std::string(described.empty() ? "" : "; ") + host + " (" +
+                 (host_ranks.size() == 1 ? "rank " : "ranks ") + Ranks(host_ranks) + ")";
+  }
+  if (report->lost_hosts.empty()) return;
+  report->lost_hosts_line = "no rank on " + described +
+                            " answers: a lost node? Resume with --resume auto, excluding " +
+                            (report->lost_hosts.size() == 1 ? "host " : "hosts ") + hosts;
+}
+
+}  // namespace
+
 HangReport ExplainHang(const std::vector<RankStatus>& ranks, int reporter,
                        const GroupMembers& members) {
   HangReport report;
   for (const RankStatus& s : ranks) report.ranks.push_back(RankLine(s));
+  FindLostHosts(ranks, &report);
   const Graph graph(ranks, members);
   const RankStatus* start = graph.Find(reporter);
   if (start == nullptr || !Waiting(*start)) {

@@ -43,6 +43,11 @@ struct HangReport {
   std::vector<std::string> ranks;  // one line per rank: what it does, waits for, or why it is mute
   std::vector<int> culprits;       // the rank(s) that stall the others, or the cycle's ranks
   bool cycle = false;
+  // Hosts none of whose ranks answered while ranks on other hosts did (a lost node), with the
+  // line that says so and how to go on: "no rank on hostB answers (ranks 2, 3): a lost node?
+  // Resume with --resume auto, excluding host hostB". Empty when every host has a live rank.
+  std::vector<std::string> lost_hosts;
+  std::string lost_hosts_line;
 };
 
 // Builds the wait-for graph (an edge from each waiting rank to each rank it waits on; a

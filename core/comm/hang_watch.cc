@@ -554,6 +554,7 @@ class HangWatchImpl : public HangWatch {
           rank_, deadline_, topology_.world_size(), Since(start));
       for (const std::string& line : report.ranks) text += "bigmac: [hang]   " + line + "\n";
       text += "bigmac: hang: " + report.summary + "\n";
+      if (!report.lost_hosts_line.empty()) text += "bigmac: hang: " + report.lost_hosts_line + "\n";
       std::fputs(text.c_str(), stderr);
       std::fflush(stderr);
       return " (the hang report above explains it)";

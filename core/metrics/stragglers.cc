@@ -57,7 +57,9 @@ ComputeSpread AnalyzeCompute(const std::vector<RankCompute>& ranks, double thres
     const double median = Median(others);
     if (others.empty() || median <= 0) continue;
     const double ratio = own / median;
-    if (ratio > threshold) spread.stragglers.push_back({r.rank, r.host, ratio, peers});
+    const double gap_ms = r.compute_ms - r.compute_ms / ratio;  // over what its peers' pace gives
+    if (ratio > threshold && gap_ms >= kMinStragglerGapMs)
+      spread.stragglers.push_back({r.rank, r.host, ratio, peers});
   }
   std::sort(spread.stragglers.begin(), spread.stragglers.end(),
             [](const Straggler& a, const Straggler& b) { return a.rank < b.rank; });

@@ -38,8 +38,14 @@ struct ComputeSpread {
   std::vector<Straggler> stragglers;  // rank order
 };
 
+// A rank is named only when it is also this much slower than its peers' median in absolute terms
+// (per step): a model whose computations take a few milliseconds varies by more than 1.2x from
+// step to step on any machine, and that is no straggler.
+inline constexpr double kMinStragglerGapMs = 10;
+
 // The spread of `ranks` (every rank of the world, any order) and the ranks more than `threshold`
-// times slower than their peers' median. Fewer than two ranks: no stragglers.
+// times, and kMinStragglerGapMs, slower than their peers' median. Fewer than two ranks: no
+// stragglers.
 ComputeSpread AnalyzeCompute(const std::vector<RankCompute>& ranks, double threshold);
 
 // "[straggler] rank 3 (hostB): 1.85x the median compute time of its 3 peers of pp rank 1".

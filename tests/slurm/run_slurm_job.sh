@@ -46,6 +46,8 @@ shift 3
 [[ -d "$data" ]] || die "data directory '$data' not found"
 repo=${BIGMAC_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 script=$repo/launch/slurm/train.sbatch
+# shellcheck source=../../launch/slurm/throwaway_cluster.sh
+source "$repo/launch/slurm/throwaway_cluster.sh"
 [[ -f "$script" ]] || die "$script not found (set BIGMAC_REPO to the repository root)"
 ranks=${BIGMAC_SLURM_RANKS:-4}
 job_timeout=${BIGMAC_SLURM_TIMEOUT:-240}
@@ -211,12 +213,6 @@ FirstJobId=$(($$ % 60000000 + 1))
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$base
 SlurmdPort=$((base + 1))
-SlurmUser=$(id -un)
-SlurmdUser=$(id -un)
-AuthType=auth/munge
-CredType=cred/munge
-# cred_expire: also how long a requeued job waits before it may start again (default 120 s).
-AuthInfo=socket=$socket,cred_expire=10
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$run/spool
 TmpFS=$run/tmp
@@ -224,28 +220,8 @@ SlurmctldPidFile=$run/slurmctld.pid
 SlurmdPidFile=$run/slurmd.pid
 SlurmctldLogFile=$work/slurmctld.log
 SlurmdLogFile=$work/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
 PlugStackConfig=$work/plugstack.conf
-# No cgroups (containers): track processes through /proc, no task binding.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-SchedulerType=sched/builtin
-# Every second, not every 60 s: a requeued job starts as soon as it may.
-SchedulerParameters=sched_interval=1
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# Node registers as idle at once; trust the CPU count below over what slurmd detects.
-ReturnToService=2
-SlurmdParameters=config_overrides
-MailProg=/bin/true
-KillWait=5
-InactiveLimit=0
-MinJobAge=300
+$(bigmac_throwaway_slurm_conf "$socket")
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
