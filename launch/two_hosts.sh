@@ -364,11 +364,17 @@ slurm_submit() {
 # The job's state once it has ended (COMPLETED, FAILED, ...), waiting at most run_timeout.
 slurm_wait() {
   local id=$1 info
+  slurm_exit=1
   for _ in $(seq $((run_timeout * 2))); do
     info=$("$self" --enter hostA scontrol show job -o "$id" 2>/dev/null || true)
     if [[ "$info" =~ JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL) ]]; then
       slurm_state=${BASH_REMATCH[1]}
-      [[ "$info" =~ ExitCode=([0-9]+):([0-9]+) ]] && slurm_exit=${BASH_REMATCH[1]}
+      # ExitCode=status:signal, 128+signal when killed; a job that did not complete is no 0.
+      if [[ "$info" =~ ExitCode=([0-9]+):([0-9]+) ]]; then
+        slurm_exit=${BASH_REMATCH[1]}
+        ((BASH_REMATCH[2] == 0)) || slurm_exit=$((128 + BASH_REMATCH[2]))
+      fi
+      [[ "$slurm_state" == COMPLETED || "$slurm_exit" != 0 ]] || slurm_exit=1
       return
     fi
     sleep 0.5

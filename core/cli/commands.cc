@@ -166,9 +166,12 @@ int RunTraining(const config::ResolvedConfig& resolved, comm::PipelineComm& pipe
   const std::string rank = "bigmac: rank " + std::to_string(pipeline.world().rank()) + ": ";
   try {
     const engine::TrainResult result = engine::Train(resolved, pipeline, options);
-    // Every rank agreed on the stop, so every rank returns the same code.
+    // Every rank agreed on the stop, so every rank returns the same code. Unfinished with a
+    // checkpoint to resume from: kExitStopped (the sbatch scripts requeue on it); without one,
+    // a requeue would start over, so the stop is a clean end.
     const bool stopped = result.stopped_at_step > 0 &&
-                         result.stopped_at_step < resolved.values().train().max_steps();
+                         result.stopped_at_step < resolved.values().train().max_steps() &&
+                         result.stop_checkpointed;
     if (result.output_failures.empty()) return stopped ? kExitStopped : kExitOk;
     // The training itself (and its checkpoints) completed; outputs that are not whole are a
     // filesystem failure (docs/exit_codes.md): say which, once more, at the end.
@@ -673,7 +676,9 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     std::fflush(stdout);
   };
   const int code = RunTraining(*resolved, *pipeline, train_options);
-  if (code != kExitOk && world.size() > 1) {
+  // A stop by signal was agreed on by every rank, which all return it: nobody waits, and rank 0
+  // may still be writing its outputs, so no abort.
+  if (code != kExitOk && code != kExitStopped && world.size() > 1) {
     // The other ranks may be waiting on this one: stop the whole job now, with this code.
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, code);

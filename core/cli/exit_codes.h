@@ -14,8 +14,8 @@ inline constexpr int kExitTimeout = 6;      // comm::DeadlineError: a wait on an
 inline constexpr int kExitCheckpoint = 7;   // checkpoint::CheckpointError: unusable or unwritable
 inline constexpr int kExitOutput = 8;       // an output location that cannot be used (any command)
 inline constexpr int kExitDevice = 9;  // device::DeviceError: a CUDA/cuBLAS/cuDNN/NCCL call failed
-// SIGTERM/SIGINT stopped training after a step before train.max_steps (with a final checkpoint
-// when checkpoint.dir is set): the run is unfinished; the sbatch scripts requeue on it.
+// SIGTERM/SIGINT stopped training after a step before train.max_steps, and a checkpoint of that
+// step was committed: the run is unfinished and resumable; the sbatch scripts requeue on it.
 inline constexpr int kExitStopped = 10;
 // A stop signal during start-up: 128 + the signal (143 SIGTERM, 130 SIGINT), util::SetStopAtOnce.
 

@@ -139,7 +139,7 @@ void RunReport::Open(int start_step) {
       for (std::string line; std::getline(earlier, line);) {
         const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
         if (!record.is_discarded() && record.contains("step") &&
-            record["step"].get<int64_t>() <= start_step)
+            record["step"].is_number_integer() && record["step"].get<int64_t>() <= start_step)
           kept.push_back(line + "\n");
       }
       Log(

@@ -131,6 +131,7 @@ StepOutcome Trainer::RunStep(int step) {
   // The step's work has finished: its device spans get their host times.
   for (const device::DeviceSpans::Resolved& span : device_spans_->Resolve())
     timeline_.Record(span.name, span.category, span.start, span.end, span.track);
+  device_spans_->set_enabled(false);  // an evaluation or a sample is no step's
   for (const comm::MessageSpan& span : comm_.links().TakeMessageSpans())
     timeline_.RecordMessage(span.name, span.start, span.end, span.in_compute);
   if (root_) {
@@ -588,6 +589,7 @@ bool Trainer::StopRequested(int step) {
   } else if (!checkpoint_root.empty()) {
     if (last_saved_step_ != step + 1) Save(step + 1);
     FinishSave();
+    result_.stop_checkpointed = true;
     saved = Format("the checkpoint of step %d in %s", step + 1, checkpoint_root.c_str());
   }
   Log(Format("[signal] %s: stopping after step %d with %s. Continue with --resume auto.",

@@ -48,6 +48,7 @@ struct TrainResult {
   int64_t parameter_count = 0;  // this rank's owned parameters
   int skipped_steps = 0;        // updates skipped for non-finite gradients (train.nan_policy=skip)
   int stopped_at_step = -1;     // the step after which SIGTERM/SIGINT stopped training, or -1
+  bool stop_checkpointed = false;  // that stop committed a checkpoint of its step
   // Buffers the allocator had to get from the system after the first step (0: steady state).
   int64_t steady_state_system_allocations = 0;
   // Activation and gradient bytes this rank sent to its pipeline neighbours per step (the last

@@ -106,9 +106,12 @@ LayerCost TpBlockCost(const ModelDims& dims, int tp, int batch, int seq,
       shape.sliced_deferred < 0
           ? cost.activation_bytes
           : n * (shape.replicated_deferred + shape.sliced_deferred / tp) * bytes_per_element;
-  // At BackwardInput's end: the deferred set, its locals, the dy it was given and the dx it makes.
+  // During BackwardInput: the deferred set, the attention's statistics (freed only inside it; with
+  // probabilities also their gradient), its locals, the dy it was given and the dx it makes.
+  const int64_t saved_statistics =
+      statistics * (saves == AttentionSaves::kProbabilities ? 2 : 1) * bytes_per_element;
   cost.backward_peak_bytes =
-      cost.deferred_bytes - cost.activation_bytes +
+      cost.deferred_bytes + saved_statistics - cost.activation_bytes +
       n * (shape.sliced_backward_temporaries / tp + 2 * c) * bytes_per_element;
   if (tp > 1)
     cost.tp_allreduce_bytes = (activation_checkpointing ? 6 : 4) * n * c * bytes_per_element;

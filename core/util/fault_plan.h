@@ -26,7 +26,8 @@ struct FaultPlan {
   int sigstop_rank = -1;
   int sigstop_step = -1;
   // BIGMAC_TEST_SLOW_RANK=<rank>:<ms>: that rank sleeps this long before each of its forward
-  // computations, counted as computing (a straggler: a slower CPU, a throttled GPU).
+  // computations, counted as computing on the CPU backend (a straggler: a slower CPU; on a GPU
+  // the compute time is the stream's, which the sleep does not lengthen).
   int slow_rank = -1;
   int slow_rank_ms = 0;
   // BIGMAC_TEST_MISMATCH_SCHEDULE=<rank>: that rank runs schedule::MismatchForTesting.

@@ -14,6 +14,8 @@
 #   OMP_WAIT_POLICY     default passive: ranks that share cores must not spin-wait
 #   BIGMAC_MAX_REQUEUES most times a job stopped before its time limit requeues itself (default 5;
 #                       0: never)
+#   BIGMAC_REQUEUE_WITHIN a stop requeues only this close to the time limit, in seconds (default
+#                       900); an earlier one is an operator's (scancel --batch --signal=TERM)
 #
 # Time limits: the sbatch headers ask for SIGTERM before the limit (--signal=B:TERM@N) and allow
 # requeueing (--requeue). On the signal the ranks stop after the step in progress, write a
@@ -70,18 +72,23 @@ bigmac_slurm_train() {
   # local rank (core/comm/device.cc).
   local -a extra=()
   read -r -a extra <<<"${BIGMAC_SRUN_FLAGS:-}"
-  local -a args=("$@")
+  local -a args=()
   local restarts=${SLURM_RESTART_COUNT:-0}
   if ((restarts > 0)); then
-    local arg given=
-    for arg in "${args[@]}"; do [[ "$arg" == --resume || "$arg" == --resume=* ]] && given=1; done
-    if [[ -z "$given" ]]; then
-      args+=(--resume auto)
-      echo "bigmac-slurm: requeued run ${restarts} started $(date -u +%FT%TZ): resuming with" \
-        "--resume auto"
-    else
-      echo "bigmac-slurm: requeued run ${restarts}: the command line already names --resume"
-    fi
+    # The newest checkpoint, whatever the first run resumed from: a --resume of the submitted
+    # command line would throw away every earlier requeue's progress.
+    while (($#)); do
+      case "$1" in
+        --resume) shift 2 || shift ;;
+        --resume=*) shift ;;
+        *) args+=("$1"); shift ;;
+      esac
+    done
+    args+=(--resume auto)
+    echo "bigmac-slurm: requeued run ${restarts} started $(date -u +%FT%TZ): resuming with" \
+      "--resume auto"
+  else
+    args=("$@")
   fi
   local -a cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$bin" train "${args[@]}")
 
@@ -126,14 +133,35 @@ bigmac_slurm_train() {
   exit "$rc"
 }
 
+# Seconds left before the job's time limit (squeue's %L: [days-][hours:]minutes:seconds), or
+# nothing when unlimited or unknown.
+bigmac_slurm_time_left() {
+  local left days=0 h=0 m=0 sec=0
+  left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
+  [[ "$left" =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] || return 0
+  days=${BASH_REMATCH[2]:-0} h=${BASH_REMATCH[4]:-0} m=${BASH_REMATCH[5]} sec=${BASH_REMATCH[6]}
+  echo $(((10#$days * 24 + 10#$h) * 3600 + 10#$m * 60 + 10#$sec))
+}
+
 # Requeues this job (it must have been submitted with --requeue) unless BIGMAC_MAX_REQUEUES
-# requeues were made already; exits 0 when requeued, returns otherwise.
+# requeues were made already, or the stop came long before the time limit (more than
+# BIGMAC_REQUEUE_WITHIN seconds left, default 900: an operator's scancel --signal=TERM, which
+# ends the job); exits 0 when requeued, returns otherwise.
 bigmac_slurm_requeue() {
-  local rc=$1 restarts=$2 max=${BIGMAC_MAX_REQUEUES:-5}
+  local rc=$1 restarts=$2 max=${BIGMAC_MAX_REQUEUES:-5} within=${BIGMAC_REQUEUE_WITHIN:-900}
   [[ "$max" =~ ^[0-9]+$ ]] || bigmac_slurm_die "BIGMAC_MAX_REQUEUES='$max' is not a count"
+  [[ "$within" =~ ^[0-9]+$ ]] || bigmac_slurm_die "BIGMAC_REQUEUE_WITHIN='$within' is not seconds"
   if ((restarts >= max)); then
     echo "bigmac-slurm: unfinished (status ${rc}) after ${restarts} requeue(s), the most" \
       "BIGMAC_MAX_REQUEUES=${max} allows: not requeueing; resubmit with --resume auto"
+    return
+  fi
+  local left
+  left=$(bigmac_slurm_time_left)
+  if [[ -n "$left" ]] && ((left > within)); then
+    echo "bigmac-slurm: unfinished (status ${rc}), stopped ${left} s before the time limit" \
+      "(more than BIGMAC_REQUEUE_WITHIN=${within}): a stop, not the time limit; not requeueing;" \
+      "resubmit with --resume auto"
     return
   fi
   echo "bigmac-slurm: unfinished (status ${rc}): requeueing job ${SLURM_JOB_ID}" \

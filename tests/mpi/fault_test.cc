@@ -256,8 +256,8 @@ TEST(Fault, SigtermSavesAFinalCheckpointAndExitsCleanly) {
   ExpectContains(r.output, "with the checkpoint of step " + std::to_string(step));
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06d", step);
-  std::printf("[fault] SIGTERM during step %d: final checkpoint %s, exit 0 in %.1f s\n", step, name,
-              r.seconds);
+  std::printf("[fault] SIGTERM during step %d: final checkpoint %s, exit 10 in %.1f s\n", step,
+              name, r.seconds);
   ExpectIntactAndResumable(ckpt, name, kSteps);
 }
 

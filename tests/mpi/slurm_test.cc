@@ -69,12 +69,13 @@ TEST(Slurm, AFailedJobReportsItsExitCodeAndStopsTheDaemons) {
   EXPECT_EQ(LiveDaemons(), "");
 }
 
-// Before a time limit Slurm sends SIGTERM (--signal=B:TERM@120): the batch script passes it to
-// srun and the ranks, which stop together after a step, write a final checkpoint and exit 10
-// (unfinished). With no requeue allowed (BIGMAC_MAX_REQUEUES=0) the job ends with that code.
+// SIGTERM to the batch script (as Slurm sends it before a time limit, --signal=B:TERM@120): the
+// script passes it to srun and the ranks, which stop together after a step, write a final
+// checkpoint and exit 10 (unfinished). Here it comes an hour before the limit, as an operator's
+// scancel --batch --signal=TERM would: no requeue, and the job ends with that code.
 TEST(Slurm, SigtermToTheBatchScriptStopsTheRanksWithAFinalCheckpoint) {
   const testutil::RunResult run =
-      RunCommand("BIGMAC_MAX_REQUEUES=0 BIGMAC_SLURM_TERM_AFTER='step 20/' " +
+      RunCommand("BIGMAC_SLURM_TERM_AFTER='step 20/' " +
                      SubmitJob("--set train.max_steps=100000 --set train.log_interval=10 "
                                "--set train.eval_interval=0 --set checkpoint.dir=ckpt"),
                  300);
@@ -83,7 +84,9 @@ TEST(Slurm, SigtermToTheBatchScriptStopsTheRanksWithAFinalCheckpoint) {
        {"bigmac-slurm: SIGTERM, stopping the training step",
         "[signal] SIGTERM: stopping after step", "with the checkpoint of step",
         "bigmac-slurm: bigmac train exited with status 10",
-        "the most BIGMAC_MAX_REQUEUES=0 allows: not requeueing", "slurm job exit: 10"}) {
+        "before the time limit (more than BIGMAC_REQUEUE_WITHIN=900): a stop, not the time limit; "
+        "not requeueing",
+        "slurm job exit: 10"}) {
     EXPECT_NE(run.output.find(fragment), std::string::npos) << fragment << "\n" << run.output;
   }
   EXPECT_EQ(LiveDaemons(), "");
