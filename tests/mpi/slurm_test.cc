@@ -37,17 +37,8 @@ std::string SubmitJob(const std::string& extra) {
          Runfile("configs/tiny_pp4.yaml") + " " + DataDir() + " " + extra;
 }
 
-// Slurm and munge processes still alive (zombies are the VM's init reaping late, not ours).
-std::string LiveDaemons() {
-  return RunCommand(
-             "ps -eo stat=,comm= | awk '$1 !~ /^Z/ && ($2 == \"slurmctld\" || $2 == \"slurmd\" "
-             "|| $2 == \"munged\" || $2 == \"slurmstepd\")'",
-             10)
-      .output;
-}
-
 TEST(Slurm, SbatchTrainsWithFourRanksUnderSrunPmix) {
-  ASSERT_EQ(LiveDaemons(), "") << "Slurm daemons running before the test";
+  ASSERT_EQ(testutil::LiveSlurmDaemons(), "") << "Slurm daemons running before the test";
   const testutil::RunResult run =
       RunCommand(SubmitJob("--set train.max_steps=3 --set train.log_interval=1"), 300);
   std::printf("%s\n", run.output.c_str());
@@ -58,7 +49,7 @@ TEST(Slurm, SbatchTrainsWithFourRanksUnderSrunPmix) {
         "slurm job exit: 0"}) {
     EXPECT_NE(run.output.find(fragment), std::string::npos) << fragment << "\n" << run.output;
   }
-  EXPECT_EQ(LiveDaemons(), "");
+  EXPECT_EQ(testutil::LiveSlurmDaemons(), "");
 }
 
 TEST(Slurm, AFailedJobReportsItsExitCodeAndStopsTheDaemons) {
@@ -66,7 +57,7 @@ TEST(Slurm, AFailedJobReportsItsExitCodeAndStopsTheDaemons) {
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("did you mean 'parallel.pp_size'"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("slurm job exit: 2"), std::string::npos) << run.output;
-  EXPECT_EQ(LiveDaemons(), "");
+  EXPECT_EQ(testutil::LiveSlurmDaemons(), "");
 }
 
 // SIGTERM to the batch script (as Slurm sends it before a time limit, --signal=B:TERM@120): the
@@ -89,7 +80,7 @@ TEST(Slurm, SigtermToTheBatchScriptStopsTheRanksWithAFinalCheckpoint) {
         "slurm job exit: 10"}) {
     EXPECT_NE(run.output.find(fragment), std::string::npos) << fragment << "\n" << run.output;
   }
-  EXPECT_EQ(LiveDaemons(), "");
+  EXPECT_EQ(testutil::LiveSlurmDaemons(), "");
 }
 
 // A time limit shorter than the training, for real: --time=1 with --signal=B:TERM@55, so Slurm
@@ -173,7 +164,7 @@ TEST(Slurm, ATimeLimitRequeuesTheJobUntilItIsDone) {
   ASSERT_EQ(expected.size(), size_t{kSteps});
   ASSERT_EQ(got.size(), size_t{kSteps});
   for (const auto& [step, loss] : expected) EXPECT_EQ(got.at(step), loss) << "step " << step;
-  EXPECT_EQ(LiveDaemons(), "");
+  EXPECT_EQ(testutil::LiveSlurmDaemons(), "");
 }
 
 }  // namespace

@@ -70,6 +70,14 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+std::string LiveSlurmDaemons() {
+  return RunCommand(
+             "ps -eo stat=,comm= | awk '$1 !~ /^Z/ && ($2 == \"slurmctld\" || $2 == \"slurmd\" "
+             "|| $2 == \"munged\" || $2 == \"slurmstepd\")'",
+             10)
+      .output;
+}
+
 int CountOccurrences(const std::string& text, const std::string& needle) {
   int count = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))

@@ -40,6 +40,10 @@ std::string PrepareShards(const std::string& name, const std::string& text);
 // The whole file at `path` as bytes ("" when it cannot be read).
 std::string ReadFile(const std::string& path);
 
+// Slurm and munge processes still alive, one "STAT COMM" line each ("" when none; zombies, the
+// VM's init reaping late, are not counted): what a Slurm test must leave behind.
+std::string LiveSlurmDaemons();
+
 // Number of (possibly overlapping) occurrences of `needle` in `text`.
 int CountOccurrences(const std::string& text, const std::string& needle);
 
