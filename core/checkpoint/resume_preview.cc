@@ -1,5 +1,6 @@
 #include "core/checkpoint/resume_preview.h"
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -68,13 +69,49 @@ std::vector<std::string> DataChanges(const config::Config& saved, const config::
   differ("micro-batches per step (gradient_accumulation_steps x dp)",
          std::to_string(int64_t{saved.train().gradient_accumulation_steps()} * saved_dp),
          std::to_string(int64_t{now.train().gradient_accumulation_steps()} * now_dp));
-  differ("data.dir", "'" + saved.data().dir() + "'", "'" + now.data().dir() + "'");
+  if (saved.data().path().empty() && now.data().path().empty())
+    differ("data.dir", "'" + saved.data().dir() + "'", "'" + now.data().dir() + "'");
   differ("data.train_files", "'" + saved.data().train_files() + "'",
          "'" + now.data().train_files() + "'");
   return reasons;
 }
 
+// "[0.25 a, 0.75 b]", or "data.dir d" for the one dataset of data.dir.
+std::string BlendText(const std::vector<config::BlendEntry>& blend, const std::string& dir) {
+  if (blend.empty()) return "data.dir " + dir;
+  std::vector<std::string> parts;
+  for (const config::BlendEntry& entry : blend)
+    parts.push_back(util::Format("%.6g %s", entry.weight, entry.path.c_str()));
+  return "[" + util::Join(parts, ", ") + "]";
+}
+
+std::string SplitOf(const std::optional<config::SplitShares>& split) {
+  return split ? config::SplitText(*split) : "unset (the *val* files, else 969,30,1)";
+}
+
 }  // namespace
+
+std::vector<std::string> BlendChanges(const config::Config& saved,
+                                      const config::ResolvedConfig& now) {
+  std::vector<std::string> ignored, changes;
+  const std::vector<config::BlendEntry> before =
+      config::ParseBlend({saved.data().path().begin(), saved.data().path().end()}, &ignored);
+  const std::optional<config::SplitShares> split_before =
+      config::ParseSplit(saved.data().split(), &ignored);
+  const std::vector<config::BlendEntry>& after = now.data.blend;
+  bool same = before.size() == after.size();
+  for (size_t i = 0; same && i < before.size(); ++i) {
+    same = before[i].path == after[i].path && std::abs(before[i].weight - after[i].weight) <= 1e-12;
+  }
+  if (!same) {
+    changes.push_back("data.path " + BlendText(before, saved.data().dir()) + " -> " +
+                      BlendText(after, now.values().data().dir()));
+  }
+  const auto text = [](const std::optional<config::SplitShares>& split) { return SplitOf(split); };
+  if (text(split_before) != text(now.data.split))
+    changes.push_back("data.split " + text(split_before) + " -> " + text(now.data.split));
+  return changes;
+}
 
 std::vector<std::string> DescribeResume(const Manifest& manifest,
                                         const config::ResolvedConfig& resolved) {
@@ -155,7 +192,9 @@ std::vector<std::string> DescribeResume(const Manifest& manifest,
   lines.push_back(optimizer);
 
   // The data stream.
-  const std::vector<std::string> data = DataChanges(saved, now, manifest.dp(), resolved.dp);
+  std::vector<std::string> data = DataChanges(saved, now, manifest.dp(), resolved.dp);
+  const std::vector<std::string> blend = BlendChanges(saved, resolved);
+  data.insert(data.end(), blend.begin(), blend.end());
   const std::string next = std::to_string(manifest.step() + 1);
   if (data.empty()) {
     lines.push_back("data: continues exactly: step " + next +
@@ -166,6 +205,20 @@ std::vector<std::string> DescribeResume(const Manifest& manifest,
                     next +
                     " draws the batches a fresh run with these settings would draw at "
                     "that step");
+  }
+  if (manifest.has_data() && manifest.data().datasets_size() > 1) {
+    std::vector<std::string> drawn;
+    for (const DatasetDrawn& dataset : manifest.data().datasets()) {
+      drawn.push_back(util::Format("%s %lld tokens (%lld samples)", dataset.path().c_str(),
+                                   static_cast<long long>(dataset.tokens()),
+                                   static_cast<long long>(dataset.samples())));
+    }
+    lines.push_back("data: trained on so far: " + util::Join(drawn, ", "));
+  }
+  if (!blend.empty()) {
+    lines.push_back(
+        "data: a changed blend or split needs --allow-data-change; each dataset the new blend "
+        "keeps (by path) keeps its count of samples drawn, a new one starts at 0");
   }
   // The learning-rate schedule is a function of the step and these keys.
   std::vector<std::string> schedule;

@@ -18,6 +18,12 @@ namespace bigmac::checkpoint {
 std::vector<std::string> DescribeResume(const Manifest& manifest,
                                         const config::ResolvedConfig& resolved);
 
+// How the data (data.path's blend and data.split) of `saved` differs from `now`'s: lines like
+// "data.path [0.25 a, 0.75 b] -> [0.5 a, 0.5 b]"; empty when they are the same. data.dir counts
+// only when either uses data.path (the one dataset's directory may move).
+std::vector<std::string> BlendChanges(const config::Config& saved,
+                                      const config::ResolvedConfig& now);
+
 }  // namespace bigmac::checkpoint
 
 #endif  // BIGMAC_CORE_CHECKPOINT_RESUME_PREVIEW_H_

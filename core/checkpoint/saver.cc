@@ -389,6 +389,7 @@ void CommitManifest(const SaveRequest& request, const std::string& tmp_dir, Mani
   manifest.set_seed(config.values().train().seed());
   manifest.set_master_dtype(kMasterDType);
   if (!request.tokenizer.empty()) manifest.set_tokenizer(request.tokenizer);
+  if (request.data) *manifest.mutable_data() = *request.data;
   for (const std::string& plugin : config.values().plugins()) {
     std::error_code ignored;  // a path the OS refuses stays as written
     const fs::path absolute = fs::weakly_canonical(plugin, ignored);

@@ -19,6 +19,7 @@ struct SaveRequest {
   int keep_last = 3;
   std::string tokenizer;  // rank 0's, recorded in the manifest
   util::FaultPlan faults;
+  std::optional<DataPosition> data;  // rank 0's position in the data after `step` steps
 };
 
 // Saves checkpoints (docs/checkpoint.md) in phases, so that the writing can overlap training

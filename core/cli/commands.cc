@@ -35,6 +35,7 @@
 #include "core/config/errors.h"
 #include "core/config/resolve.h"
 #include "core/config/schema.h"
+#include "core/data/blend.h"
 #include "core/data/dataset.h"
 #include "core/data/prep.h"
 #include "core/data/shard.h"
@@ -302,7 +303,10 @@ int RunDataBatches(const DataBatchesOptions& options) {
         !problem.empty()) {
       return ReportFailure(problem, kExitOutput);
     }
-    const data::TokenDataset dataset(cfg.data().dir(), "train", cfg.data().train_files());
+    const data::BlendedData dataset(data::BlendedData::Options{
+        cfg.data().dir(), cfg.data().train_files(), cfg.data().val_files(), resolved.data});
+    std::vector<double> weights = dataset.weights();
+    const data::BlendSampler sampler(weights, static_cast<uint64_t>(cfg.train().seed()));
     const int batch = cfg.train().micro_batch_size();
     const int seq = cfg.train().seq_length();
     const int per_step = cfg.train().gradient_accumulation_steps() * resolved.dp;
@@ -317,9 +321,11 @@ int RunDataBatches(const DataBatchesOptions& options) {
     std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
     for (int step = 0; step < options.steps; ++step) {
       for (int global = 0; global < per_step; ++global) {
-        // As the trainer reads them (engine/trainer.cc): keyed by the global micro-batch index.
-        dataset.TrainBatch(static_cast<uint64_t>(cfg.train().seed()), step, 0, global, batch, seq,
-                           tokens.data(), targets.data());
+        // As the trainer reads them (engine/trainer.cc): keyed by the global micro-batch index,
+        // the blend's samples counted from the first step.
+        const int64_t first_sample = int64_t{step} * per_step * batch;
+        dataset.TrainBatch(sampler, first_sample, static_cast<uint64_t>(cfg.train().seed()), step,
+                           global, batch, seq, tokens.data(), targets.data());
         put(tokens.data(), tokens.size() * 4);
         put(targets.data(), targets.size() * 4);
       }
@@ -537,7 +543,8 @@ int RunTrain(const TrainOptions& options, int* argc, char*** argv) {
     return code;
   }
   if (!lock_check.summary.empty()) PrintLines({lock_check.summary});
-  const StartupCheck resume = CheckResumeSource(*resolved, options.resume);
+  const StartupCheck resume =
+      CheckResumeSource(*resolved, options.resume, options.allow_data_change);
   if (int code = AllRanksAgree(world, "resume source", resume.problems, resolved->hash,
                                resume.exit_code)) {
     return code;

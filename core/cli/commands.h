@@ -15,6 +15,7 @@ struct TrainOptions {
   std::string resume;    // "auto", a checkpoint step directory or root, or ""
   std::vector<std::string> plugins;  // --plugin: layer plugin libraries, after the config's
   bool overwrite = false;            // replace an earlier --dump
+  bool allow_data_change = false;    // resume although data.path or data.split changed
 };
 
 struct PlanOptions {

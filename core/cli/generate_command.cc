@@ -12,6 +12,7 @@
 #include "core/cli/exit_codes.h"
 #include "core/cli/single_rank_model.h"
 #include "core/config/errors.h"
+#include "core/data/blend.h"
 #include "core/data/error.h"
 #include "core/data/tokenizer.h"
 #include "core/engine/generate.h"
@@ -28,9 +29,11 @@ int RunGenerate(const GenerateOptions& options) {
   try {
     model.emplace(LoadSingleRankModel(options.checkpoint, options.plugins, &step, &step_dir));
     const config::Config& cfg = model->resolved.values();
-    tokenizer = data::RecordedTokenizer(
-        model->tokenizer, options.data_dir.empty() ? cfg.data().dir() : options.data_dir,
-        cfg.model().vocab_size(), "the checkpoint " + step_dir);
+    tokenizer = data::RecordedTokenizer(model->tokenizer,
+                                        options.data_dir.empty()
+                                            ? data::DataHome(model->resolved.data, cfg.data().dir())
+                                            : options.data_dir,
+                                        cfg.model().vocab_size(), "the checkpoint " + step_dir);
   } catch (const checkpoint::CheckpointError& error) {
     return ReportFailure(error.what(), kExitCheckpoint);
   } catch (const config::ConfigError& error) {

@@ -152,6 +152,9 @@ int main(int argc, char** argv) {
       "--resume", train_options.resume,
       "continue from a checkpoint: auto (checkpoint.dir/latest, if any), a step directory, "
       "or a checkpoint directory; any pp/dp layout");
+  train->add_flag("--allow-data-change", train_options.allow_data_change,
+                  "with --resume: continue although data.path (the blend) or data.split differs "
+                  "from the checkpoint's (the resume preview says what changes)");
   train->add_option("--plugin", train_options.plugins,
                     "load a layer plugin library (.so) before building the model; repeatable; "
                     "after the config's plugins: (docs/plugins.md)");

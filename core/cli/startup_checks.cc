@@ -10,9 +10,11 @@
 #include "core/checkpoint/output_guard.h"
 #include "core/checkpoint/resume_preview.h"
 #include "core/cli/exit_codes.h"
+#include "core/data/blend.h"
 #include "core/data/error.h"
 #include "core/data/tokenizer.h"
 #include "core/util/files.h"
+#include "core/util/format.h"
 #include "stages/gpt/cuda/constraints.h"
 
 namespace bigmac::cli {
@@ -160,7 +162,8 @@ StartupCheck LockTrainOutputs(const config::ResolvedConfig& resolved, bool dry_r
   return check;
 }
 
-StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume) {
+StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume,
+                               bool allow_data_change) {
   StartupCheck check;
   check.exit_code = kExitCheckpoint;
   if (resume.empty()) return check;
@@ -182,8 +185,19 @@ StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std
     // The tokenizer first: data of another vocabulary also changes the model's shapes, and the
     // data is what to fix (exit 5).
     data::CheckSameTokenizer(checkpoint::ReadCheckedManifest(step_dir).tokenizer(),
-                             cfg.data().dir(), step_dir);
+                             data::DataHome(resolved.data, cfg.data().dir()), step_dir);
     const checkpoint::Manifest manifest = checkpoint::ReadManifest(step_dir, cfg);
+    if (const std::vector<std::string> changes =
+            checkpoint::BlendChanges(manifest.config(), resolved);
+        !changes.empty() && !allow_data_change) {
+      if (check.problems.empty()) check.exit_code = kExitConfig;
+      check.problems.push_back(
+          "--resume " + resume + ": the checkpoint " + step_dir +
+          " was trained on other data: " + util::Join(changes, "; ") +
+          ". Every later batch and the per-dataset counts would change; pass "
+          "--allow-data-change to continue with the new data (each dataset it keeps, by path, "
+          "keeps its count), or resume with the saved data.path and data.split");
+    }
     for (const checkpoint::LayerFile& file : manifest.files()) {
       if (std::string problem = CheckLayerFile(step_dir + "/" + file.file(), file.bytes());
           !problem.empty()) {

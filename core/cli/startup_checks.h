@@ -49,8 +49,11 @@ StartupCheck LockTrainOutputs(const config::ResolvedConfig& resolved, bool dry_r
 // The resume source, as the trainer will resolve it: it exists, its manifest reads and matches
 // the model, every layer file it names is a regular file of the size it claims (no tensor is
 // read), and its step is before train.max_steps (else kExitConfig: nothing is left to train).
-// Other problems: kExitCheckpoint. `resume` empty: nothing to check.
-StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume);
+// Other problems: kExitCheckpoint. A checkpoint trained on another blend or split (data.path,
+// data.split) is refused with kExitConfig unless `allow_data_change`. `resume` empty: nothing to
+// check.
+StartupCheck CheckResumeSource(const config::ResolvedConfig& resolved, const std::string& resume,
+                               bool allow_data_change = false);
 
 // Settings the config schema accepts (the dry-run and `plan` show their layouts) that training
 // does not implement yet, the CUDA layers' rules among them (stages/gpt/cuda/constraints.h). Each

@@ -419,6 +419,20 @@ class Loader {
       return;
     }
     if (field->is_repeated()) {
+      // A list of strings may be one string of space-separated items, as on a command line
+      // (data.path=0.3 web 0.7 code is Megatron's --data-path 0.3 web 0.7 code).
+      if (value.IsScalar() && field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+        parent->GetReflection()->ClearField(parent, field);
+        std::istringstream items(value.Scalar());
+        for (std::string item; items >> item;) {
+          if (std::string error = StoreScalar(parent, field, item); !error.empty()) {
+            problems_.push_back(where + ": " + error);
+            return;
+          }
+        }
+        out_->sources.Set(key.path, std::move(source));
+        return;
+      }
       if (!value.IsSequence()) {
         problems_.push_back(where + ": expected a list like [7, 7, 7, 6], got '" +
                             (value.IsScalar() ? value.Scalar() : std::string("a mapping")) + "'");

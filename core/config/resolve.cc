@@ -377,6 +377,18 @@ std::vector<std::string> CheckConstraints(const LoadedConfig& loaded, int world_
                        " to be cuda (rule: NCCL moves GPU memory; the cpu backend's tensors "
                        "travel over MPI: set BIGMAC_TRANSPORT to auto or mpi, or unset it)");
   }
+  // data.path and data.split: the syntax and the rules that need no file (the files are the
+  // data's checks, at start-up, exit 5).
+  for (const char* key : {"data.path", "data.split"}) {
+    std::vector<std::string> data_problems;
+    if (std::string(key) == "data.path") {
+      ParseBlend({values.data().path().begin(), values.data().path().end()}, &data_problems);
+    } else {
+      ParseSplit(values.data().split(), &data_problems);
+    }
+    for (const std::string& problem : data_problems)
+      problems.push_back(problem + " (" + loaded.sources.Get(key).ToString() + ")");
+  }
   if (values.precision().dtype() == "fp16") {
     problems.push_back(describe("precision.dtype", values.precision().dtype()) +
                        " needs loss scaling, which BigMac does not have yet: use bf16 (fp32's "
@@ -415,6 +427,9 @@ ResolvedConfig Resolve(LoadedConfig loaded, int world_size, const std::string& w
   if (!values.device().memory_limit().empty())
     memory::ParseByteSize(values.device().memory_limit(), &resolved.memory_limit_bytes, &ignored);
   resolved.nan_policy = values.train().nan_policy() == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
+  resolved.data.blend =
+      ParseBlend({values.data().path().begin(), values.data().path().end()}, &unused);
+  resolved.data.split = ParseSplit(values.data().split(), &unused);
   // Materialise derived values, so the log and every consumer see the effective ones.
   if (values.parallel().num_microbatches() == 0) {
     loaded.values.mutable_parallel()->set_num_microbatches(resolved.batch.num_microbatches);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/config/batch.h"
+#include "core/config/data_spec.h"
 #include "core/config/loader.h"
 #include "core/device/device.h"
 #include "core/layer/layer.h"
@@ -38,6 +39,7 @@ struct ResolvedConfig {
   int64_t dp_bucket_bytes = 0;              // parallel.dp_bucket_size
   int64_t memory_limit_bytes = 0;           // device.memory_limit; 0 when unset
   NanPolicy nan_policy = NanPolicy::kStop;  // train.nan_policy
+  DataSpec data;                            // data.path and data.split
 
   const Config& values() const { return loaded.values; }
   const Provenance& sources() const { return loaded.sources; }

@@ -23,8 +23,13 @@ namespace fs = std::filesystem;
 
 // The paths matching `pattern` under `dir`, sorted by name.
 std::vector<std::string> Glob(const std::string& dir, const std::string& pattern) {
+  return MatchingPaths(dir + "/" + pattern);
+}
+
+}  // namespace
+
+std::vector<std::string> MatchingPaths(const std::string& full) {
   glob_t matches{};
-  const std::string full = dir + "/" + pattern;
   std::vector<std::string> paths;
   if (glob(full.c_str(), 0, nullptr, &matches) == 0) {
     for (size_t i = 0; i < matches.gl_pathc; ++i) paths.emplace_back(matches.gl_pathv[i]);
@@ -33,8 +38,6 @@ std::vector<std::string> Glob(const std::string& dir, const std::string& pattern
   std::sort(paths.begin(), paths.end());
   return paths;
 }
-
-}  // namespace
 
 bool IsShardName(const std::string& name) {
   const bool prefix = name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0;
@@ -72,11 +75,30 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split,
   const std::string glob = pattern.empty() ? "*" + split + "*.bin" : pattern;
   const std::vector<std::string> paths = Glob(dir, glob);
   if (paths.empty()) throw DataError(dir + ": no " + split + " files matching " + glob);
-  paths_ = paths;
+  Open(paths, dir);
   glob_ = glob;
-  tokenizer_ = ReadTokenizerManifest(dir);
+  description_ = dir + "/" + glob + " (" + std::to_string(paths.size()) + " " +
+                 TokenFormatName(files_.front().format()) + " files, " + std::to_string(size_) +
+                 " tokens)";
+}
+
+TokenDataset::TokenDataset(const std::vector<std::string>& paths, const std::string& label,
+                           const std::string& tokenizer_dir) {
+  Open(paths, tokenizer_dir);
+  glob_ = label;
+  description_ =
+      label + " (" +
+      (paths.size() == 1 ? std::string("1 ") + TokenFormatName(files_.front().format()) + " file"
+                         : std::to_string(paths.size()) + " " +
+                               TokenFormatName(files_.front().format()) + " files") +
+      ", " + std::to_string(size_) + " tokens)";
+}
+
+void TokenDataset::Open(const std::vector<std::string>& paths, const std::string& tokenizer_dir) {
+  paths_ = paths;
+  tokenizer_ = ReadTokenizerManifest(tokenizer_dir);
   uint32_t declared = tokenizer_ ? tokenizer_->vocab_size : 0;
-  std::string declared_by = tokenizer_ ? dir + "/" + kTokenizerManifest : "";
+  std::string declared_by = tokenizer_ ? tokenizer_dir + "/" + kTokenizerManifest : "";
   TokenFile::Largest largest;
   std::string largest_in;
   for (const std::string& path : paths) {
@@ -100,6 +122,13 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split,
     starts_.push_back(size_);
     size_ += file.size();
   }
+  // Documents only when every file has them (Megatron's); the stream is then divided by them.
+  int64_t documents = 0;
+  for (const TokenFile& file : files_) {
+    first_documents_.push_back(documents);
+    documents = file.documents() < 0 || documents < 0 ? -1 : documents + file.documents();
+  }
+  documents_ = documents;
   const std::string at_largest = largest_in + ": token " + std::to_string(largest.token) +
                                  " at position " + std::to_string(largest.position);
   if (declared != 0 && largest.position >= 0 && largest.token >= declared) {
@@ -110,13 +139,29 @@ TokenDataset::TokenDataset(const std::string& dir, const std::string& split,
   vocab_source_ = declared != 0 ? declared_by + ": vocabulary " + std::to_string(declared)
                                 : at_largest + " (the largest) means a vocabulary of at least " +
                                       std::to_string(vocab_size_);
-  description_ = dir + "/" + glob + " (" + std::to_string(paths.size()) + " " +
-                 TokenFormatName(files_.front().format()) + " files, " + std::to_string(size_) +
-                 " tokens)";
+  declared_vocab_ = declared;
+}
+
+int64_t TokenDataset::DocumentStart(int64_t d) const {
+  if (documents_ < 0 || d >= documents_) return size_;
+  // The last file whose first document is at or before d (past files that hold none).
+  const size_t i = std::upper_bound(first_documents_.begin(), first_documents_.end(), d) -
+                   first_documents_.begin() - 1;
+  return starts_[i] + files_[i].DocumentStart(d - first_documents_[i]);
 }
 
 std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDataset& val, int seq,
                                        int batch, int eval_batches) {
+  std::vector<std::string> warnings = SharedFileWarnings(train, val);
+  if (std::string repeat =
+          EvalRepeatWarning(val.size(), val.description(), seq, batch, eval_batches);
+      !repeat.empty()) {
+    warnings.push_back(repeat);
+  }
+  return warnings;
+}
+
+std::vector<std::string> SharedFileWarnings(const TokenDataset& train, const TokenDataset& val) {
   std::vector<std::string> warnings;
   // The same file under two names (a link) is the same file: compare where they lead.
   std::map<std::string, std::string> train_files;
@@ -137,20 +182,25 @@ std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDat
         " match it, so the run trains on the windows it validates on and val_loss "
         "is not a held-out loss");
   }
-  const int64_t have = val.size() / (int64_t{seq} + 1);
+  return warnings;
+}
+
+std::string EvalRepeatWarning(int64_t val_tokens, const std::string& val_description, int seq,
+                              int batch, int eval_batches) {
+  const int64_t have = val_tokens / (int64_t{seq} + 1);
   const int64_t need = int64_t{eval_batches} * batch;
   if (have > 0 && need > have) {
-    warnings.push_back(util::Format(
+    return util::Format(
         "train.eval_batches=%d x train.micro_batch_size=%d = %lld validation windows of "
         "seq_length+1=%d tokens, but %s holds %lld: the windows after the first %lld repeat "
         "them (each counts up to %lld times in val_loss); train.eval_batches=%lld uses each "
         "window once",
-        eval_batches, batch, static_cast<long long>(need), seq + 1, val.description().c_str(),
+        eval_batches, batch, static_cast<long long>(need), seq + 1, val_description.c_str(),
         static_cast<long long>(have), static_cast<long long>(have),
         static_cast<long long>((need + have - 1) / have),
-        static_cast<long long>(std::max<int64_t>(1, have / batch))));
+        static_cast<long long>(std::max<int64_t>(1, have / batch)));
   }
-  return warnings;
+  return "";
 }
 
 void TokenDataset::CheckFits(int seq, int64_t model_vocab) const {
@@ -183,30 +233,48 @@ void TokenDataset::Window(int64_t offset, int seq, int32_t* tokens, int32_t* tar
   Gather(offset + seq, 1, targets + seq - 1);
 }
 
+uint64_t SampleKey(uint64_t seed, int64_t step, int dp_rank, int micro_batch, int row) {
+  uint64_t key = Mix(seed ^ 0x5bd1e995ULL);
+  key = Mix(key ^ static_cast<uint64_t>(step));
+  key = Mix(key ^ static_cast<uint64_t>(dp_rank));
+  key = Mix(key ^ static_cast<uint64_t>(micro_batch));
+  return Mix(key ^ static_cast<uint64_t>(row));
+}
+
 void TokenDataset::TrainBatch(uint64_t seed, int64_t step, int dp_rank, int micro_batch, int batch,
                               int seq, int32_t* tokens, int32_t* targets) const {
-  const int64_t windows = size() - seq;  // window start in [0, size - seq - 1]
-  if (windows < 1)
+  if (size() < int64_t{seq} + 1)
     throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
+  const TokenRange all(this, 0, size(), documents_);
   for (int row = 0; row < batch; ++row) {
-    uint64_t key = Mix(seed ^ 0x5bd1e995ULL);
-    key = Mix(key ^ static_cast<uint64_t>(step));
-    key = Mix(key ^ static_cast<uint64_t>(dp_rank));
-    key = Mix(key ^ static_cast<uint64_t>(micro_batch));
-    key = Mix(key ^ static_cast<uint64_t>(row));
-    const int64_t offset = static_cast<int64_t>(key % static_cast<uint64_t>(windows));
-    Window(offset, seq, tokens + int64_t{row} * seq, targets + int64_t{row} * seq);
+    all.SampleWindow(SampleKey(seed, step, dp_rank, micro_batch, row), seq,
+                     tokens + int64_t{row} * seq, targets + int64_t{row} * seq);
   }
 }
 
 void TokenDataset::EvalBatch(int64_t index, int batch, int seq, int32_t* tokens,
                              int32_t* targets) const {
-  const int64_t windows = size() / (seq + 1);
-  if (windows < 1)
+  if (size() < int64_t{seq} + 1)
     throw DataError(description_ + ": fewer tokens than seq_length+1 = " + std::to_string(seq + 1));
+  TokenRange(this, 0, size(), documents_).EvalBatch(index, batch, seq, tokens, targets);
+}
+
+TokenRange::TokenRange(const TokenDataset* stream, int64_t begin, int64_t end, int64_t documents)
+    : stream_(stream), begin_(begin), end_(end), documents_(documents) {}
+
+void TokenRange::SampleWindow(uint64_t key, int seq, int32_t* tokens, int32_t* targets) const {
+  const int64_t windows = size() - seq;  // window start in [begin, end - seq - 1]
+  const int64_t offset = begin_ + static_cast<int64_t>(key % static_cast<uint64_t>(windows));
+  stream_->Window(offset, seq, tokens, targets);
+}
+
+void TokenRange::EvalBatch(int64_t index, int batch, int seq, int32_t* tokens,
+                           int32_t* targets) const {
+  const int64_t windows = size() / (seq + 1);
   for (int row = 0; row < batch; ++row) {
     const int64_t window = (index * batch + row) % windows;
-    Window(window * (seq + 1), seq, tokens + int64_t{row} * seq, targets + int64_t{row} * seq);
+    stream_->Window(begin_ + window * (seq + 1), seq, tokens + int64_t{row} * seq,
+                    targets + int64_t{row} * seq);
   }
 }
 

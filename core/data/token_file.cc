@@ -185,9 +185,9 @@ void TokenFile::OpenLlmc() {
 
 void TokenFile::OpenMegatron(const std::string& index_path) {
   format_ = TokenFormat::kMegatron;
-  const MappedFile index(index_path);
-  const unsigned char* idx = index.data();
-  const uint64_t idx_size = index.size();
+  index_map_ = std::make_shared<MappedFile>(index_path);
+  const unsigned char* idx = index_map_->data();
+  const uint64_t idx_size = index_map_->size();
   if (idx_size < kMegatronHeaderBytes || std::memcmp(idx, kMegatronMagic, 9) != 0) {
     throw DataError(index_path + ": not a Megatron MMIDIDX index (" + Describe(idx_size) +
                     "; it starts with the 9 bytes \"MMIDIDX\\0\\0\"), yet it sits beside " + path_);
@@ -258,6 +258,17 @@ void TokenFile::OpenMegatron(const std::string& index_path) {
   }
   tokens_ = map_->data();
   count_ = static_cast<int64_t>(offset / width_);
+  pointers_ = pointers;
+  doc_index_ = doc_index;
+  sequences_ = static_cast<int64_t>(sequences);
+  documents_ = documents > 0 ? static_cast<int64_t>(documents) - 1 : -1;
+}
+
+int64_t TokenFile::DocumentStart(int64_t d) const {
+  if (documents_ < 0 || d >= documents_) return count_;
+  const int64_t sequence = SignedLittleEndian(doc_index_ + 8 * d, 8);
+  if (sequence >= sequences_) return count_;
+  return SignedLittleEndian(pointers_ + 8 * sequence, 8) / width_;
 }
 
 void TokenFile::Copy(int64_t begin, int64_t n, int32_t* out) const {

@@ -56,6 +56,12 @@ class TokenFile {
                ? uint32_t{p[0]} | uint32_t{p[1]} << 8
                : uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
   }
+  // Megatron's documents (the index's document count less one), or -1 for a format without
+  // documents. DocumentStart(d): the position of document d's first token; d == documents() gives
+  // the end of the file.
+  int64_t documents() const { return documents_; }
+  int64_t DocumentStart(int64_t d) const;
+
   // Copies tokens [begin, begin + n) as int32.
   void Copy(int64_t begin, int64_t n, int32_t* out) const;
 
@@ -80,6 +86,12 @@ class TokenFile {
   int width_ = 2;
   uint32_t declared_vocab_ = 0;
   bool signed_tokens_ = false;  // Megatron's int32 (dtype code 4); the others are unsigned
+  // Megatron: the index stays mapped for DocumentStart.
+  std::shared_ptr<MappedFile> index_map_;
+  const unsigned char* pointers_ = nullptr;   // int64 byte pointer of each sequence
+  const unsigned char* doc_index_ = nullptr;  // int64 first sequence of each document
+  int64_t sequences_ = 0;
+  int64_t documents_ = -1;
 };
 
 }  // namespace bigmac::data

@@ -187,6 +187,11 @@ void RunReport::ValLoss(int step, double loss) {
   if (events_) events_->AddScalar("val/loss", step, loss);
 }
 
+void RunReport::DatasetValLoss(int step, const std::string& name, double loss) {
+  dataset_val_losses_[name] = loss;
+  if (events_) events_->AddScalar("val/loss/" + name, step, loss);
+}
+
 void RunReport::Sample(int step, const std::string& text) {
   if (events_) events_->AddText("sample", step, "    " + text);
 }
@@ -311,6 +316,15 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
                          {"precision", cfg_.precision().dtype()},
                          {"ranks", ranks}};
   if (val_loss) line["val_loss"] = *val_loss;
+  if (val_loss && !dataset_val_losses_.is_null()) line["val_loss_by_dataset"] = dataset_val_losses_;
+  dataset_val_losses_ = nullptr;
+  // The tokens trained on from each dataset since the first step (of the first run, on a resume).
+  if (dataset_names_.size() == outcome.dataset_tokens.size() && dataset_names_.size() > 1) {
+    nlohmann::json tokens = nlohmann::json::object();
+    for (size_t d = 0; d < dataset_names_.size(); ++d)
+      tokens[dataset_names_[d]] = outcome.dataset_tokens[d];
+    line["tokens_by_dataset"] = tokens;
+  }
   // On the steps that end a logging interval: the ranks' compute spread over it (Progress).
   if (!spread_.is_null()) line["compute_spread"] = spread_;
   metrics_file_->Append(line.dump() + "\n");
@@ -329,6 +343,10 @@ void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<doub
     events_->AddScalar(tag, step + 1, line[key].get<double>());
   }
   events_->AddScalar("memory/peak_mib", step + 1, peak / (1 << 20));
+  if (line.contains("tokens_by_dataset")) {
+    for (const auto& [name, tokens] : line["tokens_by_dataset"].items())
+      events_->AddScalar("data/tokens/" + name, step + 1, tokens.get<double>());
+  }
   if (!spread_.is_null()) {
     events_->AddScalar("compute/median_ms", step + 1, spread_["median_ms"].get<double>());
     events_->AddScalar("compute/slowest_ratio", step + 1, spread_["slowest_ratio"].get<double>());

@@ -31,10 +31,11 @@ struct StepOutcome {
   bool skipped = false;
   int skipped_steps = 0;  // in the run so far
   double ms = 0;
-  int64_t activation_bytes = 0;  // sent by this rank during the step
-  int64_t tp_bytes = 0;          // put into tp all-reduces by this rank during the step
-  double tp_ms = 0;              // spent in them
-  double peak = 0;               // rank 0: the largest allocator peak of any rank
+  int64_t activation_bytes = 0;         // sent by this rank during the step
+  int64_t tp_bytes = 0;                 // put into tp all-reduces by this rank during the step
+  double tp_ms = 0;                     // spent in them
+  double peak = 0;                      // rank 0: the largest allocator peak of any rank
+  std::vector<int64_t> dataset_tokens;  // trained on from each dataset so far (data.path order)
   // Checkpoints at the end of the step: the time the step loop spent on them (a snapshot, a
   // synchronous save, a commit), and the part of it that waited for a background write.
   double checkpoint_ms = 0;
@@ -87,6 +88,11 @@ class RunReport {
   // the step's line carries val_loss when it was evaluated. Not collective.
   void Metrics(int step, const StepOutcome& outcome, std::optional<double> val_loss);
   void ValLoss(int step, double loss);
+  // Rank 0, with several datasets: one dataset's validation loss (TensorBoard val/loss/NAME, and
+  // val_loss_by_dataset on the step's metrics line).
+  void DatasetValLoss(int step, const std::string& name, double loss);
+  // The datasets' names, in data.path's order (the keys of tokens_by_dataset).
+  void set_dataset_names(std::vector<std::string> names) { dataset_names_ = std::move(names); }
   void Sample(int step, const std::string& text);
   // The [memory] and [stage] lines of every rank, after `steps_run` steps.
   void Summary(const TrainResult& result, int steps_run);
@@ -118,6 +124,8 @@ class RunReport {
   int interval_steps_ = 0;           // rank 0: the steps in interval_ms_
   nlohmann::json spread_;            // rank 0: the interval's spread, on the step that ended it
   std::vector<std::string> output_failures_;
+  std::vector<std::string> dataset_names_;
+  nlohmann::json dataset_val_losses_;  // rank 0: the pending evaluation's, by dataset name
 };
 
 }  // namespace bigmac::engine

@@ -14,6 +14,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/comm/progress.h"
 #include "core/config/resolve.h"
+#include "core/data/blend.h"
 #include "core/data/dataset.h"
 #include "core/data/error.h"
 #include "core/data/shard.h"
@@ -41,12 +42,20 @@ namespace {
 // How a wait for a sum over the pipeline is named (the gradient norm, a sampled token).
 constexpr char kPipelineSum[] = "OptimizerStep: all-reduce of the gradient norm over the pipeline";
 
+// data.path's weights, or the one dataset's.
+std::vector<double> BlendWeights(const config::DataSpec& spec) {
+  std::vector<double> weights;
+  for (const config::BlendEntry& entry : spec.blend) weights.push_back(entry.weight);
+  if (weights.empty()) weights.push_back(1.0);
+  return weights;
+}
+
 }  // namespace
 
 // ---- The training loop ------------------------------------------------------------------------
 
 TrainResult Trainer::Run() {
-  report_->Model(train_data_ ? train_data_->description() : "(data on other ranks)");
+  report_->Model(data_ ? data_->Summary() : "(data on other ranks)");
   // The moments exist before a checkpoint is read into them, as before a fresh first step.
   adamw_.InitState(params_);
   Resume();
@@ -149,6 +158,8 @@ StepOutcome Trainer::RunStep(int step) {
   outcome.tp_ms = (comm_.tp().blocking_seconds() - tp_seconds_before) * 1e3;
   outcome.skipped_steps = skipped_steps_;
   result_.activation_bytes_per_step = outcome.activation_bytes;
+  AdvanceDataPosition();
+  for (int64_t samples : position_.samples) outcome.dataset_tokens.push_back(samples * seq_);
   return outcome;
 }
 
@@ -233,6 +244,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
       // summed gradient is the mean over the global batch, whatever the pp/dp split.
       tokens_per_step_(double(batch_) * seq_ * accum_ * resolved.dp),
       device_(options.device),
+      sampler_(BlendWeights(resolved.data), static_cast<uint64_t>(train_.seed())),
       adamw_({cfg_.optim().beta1(), cfg_.optim().beta2(), cfg_.optim().eps(),
               cfg_.optim().weight_decay()}),
       lr_schedule_{cfg_.optim().lr(), cfg_.optim().min_lr(), cfg_.optim().warmup_steps(),
@@ -266,18 +278,37 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
 
   // Only the ranks with the embedding (tokens) or the head (targets) read data.
   if (model_->has_embedding() || model_->has_head()) {
-    train_data_.emplace(cfg_.data().dir(), "train", cfg_.data().train_files());
-    val_data_.emplace(cfg_.data().dir(), "val", cfg_.data().val_files());
-    train_data_->CheckFits(seq_, cfg_.model().vocab_size());
-    val_data_->CheckFits(seq_, cfg_.model().vocab_size());
+    data_ = std::make_unique<data::BlendedData>(data::BlendedData::Options{
+        cfg_.data().dir(), cfg_.data().train_files(), cfg_.data().val_files(), resolved.data});
+    data_->CheckFits(seq_, cfg_.model().vocab_size());
     if (root_) {
-      for (const std::string& warning :
-           data::SplitWarnings(*train_data_, *val_data_, seq_, batch_, train_.eval_batches())) {
-        Log("[data] warning: " + warning);
+      for (const std::string& line : data_->Describe()) Log("[cfg] data " + line);
+      for (int d = 0; d < data_->size(); ++d) {
+        const data::BlendDataset& dataset = data_->dataset(d);
+        std::vector<std::string> warnings;
+        if (dataset.val_stream)
+          warnings = data::SharedFileWarnings(*dataset.stream, *dataset.val_stream);
+        if (std::string repeat =
+                data::EvalRepeatWarning(dataset.val.size(),
+                                        dataset.val_stream ? dataset.val_stream->description()
+                                                           : dataset.name + "'s validation split",
+                                        seq_, batch_, train_.eval_batches());
+            !repeat.empty()) {
+          warnings.push_back(repeat);
+        }
+        for (const std::string& warning : warnings) Log("[data] warning: " + warning);
       }
     }
   }
-  if (const auto manifest = data::ReadTokenizerManifest(cfg_.data().dir()))
+  if (resolved.data.blend.empty()) {
+    dataset_paths_.push_back(cfg_.data().dir());
+  } else {
+    for (const config::BlendEntry& entry : resolved.data.blend)
+      dataset_paths_.push_back(entry.path);
+  }
+  position_.samples.assign(dataset_paths_.size(), 0);
+  if (const auto manifest =
+          data::ReadTokenizerManifest(data::DataHome(resolved.data, cfg_.data().dir())))
     tokenizer_id_ = manifest->Id();
 
   const schedule::ScheduleSpec spec{resolved.schedule, comm.pp().size(), microbatches_,
@@ -325,6 +356,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     saver_ = std::make_unique<checkpoint::Saver>(cfg_.checkpoint().async());
   report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *model_,
                                                 *executor_, adamw_, zero_.get(), timeline_});
+  report_->set_dataset_names(data::DatasetNames(dataset_paths_));
 }
 
 std::vector<double> Trainer::FinalParameters() const {
@@ -350,12 +382,14 @@ void Trainer::Resume() {
   }
   // Every rank reads both, so every rank refuses alike; before the model's shapes, which another
   // vocabulary also changes.
-  data::CheckSameTokenizer(checkpoint::ReadCheckedManifest(step_dir).tokenizer(), cfg_.data().dir(),
+  const checkpoint::Manifest manifest = checkpoint::ReadCheckedManifest(step_dir);
+  data::CheckSameTokenizer(manifest.tokenizer(), data::DataHome(resolved_.data, cfg_.data().dir()),
                            step_dir);
   const auto load_start = std::chrono::steady_clock::now();
   start_step_ =
       static_cast<int>(checkpoint::Load(step_dir, resolved_, model_->State(), adamw_, comm_));
   model_->RefreshComputeCopies();
+  RestoreDataPosition(manifest, start_step_);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const double bytes = comm_.world().SumToRoot(
@@ -374,50 +408,101 @@ void Trainer::FillBatches(int step, int flush) {
     // The sample key is the micro-batch's global index in the step, so any pp/dp layout of the
     // same global batch reads the same samples.
     const int global_microbatch = comm_.dp().rank() * accum_ + flush * microbatches_ + mb;
-    if (train_data_) {
-      train_data_->TrainBatch(model_options_.seed, step, 0, global_microbatch, batch_, seq_,
-                              slot.tokens.data(), slot.targets.data());
+    if (data_) {
+      data_->TrainBatch(sampler_, position_.next_sample, model_options_.seed, step,
+                        global_microbatch, batch_, seq_, slot.tokens.data(), slot.targets.data());
     }
     slot.View(device_, batch_, seq_, 1.0 / tokens_per_step_, mb, cfg_.model().vocab_size());
   }
 }
 
+void Trainer::AdvanceDataPosition() {
+  const int64_t samples = int64_t{batch_} * accum_ * comm_.dp().size();  // the global batch
+  if (dataset_paths_.size() > 1) {
+    sampler_.Count(position_.next_sample, position_.next_sample + samples, &position_.samples);
+  } else {
+    position_.samples[0] += samples;
+  }
+  position_.next_sample += samples;
+}
+
+void Trainer::RestoreDataPosition(const checkpoint::Manifest& manifest, int step) {
+  const int64_t samples = int64_t{batch_} * accum_ * comm_.dp().size();
+  position_.samples.assign(dataset_paths_.size(), 0);
+  if (!manifest.has_data()) {
+    // Written before positions were saved: one dataset, `step` global batches in.
+    position_.next_sample = int64_t{step} * samples;
+    sampler_.Count(0, position_.next_sample, &position_.samples);
+    return;
+  }
+  position_.next_sample = manifest.data().next_sample();
+  // By path: a dataset the blend keeps keeps its count (a changed blend needs
+  // --allow-data-change, checked before the run starts).
+  for (const checkpoint::DatasetDrawn& drawn : manifest.data().datasets()) {
+    for (size_t d = 0; d < dataset_paths_.size(); ++d) {
+      if (dataset_paths_[d] == drawn.path()) position_.samples[d] = drawn.samples();
+    }
+  }
+}
+
 std::optional<double> Trainer::Evaluate(int step) {
+  comm::progress::SetAction("", "evaluation");
+  const int batches = train_.eval_batches();
+  const int datasets = static_cast<int>(dataset_paths_.size());
+  const std::vector<double> weights = BlendWeights(resolved_.data);
+  double loss = 0;
+  int evaluated = batches;
+  std::vector<std::string> parts;
+  for (int d = 0; d < datasets && evaluated == batches; ++d) {
+    const double dataset_loss = EvaluateDataset(d, batches, &evaluated);
+    if (evaluated == 0) break;
+    loss += weights[d] * dataset_loss;
+    if (datasets == 1) continue;
+    const std::string name = data::DatasetNames(dataset_paths_)[d];
+    parts.push_back(Format("%s %.4f", name.c_str(), dataset_loss));
+    if (root_) report_->DatasetValLoss(step, name, dataset_loss);
+  }
+  if (evaluated == 0) {
+    Log(Format("[val] step %d | stopped by a signal before the first of %d batches", step,
+               batches));
+    return std::nullopt;
+  }
+  if (root_) result_.val_losses.emplace_back(step, loss);
+  report_->ValLoss(step, loss);
+  Log(Format(
+      "[val] step %d | val_loss %.4f | %d batches of %dx%d%s%s", step, loss, evaluated, batch_,
+      seq_,
+      datasets > 1 ? Format(" per dataset, weighted: %s", util::Join(parts, ", ").c_str()).c_str()
+                   : "",
+      evaluated < batches ? Format(" (stopped by a signal; %d asked)", batches).c_str() : ""));
+  return loss;
+}
+
+double Trainer::EvaluateDataset(int d, int batches, int* evaluated) {
   double local = 0;
   BatchSlot slot;
   slot.tokens.resize(int64_t{batch_} * seq_);
   slot.targets.resize(slot.tokens.size());
-  comm::progress::SetAction("", "evaluation");
-  const int batches = train_.eval_batches();
-  int evaluated = batches;
+  *evaluated = batches;
   // Rounds of one batch per dp replica. A long evaluation ends on a stop signal: all ranks agree
   // before each round (every rank runs the same rounds), so none waits for a peer that stopped.
   for (int first = 0; first < batches; first += comm_.dp().size()) {
     if (!comm_.world().AllOk(util::StopSignalReceived() == 0)) {
-      evaluated = first;
+      *evaluated = first;
       break;
     }
     const int i = first + comm_.dp().rank();
     if (i >= batches) continue;
-    if (val_data_) val_data_->EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
+    if (data_) {
+      data_->dataset(d).val.EvalBatch(i, batch_, seq_, slot.tokens.data(), slot.targets.data());
+    }
     slot.View(device_, batch_, seq_, 1.0 / (double(batch_) * seq_), i, cfg_.model().vocab_size());
     const double loss = executor_->Evaluate(slot.mb);
     if (comm_.tp().rank() == 0) local += loss;  // each tp rank of the last stage has it
   }
   comm_.links().FinishSends();
   const double sum = comm_.world().SumToRoot(local, "the sum of losses on rank 0");
-  if (evaluated == 0) {
-    Log(Format("[val] step %d | stopped by a signal before the first of %d batches", step,
-               batches));
-    return std::nullopt;
-  }
-  const double loss = sum / evaluated;
-  if (root_) result_.val_losses.emplace_back(step, loss);
-  report_->ValLoss(step, loss);
-  Log(Format(
-      "[val] step %d | val_loss %.4f | %d batches of %dx%d%s", step, loss, evaluated, batch_, seq_,
-      evaluated < batches ? Format(" (stopped by a signal; %d asked)", batches).c_str() : ""));
-  return loss;
+  return *evaluated > 0 ? sum / *evaluated : 0.0;
 }
 
 void Trainer::Sample(int step) {
@@ -428,7 +513,7 @@ void Trainer::Sample(int step) {
   // only need its length).
   const int prompt_length = std::max(1, std::min(16, seq_ / 2));
   std::vector<int32_t> prompt(prompt_length), unused(prompt_length);
-  if (val_data_) val_data_->EvalBatch(0, 1, prompt_length, prompt.data(), unused.data());
+  if (data_) data_->dataset(0).val.EvalBatch(0, 1, prompt_length, prompt.data(), unused.data());
   const int vocab = cfg_.model().vocab_size();
   SampleOptions options;
   options.tokens = train_.sample_tokens();
@@ -458,7 +543,8 @@ void Trainer::Sample(int step) {
   // without tokenizer.json and a vocabulary other than bytes'), never another tokenizer's text.
   std::unique_ptr<data::Tokenizer> tokenizer;
   try {
-    tokenizer = data::RecordedTokenizer(tokenizer_id_, cfg_.data().dir(), vocab, "the data");
+    tokenizer = data::RecordedTokenizer(
+        tokenizer_id_, data::DataHome(resolved_.data, cfg_.data().dir()), vocab, "the data");
   } catch (const data::DataError&) {
   }
   const auto decode = [&](const std::vector<int32_t>& tokens) {
@@ -540,8 +626,19 @@ void Trainer::Checkpoint(int step, StepOutcome* outcome) {
 
 void Trainer::Save(int step) {
   comm::progress::SetAction("", "checkpoint");
-  const checkpoint::SaveRequest request{cfg_.checkpoint().dir(),       step,          &resolved_,
-                                        cfg_.checkpoint().keep_last(), tokenizer_id_, faults_};
+  checkpoint::DataPosition data;
+  data.set_next_sample(position_.next_sample);
+  const std::vector<double> weights = BlendWeights(resolved_.data);
+  for (size_t d = 0; d < dataset_paths_.size(); ++d) {
+    checkpoint::DatasetDrawn* drawn = data.add_datasets();
+    drawn->set_path(dataset_paths_[d]);
+    drawn->set_weight(weights[d]);
+    drawn->set_samples(position_.samples[d]);
+    drawn->set_tokens(position_.samples[d] * seq_);
+  }
+  const checkpoint::SaveRequest request{
+      cfg_.checkpoint().dir(), step,    &resolved_,     cfg_.checkpoint().keep_last(),
+      tokenizer_id_,           faults_, std::move(data)};
   // At most one save in flight: an unfinished one is waited for first, and the wait is logged.
   if (std::optional<checkpoint::SaveStats> previous =
           saver_->Start(request, model_->State(), adamw_, comm_)) {

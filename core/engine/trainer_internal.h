@@ -12,6 +12,7 @@
 #include "core/checkpoint/saver.h"
 #include "core/comm/pipeline_comm.h"
 #include "core/config/resolve.h"
+#include "core/data/blend.h"
 #include "core/data/dataset.h"
 #include "core/data/error.h"
 #include "core/device/device_spans.h"
@@ -96,10 +97,19 @@ class Trainer {
   void Resume();
   // The validation loss after `step` steps (rank 0: the mean per token; elsewhere a partial sum),
   // over the batches run before a stop signal; none if it came before the first.
+  // With several datasets, each one's loss is logged and reported too; the overall loss is their
+  // mean weighted by data.path's weights (the blend's expected loss).
   std::optional<double> Evaluate(int step);
+  // The mean validation loss over `batches` batches of dataset `d` on rank 0 (elsewhere a partial
+  // sum), and the batches run before a stop signal in `evaluated`.
+  double EvaluateDataset(int d, int batches, int* evaluated);
   // Every train.sample_interval steps: a short text written by the model, printed by rank 0.
   void Sample(int step);
   void FillBatches(int step, int flush);
+  // After a step: its samples counted against their datasets.
+  void AdvanceDataPosition();
+  // The checkpoint's (or, from a manifest without one, the position `step` steps in).
+  void RestoreDataPosition(const checkpoint::Manifest& manifest, int step);
   StepOutcome RunStep(int step);
   // The optimizer step of `step` (0-based): norm, non-finite diagnosis, clipping, AdamW, the tied
   // weight back to its copy.
@@ -137,9 +147,16 @@ class Trainer {
   std::unique_ptr<RankModel> model_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ZeroShards> zero_;  // parallel.zero_stage=1 with dp > 1
-  std::optional<data::TokenDataset> train_data_, val_data_;
-  // data.dir's tokenizer (tokenizer.json), read on every rank: recorded in checkpoints, and a
-  // resume on data of another tokenizer is refused. Empty when the data has no manifest.
+  // The datasets (data.path or data.dir), opened where the embedding (tokens) or the head
+  // (targets) is; null on the other ranks.
+  std::unique_ptr<data::BlendedData> data_;
+  // Every rank: which dataset each sample comes from, and where the run stands (counted on every
+  // rank alike from the sampler, so any rank's report and save have it).
+  data::BlendSampler sampler_;
+  data::DataPosition position_;
+  std::vector<std::string> dataset_paths_;  // data.path's (or data.dir), in order
+  // The data's tokenizer (tokenizer.json in data::DataHome), read on every rank: recorded in
+  // checkpoints, and a resume on data of another tokenizer is refused. Empty when it has none.
   std::string tokenizer_id_;
   metrics::Timeline timeline_;
   optim::AdamW adamw_;
