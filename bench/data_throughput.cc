@@ -1,43 +1,100 @@
-// Batch assembly throughput of data::TokenDataset (bench/NOTES.md): reads `steps` training batches
-// of `batch` x `seq` tokens from the train split of a data directory, as the trainer does, and
-// prints tokens per second. Usage: data_throughput DIR [batch seq steps].
+// Batch assembly throughput (bench/NOTES.md): reads `steps` training batches of `batch` x `seq`
+// tokens, as the trainer does (data::BlendedData::TrainBatch), from each data source named on the
+// command line, side by side, and prints tokens per second and each source's ratio to the first.
+// A source is a data directory (read as data.dir), or --path "SPEC": data.path's value, one
+// dataset or weight/dataset pairs ("0.3 web_text_document 0.7 code_text_document").
+// Usage: data_throughput SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N].
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+#include <string>
 #include <vector>
 
-#include "core/data/dataset.h"
+#include "core/config/data_spec.h"
+#include "core/data/blend.h"
+
+namespace {
+
+struct Source {
+  std::string dir;                 // data.dir, or ""
+  std::vector<std::string> items;  // data.path's items
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 && argc != 5) {
-    std::fprintf(stderr, "usage: %s DIR [batch seq steps]\n", argv[0]);
+  std::vector<Source> sources;
+  int batch = 16, seq = 1024, steps = 2000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool valued = arg == "--path" || arg == "--batch" || arg == "--seq" || arg == "--steps";
+    if (valued && i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+      return 2;
+    }
+    if (arg == "--path") {
+      Source source;
+      std::istringstream items(argv[++i]);
+      for (std::string item; items >> item;) source.items.push_back(item);
+      sources.push_back(source);
+    } else if (arg == "--batch") {
+      batch = std::atoi(argv[++i]);
+    } else if (arg == "--seq") {
+      seq = std::atoi(argv[++i]);
+    } else if (arg == "--steps") {
+      steps = std::atoi(argv[++i]);
+    } else if (!arg.empty() && arg[0] != '-') {
+      sources.push_back({arg, {}});
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N]\n"
+                   "  SOURCE: a data directory, or --path \"W1 PREFIX1 W2 PREFIX2 ...\"\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (sources.empty() || batch < 1 || seq < 1 || steps < 1) {
+    std::fprintf(stderr, "usage: %s SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N]\n",
+                 argv[0]);
     return 2;
   }
-  const int batch = argc == 5 ? std::atoi(argv[2]) : 16;
-  const int seq = argc == 5 ? std::atoi(argv[3]) : 1024;
-  const int steps = argc == 5 ? std::atoi(argv[4]) : 2000;
-  try {
-    const auto open_start = std::chrono::steady_clock::now();
-    const bigmac::data::TokenDataset dataset(argv[1], "train");
-    const double open_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - open_start).count();
-    std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
-    int64_t checksum = 0;
-    const auto start = std::chrono::steady_clock::now();
-    for (int step = 0; step < steps; ++step) {
-      dataset.TrainBatch(1337, step, 0, 0, batch, seq, tokens.data(), targets.data());
-      checksum += tokens[step % tokens.size()];
+  double first_rate = 0;
+  for (const Source& source : sources) {
+    try {
+      std::vector<std::string> problems;
+      bigmac::config::DataSpec spec;
+      spec.blend = bigmac::config::ParseBlend(source.items, &problems);
+      if (!problems.empty()) {
+        std::fprintf(stderr, "bad --path: %s\n", problems.front().c_str());
+        return 2;
+      }
+      const auto open_start = std::chrono::steady_clock::now();
+      const bigmac::data::BlendedData data({source.dir, "*train*.bin", "*val*.bin", spec});
+      const double open_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - open_start).count();
+      const bigmac::data::BlendSampler sampler(data.weights(), 1337);
+      std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
+      int64_t checksum = 0;
+      const auto start = std::chrono::steady_clock::now();
+      for (int step = 0; step < steps; ++step) {
+        data.TrainBatch(sampler, int64_t{step} * batch, 1337, step, 0, batch, seq, tokens.data(),
+                        targets.data());
+        checksum += tokens[step % tokens.size()];
+      }
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double rate = double(steps) * batch * seq / s;
+      if (first_rate == 0) first_rate = rate;
+      std::printf(
+          "%s: opened and scanned in %.3f s; %d batches of %dx%d in %.3f s: %.3g tokens/s, "
+          "%.2fx the first (checksum %lld)\n",
+          data.Summary().c_str(), open_s, steps, batch, seq, s, rate, rate / first_rate,
+          static_cast<long long>(checksum));
+    } catch (const bigmac::data::DataError& error) {
+      std::fprintf(stderr, "bad data: %s\n", error.what());
+      return 5;
     }
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf(
-        "%s: opened and scanned in %.3f s; %d batches of %dx%d in %.3f s: %.3g tokens/s "
-        "(checksum %lld)\n",
-        dataset.description().c_str(), open_s, steps, batch, seq, s,
-        double(steps) * batch * seq / s, static_cast<long long>(checksum));
-    return 0;
-  } catch (const bigmac::data::DataError& error) {
-    std::fprintf(stderr, "bad data: %s\n", error.what());
-    return 5;
   }
+  return 0;
 }

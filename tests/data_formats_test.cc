@@ -16,6 +16,7 @@
 #include "core/data/tokenizer.h"
 #include "core/engine/trainer.h"
 #include "tests/testing/run.h"
+#include "tests/testing/token_writers.h"
 
 namespace bigmac {
 namespace {
@@ -24,73 +25,17 @@ namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------- independent writers
 
-// Appends `value` as `bytes` little-endian bytes.
-void Put(std::string* out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
+using testutil::BigMacShard;
+using testutil::LlmcFile;
+using testutil::Put;
+using testutil::RandomTokens;
+using testutil::WriteMegatron;
 
 void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  testutil::WriteBytes(path, bytes);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// llm.c: int32 header[256] = {magic, version, token count, 0...}, then the tokens.
-std::string LlmcFile(const std::vector<uint32_t>& tokens, bool wide) {
-  std::string out;
-  Put(&out, wide ? 20240801 : 20240520, 4);
-  Put(&out, wide ? 7 : 1, 4);
-  Put(&out, tokens.size(), 4);
-  out.resize(1024, '\0');
-  for (uint32_t token : tokens) Put(&out, token, wide ? 4 : 2);
-  return out;
-}
-
-// Megatron MMIDIDX: .idx = "MMIDIDX\0\0", u64 version 1, u8 dtype code, u64 sequence count, u64
-// document count, int32 lengths, int64 byte pointers, int64 document indices; .bin = tokens.
-// `documents` lists the sequences' lengths; here each sequence is one document.
-void WriteMegatron(const std::string& prefix, const std::vector<uint32_t>& tokens,
-                   const std::vector<int>& lengths, bool wide) {
-  std::string bin;
-  for (uint32_t token : tokens) Put(&bin, token, wide ? 4 : 2);
-  std::string idx("MMIDIDX\0\0", 9);
-  Put(&idx, 1, 8);
-  Put(&idx, wide ? 4 : 8, 1);  // int32 : uint16
-  Put(&idx, lengths.size(), 8);
-  Put(&idx, lengths.size() + 1, 8);
-  for (int length : lengths) Put(&idx, length, 4);
-  uint64_t pointer = 0;
-  for (int length : lengths) {
-    Put(&idx, pointer, 8);
-    pointer += uint64_t(length) * (wide ? 4 : 2);
-  }
-  for (size_t d = 0; d <= lengths.size(); ++d) Put(&idx, d, 8);
-  WriteFile(prefix + ".bin", bin);
-  WriteFile(prefix + ".idx", idx);
-}
-
-// BigMac shard (docs/data.md): "BMTK", u32 version 1, u32 vocab, u32 width, u64 count, 8 zero
-// bytes, tokens.
-std::string BigMacShard(const std::vector<uint32_t>& tokens, uint32_t vocab, int width) {
-  std::string out = "BMTK";
-  Put(&out, 1, 4);
-  Put(&out, vocab, 4);
-  Put(&out, width, 4);
-  Put(&out, tokens.size(), 8);
-  Put(&out, 0, 8);
-  for (uint32_t token : tokens) Put(&out, token, width);
-  return out;
-}
-
-std::vector<uint32_t> RandomTokens(size_t n, uint32_t below, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint32_t> tokens(n);
-  for (uint32_t& t : tokens) t = rng() % below;
-  return tokens;
-}
+using testutil::ReadFile;
 
 std::string FreshDir(const std::string& name) {
   const std::string dir = testutil::TempDir() + "/" + name;

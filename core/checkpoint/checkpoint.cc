@@ -617,6 +617,18 @@ bool Inspect(const std::string& step_dir, std::vector<std::string>* lines) {
         "  tokenizer " + (manifest.tokenizer().empty() ? "(none recorded)" : manifest.tokenizer()) +
         (plugins.empty() ? "" : " | plugins: " + util::Join(plugins, ", "))));
   }
+  // Where training stands in the data (docs/data.md, blends).
+  if (manifest.has_data()) {
+    std::vector<std::string> drawn;
+    for (const DatasetDrawn& dataset : manifest.data().datasets()) {
+      drawn.push_back(util::Format("%s (weight %.4g) %lld tokens", dataset.path().c_str(),
+                                   dataset.weight(), static_cast<long long>(dataset.tokens())));
+    }
+    lines->push_back(
+        util::Printable(util::Format("  data: next sample %lld | trained on ",
+                                     static_cast<long long>(manifest.data().next_sample())) +
+                        util::Join(drawn, ", ")));
+  }
   bool ok = true;
   std::set<int> present;
   int64_t total = 0;
