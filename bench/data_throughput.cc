@@ -3,10 +3,12 @@
 // command line, side by side, and prints tokens per second and each source's ratio to the first.
 // A source is a data directory (read as data.dir), or --path "SPEC": data.path's value, one
 // dataset or weight/dataset pairs ("0.3 web_text_document 0.7 code_text_document").
-// Usage: data_throughput SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N].
+// Usage: data_throughput SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N] [--rounds N].
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,10 +27,11 @@ struct Source {
 
 int main(int argc, char** argv) {
   std::vector<Source> sources;
-  int batch = 16, seq = 1024, steps = 2000;
+  int batch = 16, seq = 1024, steps = 2000, rounds = 7;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const bool valued = arg == "--path" || arg == "--batch" || arg == "--seq" || arg == "--steps";
+    const bool valued = arg == "--path" || arg == "--batch" || arg == "--seq" || arg == "--steps" ||
+                        arg == "--rounds";
     if (valued && i + 1 >= argc) {
       std::fprintf(stderr, "%s needs a value\n", arg.c_str());
       return 2;
@@ -44,22 +47,28 @@ int main(int argc, char** argv) {
       seq = std::atoi(argv[++i]);
     } else if (arg == "--steps") {
       steps = std::atoi(argv[++i]);
+    } else if (arg == "--rounds") {
+      rounds = std::atoi(argv[++i]);
     } else if (!arg.empty() && arg[0] != '-') {
       sources.push_back({arg, {}});
     } else {
       std::fprintf(stderr,
-                   "usage: %s SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N]\n"
+                   "usage: %s SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N] [--rounds N]\n"
                    "  SOURCE: a data directory, or --path \"W1 PREFIX1 W2 PREFIX2 ...\"\n",
                    argv[0]);
       return 2;
     }
   }
-  if (sources.empty() || batch < 1 || seq < 1 || steps < 1) {
-    std::fprintf(stderr, "usage: %s SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N]\n",
+  if (sources.empty() || batch < 1 || seq < 1 || steps < 1 || rounds < 1) {
+    std::fprintf(stderr,
+                 "usage: %s SOURCE [SOURCE ...] [--batch N] [--seq N] [--steps N] [--rounds N]\n",
                  argv[0]);
     return 2;
   }
-  double first_rate = 0;
+  // Every source opened once; then rounds of each in turn (the first a warm-up: page faults, the
+  // clock ramping), and each source's median round.
+  std::vector<std::unique_ptr<bigmac::data::BlendedData>> opened;
+  std::vector<double> open_seconds;
   for (const Source& source : sources) {
     try {
       std::vector<std::string> problems;
@@ -70,11 +79,22 @@ int main(int argc, char** argv) {
         return 2;
       }
       const auto open_start = std::chrono::steady_clock::now();
-      const bigmac::data::BlendedData data({source.dir, "*train*.bin", "*val*.bin", spec});
-      const double open_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - open_start).count();
+      opened.push_back(std::make_unique<bigmac::data::BlendedData>(
+          bigmac::data::BlendedData::Options{source.dir, "*train*.bin", "*val*.bin", spec}));
+      open_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - open_start).count());
+    } catch (const bigmac::data::DataError& error) {
+      std::fprintf(stderr, "bad data: %s\n", error.what());
+      return 5;
+    }
+  }
+  std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
+  std::vector<std::vector<double>> seconds(opened.size());
+  std::vector<int64_t> checksums(opened.size());
+  for (int round = 0; round <= rounds; ++round) {
+    for (size_t i = 0; i < opened.size(); ++i) {
+      const bigmac::data::BlendedData& data = *opened[i];
       const bigmac::data::BlendSampler sampler(data.weights(), 1337);
-      std::vector<int32_t> tokens(int64_t{batch} * seq), targets(tokens.size());
       int64_t checksum = 0;
       const auto start = std::chrono::steady_clock::now();
       for (int step = 0; step < steps; ++step) {
@@ -84,17 +104,21 @@ int main(int argc, char** argv) {
       }
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double rate = double(steps) * batch * seq / s;
-      if (first_rate == 0) first_rate = rate;
-      std::printf(
-          "%s: opened and scanned in %.3f s; %d batches of %dx%d in %.3f s: %.3g tokens/s, "
-          "%.2fx the first (checksum %lld)\n",
-          data.Summary().c_str(), open_s, steps, batch, seq, s, rate, rate / first_rate,
-          static_cast<long long>(checksum));
-    } catch (const bigmac::data::DataError& error) {
-      std::fprintf(stderr, "bad data: %s\n", error.what());
-      return 5;
+      if (round > 0) seconds[i].push_back(s);
+      checksums[i] = checksum;
     }
+  }
+  double first_rate = 0;
+  for (size_t i = 0; i < opened.size(); ++i) {
+    std::sort(seconds[i].begin(), seconds[i].end());
+    const double median = seconds[i][seconds[i].size() / 2];
+    const double rate = double(steps) * batch * seq / median;
+    if (i == 0) first_rate = rate;
+    std::printf(
+        "%s: opened and scanned in %.3f s; %d batches of %dx%d in %.4f s (median of %d rounds): "
+        "%.3g tokens/s, %.2fx the first (checksum %lld)\n",
+        opened[i]->Summary().c_str(), open_seconds[i], steps, batch, seq, median, rounds, rate,
+        rate / first_rate, static_cast<long long>(checksums[i]));
   }
   return 0;
 }
