@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -81,6 +82,7 @@ int main(int argc, char** argv) {
       const auto open_start = std::chrono::steady_clock::now();
       opened.push_back(std::make_unique<bigmac::data::BlendedData>(
           bigmac::data::BlendedData::Options{source.dir, "*train*.bin", "*val*.bin", spec}));
+      opened.back()->CheckFits(seq, std::numeric_limits<int64_t>::max());
       open_seconds.push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - open_start).count());
     } catch (const bigmac::data::DataError& error) {

@@ -75,6 +75,7 @@ TEST(DataSpec, ReadsMegatronsSplit) {
   EXPECT_DOUBLE_EQ((*split)[0], 0.969);
   EXPECT_DOUBLE_EQ((*split)[1], 0.030);
   EXPECT_DOUBLE_EQ((*split)[2], 0.001);
+  EXPECT_EQ(config::ParseSplit("969/30/1", &problems), split) << "Megatron reads slashes too";
   const auto two = config::ParseSplit("90, 10", &problems);  // the missing test share is 0
   ASSERT_TRUE(two);
   EXPECT_DOUBLE_EQ((*two)[2], 0.0);
@@ -201,6 +202,21 @@ TEST(MegatronSplit, TheDefaultIsMegatronsWhenThereAreNoValFiles) {
   ASSERT_EQ(data->Describe().size(), 1u);
   EXPECT_NE(data->Describe()[0].find("train 969 documents"), std::string::npos)
       << data->Describe()[0];
+}
+
+// The first complaint: a directory of Megatron's X_text_document.bin/.idx, which no
+// *train* or *val* glob matches, as data.dir or as a data.path entry.
+TEST(MegatronSplit, ADirectoryOfTextDocumentsIsOneDatasetDividedBySplit) {
+  const std::string dir = FreshDir("text_document_dir");
+  const LabelledDocuments docs = Documents(
+      1000, [](int) { return 0; }, 6);
+  testutil::WriteMegatron(dir + "/my-corpus_text_document", docs.tokens, docs.lengths, false);
+  for (const bool as_path : {false, true}) {
+    const auto data = as_path ? Open({{1.0, dir}}, "969,30,1") : Open({}, "", dir);
+    EXPECT_EQ(data->dataset(0).train.documents(), 969);
+    EXPECT_EQ(data->dataset(0).val.documents(), 30);
+    EXPECT_EQ(data->dataset(0).stream->size(), static_cast<int64_t>(docs.tokens.size()));
+  }
 }
 
 TEST(TokenSplit, FormatsWithoutDocumentsAreSplitByTokens) {

@@ -305,8 +305,8 @@ int RunDataBatches(const DataBatchesOptions& options) {
     }
     const data::BlendedData dataset(data::BlendedData::Options{
         cfg.data().dir(), cfg.data().train_files(), cfg.data().val_files(), resolved.data});
-    std::vector<double> weights = dataset.weights();
-    const data::BlendSampler sampler(weights, static_cast<uint64_t>(cfg.train().seed()));
+    dataset.CheckFits(cfg.train().seq_length(), cfg.model().vocab_size());
+    const data::BlendSampler sampler(dataset.weights(), static_cast<uint64_t>(cfg.train().seed()));
     const int batch = cfg.train().micro_batch_size();
     const int seq = cfg.train().seq_length();
     const int per_step = cfg.train().gradient_accumulation_steps() * resolved.dp;

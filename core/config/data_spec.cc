@@ -68,7 +68,7 @@ std::optional<SplitShares> ParseSplit(const std::string& text, std::vector<std::
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
-    const size_t comma = text.find(',', start);
+    const size_t comma = text.find_first_of(",/", start);  // Megatron reads 969/30/1 too
     std::string part = text.substr(start, comma == std::string::npos ? comma : comma - start);
     const size_t first = part.find_first_not_of(' '), last = part.find_last_not_of(' ');
     parts.push_back(first == std::string::npos ? "" : part.substr(first, last - first + 1));

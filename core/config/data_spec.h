@@ -33,7 +33,8 @@ inline constexpr SplitShares kDefaultSplit = {0.969, 0.030, 0.001};
 std::vector<BlendEntry> ParseBlend(const std::vector<std::string>& items,
                                    std::vector<std::string>* problems);
 
-// data.split: up to three non-negative numbers separated by commas ("969,30,1", "90,10"; missing
+// data.split: up to three non-negative numbers separated by commas or slashes ("969,30,1",
+// "969/30/1", "90,10"; missing
 // shares are 0), not all zero, with a train share above zero. "" is unset. Appends problems.
 std::optional<SplitShares> ParseSplit(const std::string& text, std::vector<std::string>* problems);
 

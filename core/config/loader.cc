@@ -419,9 +419,10 @@ class Loader {
       return;
     }
     if (field->is_repeated()) {
-      // A list of strings may be one string of space-separated items, as on a command line
-      // (data.path=0.3 web 0.7 code is Megatron's --data-path 0.3 web 0.7 code).
-      if (value.IsScalar() && field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      // data.path may be one string of space-separated items, as Megatron's command line has
+      // them (data.path=0.3 web 0.7 code is --data-path 0.3 web 0.7 code). Only there: a
+      // plugin's path may hold a space.
+      if (value.IsScalar() && key.path == "data.path") {
         parent->GetReflection()->ClearField(parent, field);
         std::istringstream items(value.Scalar());
         for (std::string item; items >> item;) {

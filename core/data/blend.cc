@@ -50,8 +50,20 @@ void OpenStreams(const std::string& path, bool is_data_dir, const BlendedData::O
                  BlendDataset* out) {
   const bool split_given = options.spec.split.has_value();
   const auto open_directory = [&](const std::string& dir) {
+    // TokenDataset's defaults for empty globs.
+    const std::string train_glob =
+        options.train_files.empty() ? "*train*.bin" : options.train_files;
+    const std::string val_glob = options.val_files.empty() ? "*val*.bin" : options.val_files;
+    const bool has_val = !MatchingPaths(dir + "/" + val_glob).empty();
+    // Neither split's files (a directory of Megatron's X_text_document.bin/.idx): every token
+    // file in it is the dataset, divided by the split.
+    if (!has_val && MatchingPaths(dir + "/" + train_glob).empty() &&
+        !MatchingPaths(dir + "/*.bin").empty()) {
+      out->stream = std::make_unique<TokenDataset>(dir, "train", "*.bin");
+      return;
+    }
     out->stream = std::make_unique<TokenDataset>(dir, "train", options.train_files);
-    if (!split_given && !MatchingPaths(dir + "/" + options.val_files).empty()) {
+    if (!split_given && has_val) {
       out->val_stream = std::make_unique<TokenDataset>(dir, "val", options.val_files);
     }
   };
@@ -131,6 +143,17 @@ void BlendSampler::Count(int64_t begin, int64_t end, std::vector<int64_t>* count
   for (int64_t i = begin; i < end; ++i) ++(*counts)[DatasetOf(i)];
 }
 
+std::vector<config::BlendEntry> BlendEntries(const config::DataSpec& spec, const std::string& dir) {
+  if (spec.blend.empty()) return {{1.0, dir}};
+  return spec.blend;
+}
+
+BlendSampler BlendSampler::Of(const std::vector<config::BlendEntry>& entries, uint64_t seed) {
+  std::vector<double> weights;
+  for (const config::BlendEntry& entry : entries) weights.push_back(entry.weight);
+  return BlendSampler(weights, seed);
+}
+
 std::vector<std::string> DatasetNames(const std::vector<std::string>& paths) {
   std::vector<std::string> names;
   std::map<std::string, int> seen;
@@ -149,9 +172,8 @@ std::string DataHome(const config::DataSpec& spec, const std::string& dir) {
 }
 
 BlendedData::BlendedData(const Options& options) {
-  std::vector<config::BlendEntry> entries = options.spec.blend;
-  const bool from_dir = entries.empty();
-  if (from_dir) entries.push_back({1.0, options.dir});
+  const std::vector<config::BlendEntry> entries = BlendEntries(options.spec, options.dir);
+  const bool from_dir = options.spec.blend.empty();
   std::vector<std::string> paths;
   for (const config::BlendEntry& entry : entries) paths.push_back(entry.path);
   const std::vector<std::string> names = DatasetNames(paths);

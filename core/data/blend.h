@@ -25,6 +25,8 @@ class BlendSampler {
   BlendSampler(const std::vector<double>& weights, uint64_t seed);
 
   int size() const { return static_cast<int>(ends_.size()); }
+  // The weights of BlendEntries(spec, dir), seeded with `seed`.
+  static BlendSampler Of(const std::vector<config::BlendEntry>& entries, uint64_t seed);
   int DatasetOf(int64_t sample) const;
   // Adds to `counts` (one per dataset) the samples [begin, end) of each dataset.
   void Count(int64_t begin, int64_t end, std::vector<int64_t>* counts) const;
@@ -52,6 +54,9 @@ struct BlendDataset {
   std::unique_ptr<TokenDataset> val_stream;  // its *val* files, when those are its validation
   TokenRange train, val, test;
 };
+
+// The run's datasets as (weight, path): data.path's, else data.dir with weight 1.
+std::vector<config::BlendEntry> BlendEntries(const config::DataSpec& spec, const std::string& dir);
 
 // The datasets' short names, unique in the run (metrics keys, TensorBoard tags, logs): each
 // path's last part less ".bin", with "#2", "#3" after repeats.

@@ -262,7 +262,15 @@ void TokenDataset::EvalBatch(int64_t index, int batch, int seq, int32_t* tokens,
 TokenRange::TokenRange(const TokenDataset* stream, int64_t begin, int64_t end, int64_t documents)
     : stream_(stream), begin_(begin), end_(end), documents_(documents) {}
 
+void TokenRange::CheckWindow(int seq) const {
+  if (!Fits(seq)) {
+    throw DataError(stream_->description() + ": a part of " + std::to_string(size()) +
+                    " tokens, fewer than seq_length+1 = " + std::to_string(seq + 1));
+  }
+}
+
 void TokenRange::SampleWindow(uint64_t key, int seq, int32_t* tokens, int32_t* targets) const {
+  CheckWindow(seq);
   const int64_t windows = size() - seq;  // window start in [begin, end - seq - 1]
   const int64_t offset = begin_ + static_cast<int64_t>(key % static_cast<uint64_t>(windows));
   stream_->Window(offset, seq, tokens, targets);
@@ -270,6 +278,7 @@ void TokenRange::SampleWindow(uint64_t key, int seq, int32_t* tokens, int32_t* t
 
 void TokenRange::EvalBatch(int64_t index, int batch, int seq, int32_t* tokens,
                            int32_t* targets) const {
+  CheckWindow(seq);
   const int64_t windows = size() / (seq + 1);
   for (int row = 0; row < batch; ++row) {
     const int64_t window = (index * batch + row) % windows;

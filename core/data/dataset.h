@@ -105,11 +105,14 @@ class TokenRange {
   // Whether it holds a window of seq + 1 tokens.
   bool Fits(int seq) const { return size() >= int64_t{seq} + 1; }
   // The window of seq + 1 tokens at a position drawn uniformly from its windows by `key`.
+  // Both throw DataError when the range holds no window (BlendedData::CheckFits says it first,
+  // naming the split).
   void SampleWindow(uint64_t key, int seq, int32_t* tokens, int32_t* targets) const;
   // Validation batch `index`: consecutive windows from its start (wrapping).
   void EvalBatch(int64_t index, int batch, int seq, int32_t* tokens, int32_t* targets) const;
 
  private:
+  void CheckWindow(int seq) const;
   const TokenDataset* stream_ = nullptr;
   int64_t begin_ = 0, end_ = 0, documents_ = -1;
 };

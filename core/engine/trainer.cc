@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/resume_preview.h"
 #include "core/comm/progress.h"
 #include "core/config/resolve.h"
 #include "core/data/blend.h"
@@ -42,14 +44,6 @@ namespace {
 // How a wait for a sum over the pipeline is named (the gradient norm, a sampled token).
 constexpr char kPipelineSum[] = "OptimizerStep: all-reduce of the gradient norm over the pipeline";
 
-// data.path's weights, or the one dataset's.
-std::vector<double> BlendWeights(const config::DataSpec& spec) {
-  std::vector<double> weights;
-  for (const config::BlendEntry& entry : spec.blend) weights.push_back(entry.weight);
-  if (weights.empty()) weights.push_back(1.0);
-  return weights;
-}
-
 }  // namespace
 
 // ---- The training loop ------------------------------------------------------------------------
@@ -65,6 +59,18 @@ TrainResult Trainer::Run() {
         Format("[ckpt] snapshot buffer ready: %.2f MiB of host memory, touched in %.3f s (so the "
                "first save costs its step no more than the later ones)",
                double(saver_->buffer_bytes()) / (1 << 20), seconds));
+  }
+  if (datasets_.size() > 1) {
+    // The exact tokens the blend will give each dataset over the steps to run (a function of the
+    // sample indices alone); a count past 2^32 samples would take seconds, so it is left out.
+    const int64_t samples =
+        int64_t{train_.max_steps() - start_step_} * batch_ * accum_ * comm_.dp().size();
+    if (samples <= (int64_t{1} << 32)) {
+      std::vector<int64_t> counts;
+      sampler_.Count(position_.next_sample, position_.next_sample + samples, &counts);
+      Log(Format("[data] steps %d-%d draw %lld samples: %s", start_step_ + 1, train_.max_steps(),
+                 static_cast<long long>(samples), DatasetTokens(counts).c_str()));
+    }
   }
   report_->Open(start_step_);  // once the inputs (data, checkpoint) have been read
   Evaluate(start_step_);       // the starting point: about ln(vocab_size) for a fresh model
@@ -244,7 +250,13 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
       // summed gradient is the mean over the global batch, whatever the pp/dp split.
       tokens_per_step_(double(batch_) * seq_ * accum_ * resolved.dp),
       device_(options.device),
-      sampler_(BlendWeights(resolved.data), static_cast<uint64_t>(train_.seed())),
+      datasets_(data::BlendEntries(resolved.data, cfg_.data().dir())),
+      dataset_names_(data::DatasetNames([this] {
+        std::vector<std::string> paths;
+        for (const config::BlendEntry& entry : datasets_) paths.push_back(entry.path);
+        return paths;
+      }())),
+      sampler_(data::BlendSampler::Of(datasets_, static_cast<uint64_t>(train_.seed()))),
       adamw_({cfg_.optim().beta1(), cfg_.optim().beta2(), cfg_.optim().eps(),
               cfg_.optim().weight_decay()}),
       lr_schedule_{cfg_.optim().lr(), cfg_.optim().min_lr(), cfg_.optim().warmup_steps(),
@@ -300,13 +312,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
       }
     }
   }
-  if (resolved.data.blend.empty()) {
-    dataset_paths_.push_back(cfg_.data().dir());
-  } else {
-    for (const config::BlendEntry& entry : resolved.data.blend)
-      dataset_paths_.push_back(entry.path);
-  }
-  position_.samples.assign(dataset_paths_.size(), 0);
+  position_.samples.assign(datasets_.size(), 0);
   if (const auto manifest =
           data::ReadTokenizerManifest(data::DataHome(resolved.data, cfg_.data().dir())))
     tokenizer_id_ = manifest->Id();
@@ -356,7 +362,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     saver_ = std::make_unique<checkpoint::Saver>(cfg_.checkpoint().async());
   report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *model_,
                                                 *executor_, adamw_, zero_.get(), timeline_});
-  report_->set_dataset_names(data::DatasetNames(dataset_paths_));
+  report_->set_dataset_names(dataset_names_);
 }
 
 std::vector<double> Trainer::FinalParameters() const {
@@ -418,7 +424,7 @@ void Trainer::FillBatches(int step, int flush) {
 
 void Trainer::AdvanceDataPosition() {
   const int64_t samples = int64_t{batch_} * accum_ * comm_.dp().size();  // the global batch
-  if (dataset_paths_.size() > 1) {
+  if (datasets_.size() > 1) {
     sampler_.Count(position_.next_sample, position_.next_sample + samples, &position_.samples);
   } else {
     position_.samples[0] += samples;
@@ -427,45 +433,71 @@ void Trainer::AdvanceDataPosition() {
 }
 
 void Trainer::RestoreDataPosition(const checkpoint::Manifest& manifest, int step) {
-  const int64_t samples = int64_t{batch_} * accum_ * comm_.dp().size();
-  position_.samples.assign(dataset_paths_.size(), 0);
+  position_.samples.assign(datasets_.size(), 0);
+  const bool one = datasets_.size() == 1;
   if (!manifest.has_data()) {
-    // Written before positions were saved: one dataset, `step` global batches in.
-    position_.next_sample = int64_t{step} * samples;
-    sampler_.Count(0, position_.next_sample, &position_.samples);
-    return;
-  }
-  position_.next_sample = manifest.data().next_sample();
-  // By path: a dataset the blend keeps keeps its count (a changed blend needs
-  // --allow-data-change, checked before the run starts).
-  for (const checkpoint::DatasetDrawn& drawn : manifest.data().datasets()) {
-    for (size_t d = 0; d < dataset_paths_.size(); ++d) {
-      if (dataset_paths_[d] == drawn.path()) position_.samples[d] = drawn.samples();
+    // Written before positions were saved, by a run of one dataset: `step` global batches in (a
+    // new blend's datasets start at 0).
+    position_.next_sample = int64_t{step} * batch_ * accum_ * comm_.dp().size();
+    if (one) position_.samples[0] = position_.next_sample;
+  } else {
+    position_.next_sample = manifest.data().next_sample();
+    const auto& saved = manifest.data().datasets();
+    if (checkpoint::BlendChanges(manifest.config(), resolved_).empty() &&
+        saved.size() == static_cast<int>(datasets_.size())) {
+      // The same blend (a moved data.dir included): dataset by dataset.
+      for (int d = 0; d < saved.size(); ++d) position_.samples[d] = saved[d].samples();
+    } else {
+      // Another blend (--allow-data-change): the k-th use of a path keeps the k-th saved count.
+      std::map<std::string, int> used;
+      for (size_t d = 0; d < datasets_.size(); ++d) {
+        int k = used[datasets_[d].path]++;
+        for (const checkpoint::DatasetDrawn& drawn : saved) {
+          if (drawn.path() == datasets_[d].path && k-- == 0) {
+            position_.samples[d] = drawn.samples();
+            break;
+          }
+        }
+      }
     }
   }
+  if (!one) {
+    Log(Format("[data] resumed at sample %lld: trained on so far %s",
+               static_cast<long long>(position_.next_sample),
+               DatasetTokens(position_.samples).c_str()));
+  }
+}
+
+std::string Trainer::DatasetTokens(const std::vector<int64_t>& samples) const {
+  std::vector<std::string> parts;
+  for (size_t d = 0; d < datasets_.size(); ++d) {
+    parts.push_back(Format("%s %lld tokens", dataset_names_[d].c_str(),
+                           static_cast<long long>(samples[d] * seq_)));
+  }
+  return util::Join(parts, ", ");
 }
 
 std::optional<double> Trainer::Evaluate(int step) {
   comm::progress::SetAction("", "evaluation");
   const int batches = train_.eval_batches();
-  const int datasets = static_cast<int>(dataset_paths_.size());
-  const std::vector<double> weights = BlendWeights(resolved_.data);
+  const int datasets = static_cast<int>(datasets_.size());
   double loss = 0;
   int evaluated = batches;
   std::vector<std::string> parts;
-  for (int d = 0; d < datasets && evaluated == batches; ++d) {
+  for (int d = 0; d < datasets; ++d) {
     const double dataset_loss = EvaluateDataset(d, batches, &evaluated);
-    if (evaluated == 0) break;
-    loss += weights[d] * dataset_loss;
+    if (evaluated == 0 || (datasets > 1 && evaluated < batches)) {
+      // A blend's loss needs every dataset's: a stop part-way leaves none.
+      Log(Format("[val] step %d | stopped by a signal %s", step,
+                 datasets > 1
+                     ? Format("during %s's %d batches", dataset_names_[d].c_str(), batches).c_str()
+                     : Format("before the first of %d batches", batches).c_str()));
+      return std::nullopt;
+    }
+    loss += datasets_[d].weight * dataset_loss;
     if (datasets == 1) continue;
-    const std::string name = data::DatasetNames(dataset_paths_)[d];
-    parts.push_back(Format("%s %.4f", name.c_str(), dataset_loss));
-    if (root_) report_->DatasetValLoss(step, name, dataset_loss);
-  }
-  if (evaluated == 0) {
-    Log(Format("[val] step %d | stopped by a signal before the first of %d batches", step,
-               batches));
-    return std::nullopt;
+    parts.push_back(Format("%s %.4f", dataset_names_[d].c_str(), dataset_loss));
+    if (root_) report_->DatasetValLoss(step, dataset_names_[d], dataset_loss);
   }
   if (root_) result_.val_losses.emplace_back(step, loss);
   report_->ValLoss(step, loss);
@@ -628,11 +660,10 @@ void Trainer::Save(int step) {
   comm::progress::SetAction("", "checkpoint");
   checkpoint::DataPosition data;
   data.set_next_sample(position_.next_sample);
-  const std::vector<double> weights = BlendWeights(resolved_.data);
-  for (size_t d = 0; d < dataset_paths_.size(); ++d) {
+  for (size_t d = 0; d < datasets_.size(); ++d) {
     checkpoint::DatasetDrawn* drawn = data.add_datasets();
-    drawn->set_path(dataset_paths_[d]);
-    drawn->set_weight(weights[d]);
+    drawn->set_path(datasets_[d].path);
+    drawn->set_weight(datasets_[d].weight);
     drawn->set_samples(position_.samples[d]);
     drawn->set_tokens(position_.samples[d] * seq_);
   }

@@ -108,8 +108,11 @@ class Trainer {
   void FillBatches(int step, int flush);
   // After a step: its samples counted against their datasets.
   void AdvanceDataPosition();
-  // The checkpoint's (or, from a manifest without one, the position `step` steps in).
+  // The checkpoint's (or, from a manifest without one, the position `step` steps in), and the
+  // counts logged.
   void RestoreDataPosition(const checkpoint::Manifest& manifest, int step);
+  // "web_text_document 2304 tokens, ...": the tokens each dataset gave, or will give.
+  std::string DatasetTokens(const std::vector<int64_t>& samples) const;
   StepOutcome RunStep(int step);
   // The optimizer step of `step` (0-based): norm, non-finite diagnosis, clipping, AdamW, the tied
   // weight back to its copy.
@@ -150,11 +153,13 @@ class Trainer {
   // The datasets (data.path or data.dir), opened where the embedding (tokens) or the head
   // (targets) is; null on the other ranks.
   std::unique_ptr<data::BlendedData> data_;
-  // Every rank: which dataset each sample comes from, and where the run stands (counted on every
-  // rank alike from the sampler, so any rank's report and save have it).
-  data::BlendSampler sampler_;
+  // Every rank: the datasets (data.path's, or data.dir) and their names, which dataset each
+  // sample comes from, and where the run stands (counted on every rank alike from the sampler,
+  // so any rank's report and save have it).
+  const std::vector<config::BlendEntry> datasets_;
+  const std::vector<std::string> dataset_names_;
+  const data::BlendSampler sampler_;
   data::DataPosition position_;
-  std::vector<std::string> dataset_paths_;  // data.path's (or data.dir), in order
   // The data's tokenizer (tokenizer.json in data::DataHome), read on every rank: recorded in
   // checkpoints, and a resume on data of another tokenizer is refused. Empty when it has none.
   std::string tokenizer_id_;

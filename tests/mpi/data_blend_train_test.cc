@@ -113,6 +113,8 @@ TEST(BlendTraining, LogsEachDatasetsSplitsAndDrawsItsShare) {
   EXPECT_NE(full.output.find("by tokens (its format has no documents): train 36000 tokens"),
             std::string::npos);
   EXPECT_NE(full.output.find("per dataset, weighted: web_text_document "), std::string::npos);
+  EXPECT_NE(full.output.find("[data] steps 1-6 draw 48 samples: web_text_document "),
+            std::string::npos);
   ASSERT_EQ(full.metrics.size(), 6u);
   const std::map<std::string, int64_t> last = TokensAt(full, 6);
   int64_t total = 0;
@@ -152,6 +154,10 @@ TEST_P(BlendResumeTest, ContinuesTheUninterruptedRunsBatchesAndCounts) {
                                      "/step_000003 --set checkpoint.dir=" + CheckpointDir(name));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ASSERT_EQ(resumed.losses.size(), 3u) << resumed.output;
+  EXPECT_NE(
+      resumed.output.find("[data] resumed at sample 24: trained on so far web_text_document "),
+      std::string::npos)
+      << resumed.output;
   const std::vector<double> tail(full.losses.end() - 3, full.losses.end());
   if (layout.dp == 1) {
     EXPECT_EQ(resumed.losses, tail) << "only pp changed: the same arithmetic, bitwise";
