@@ -16,10 +16,12 @@
 # slurmd per host, and the job is `sbatch -N 2 --ntasks-per-node=2 launch/slurm/train_multinode.sbatch`
 # submitted on hostA, its ranks started by `srun --mpi=pmix` on both hosts.
 #
-# With --lose-node (on the Slurm cluster) a job trains with checkpoints until hostB is lost (its
-# processes killed, its link down) at step 5: the job must end within the deadline plus 30 s and
-# name hostB; then a job on hostA alone (--exclude=hostB) resumes with --resume auto from the last
-# complete checkpoint.
+# With --lose-node the Slurm cluster has a third host, a spare: hostC (10.250.17.2, on a second
+# veth pair to hostA, 10.250.17.1). A job on hostA and hostB trains with checkpoints until hostB
+# is lost (its processes killed, its link down) at step 5: the job must end within the deadline
+# plus 30 s and name hostB, and its batch script must requeue it without hostB; the requeued job
+# runs on hostA and hostC, resumes with --resume auto from the last complete checkpoint and
+# finishes.
 #
 # Usage: launch/two_hosts.sh [--bigmac BIN] [--steps N] [--slurm | --lose-node] [--keep]
 #   --bigmac BIN  the bigmac binary (default: bazel-bin/bigmac of this checkout, or $BIGMAC_BIN)
@@ -43,8 +45,9 @@ export PATH="$PATH:/usr/sbin:/sbin"
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 repo=$(cd "$(dirname "$self")/.." && pwd)
 subnet=10.250.16
+subnet_c=10.250.17 # --lose-node: hostA <-> hostC
 hosts=(hostA hostB)
-prefix=bm2h # namespaces bm2h<PID>a / bm2h<PID>b, work directory /tmp/bm2h-<PID>.XXXXXX
+prefix=bm2h # namespaces bm2h<PID>a / b / c, work directory /tmp/bm2h-<PID>.XXXXXX
 
 log() { echo "two_hosts: $*"; }
 die() {
@@ -139,9 +142,9 @@ done
 
 # Leftovers of runs killed before their cleanup (SIGKILL): namespaces and work directories whose
 # creating process is gone.
-for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}[0-9]+[ab]$" || true); do
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}[0-9]+[abc]$" || true); do
   pid=${ns#"$prefix"}
-  pid=${pid%[ab]}
+  pid=${pid%[abc]}
   kill -0 "$pid" 2>/dev/null && continue
   log "removing leftover namespace $ns (its run, pid $pid, is gone)"
   for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
@@ -158,8 +161,11 @@ done
 
 ns_a=$prefix$$a
 ns_b=$prefix$$b
+ns_c=$prefix$$c
 veth_a=bm$$a
 veth_b=bm$$b
+veth_ac=bm$$x # --lose-node: hostA's end towards hostC
+veth_c=bm$$c
 work=$(mktemp -d "/tmp/$prefix-$$.XXXXXX")
 made_ns=()
 slurm_daemons=() # --slurm: munged, slurmctld, the slurmds
@@ -186,8 +192,9 @@ cleanup() {
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null
   done
-  # The veth pair, if the run stopped before it was moved into the namespaces.
+  # The veth pairs, if the run stopped before they were moved into the namespaces.
   ip link del "$veth_a" 2>/dev/null
+  ip link del "$veth_ac" 2>/dev/null
   if ((keep)); then
     touch "$work/kept"
     log "kept $work"
@@ -226,14 +233,35 @@ for ns in "$ns_a" "$ns_b"; do
   i=$((i + 1))
 done
 
+# --lose-node: the spare hostC, on its own veth pair to hostA (hostA answers on both links; hostC
+# reaches hostA's first address through it).
+if ((lose_node)); then
+  ip netns add "$ns_c"
+  made_ns+=("$ns_c")
+  ip link add "$veth_ac" type veth peer name "$veth_c"
+  ip link set "$veth_ac" netns "$ns_a"
+  ip link set "$veth_c" netns "$ns_c"
+  ip -n "$ns_a" link set "$veth_ac" name eth1
+  ip -n "$ns_a" addr add "$subnet_c.1/24" dev eth1
+  ip -n "$ns_a" link set eth1 up
+  ip -n "$ns_c" link set "$veth_c" name eth0
+  ip -n "$ns_c" addr add "$subnet_c.2/24" dev eth0
+  ip -n "$ns_c" link set eth0 up
+  ip -n "$ns_c" link set lo up
+  ip -n "$ns_c" route add "$subnet.0/24" via "$subnet_c.1"
+  hosts+=(hostC)
+fi
+
 {
   echo "127.0.0.1 localhost"
   echo "$subnet.1 hostA"
   echo "$subnet.2 hostB"
+  if ((lose_node)); then echo "$subnet_c.2 hostC"; fi
 } >"$work/etc_hosts"
 echo "$ns_a" >"$work/hostA.netns"
 echo "$ns_b" >"$work/hostB.netns"
-mkdir -p "$work/hostA/tmp" "$work/hostB/tmp"
+echo "$ns_c" >"$work/hostC.netns"
+for host in "${hosts[@]}"; do mkdir -p "$work/$host/tmp"; done
 printf '%s slots=2\n' "${hosts[@]}" >"$work/hostfile"
 export BIGMAC_TWO_HOSTS_DIR=$work
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
@@ -242,7 +270,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 # "no route to host").
 reach=$(timeout 10 "$self" --enter hostA bash -c "exec 3<>/dev/tcp/$subnet.2/9" 2>&1 || true)
 [[ "$reach" == *refused* ]] || die "hostA cannot reach hostB ($subnet.2) over the veth pair: $reach"
-log "hosts up: hostA $subnet.1 (netns $ns_a), hostB $subnet.2 (netns $ns_b)"
+if ((lose_node)); then
+  reach=$(timeout 10 "$self" --enter hostC bash -c "exec 3<>/dev/tcp/$subnet.1/9" 2>&1 || true)
+  [[ "$reach" == *refused* ]] || die "hostC cannot reach hostA ($subnet.1): $reach"
+fi
+log "hosts up: hostA $subnet.1 (netns $ns_a), hostB $subnet.2 (netns $ns_b)$( ((lose_node)) &&
+  echo ", hostC $subnet_c.2 (netns $ns_c; hostA $subnet_c.1)")"
 
 # --- data: a fixed corpus, byte-level shards ----------------------------------------------------
 awk 'BEGIN { for (i = 0; i < 4000; i++)
@@ -286,7 +319,9 @@ slurm_up() {
     command -v "$tool" >/dev/null || skip "'$tool' not found (Debian: munge slurmctld slurmd slurm-client)"
   done
   local s=$work/slurm
-  mkdir -p "$s/state" "$s/tmp" "$s/spool-hostA" "$s/spool-hostB" "$work/job"
+  mkdir -p "$s/state" "$s/tmp" "$work/job"
+  local host
+  for host in "${hosts[@]}"; do mkdir -p "$s/spool-$host"; done
   chmod 0711 "$work" "$s"
   dd if=/dev/urandom of="$s/munge.key" bs=1024 count=1 status=none
   chmod 0400 "$s/munge.key"
@@ -315,17 +350,19 @@ SlurmdPidFile=$s/slurmd-%n.pid
 SlurmctldLogFile=$s/slurmctld.log
 SlurmdLogFile=$s/slurmd-%n.log
 PlugStackConfig=$s/plugstack.conf
-SlurmdTimeout=20
+# A lost node is marked down after this; the job ends sooner (train.comm_timeout_seconds), so
+# its batch script, not Slurm, decides what follows.
+SlurmdTimeout=30
 $(bigmac_throwaway_slurm_conf "$s/munge.sock")
 NodeName=hostA NodeAddr=$subnet.1 CPUs=4 State=UNKNOWN
 NodeName=hostB NodeAddr=$subnet.2 CPUs=4 State=UNKNOWN
-PartitionName=test Nodes=hostA,hostB Default=YES MaxTime=INFINITE State=UP
+$( ((lose_node)) && echo "NodeName=hostC NodeAddr=$subnet_c.2 CPUs=4 State=UNKNOWN")
+PartitionName=test Nodes=$(IFS=,; echo "${hosts[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF=$s/slurm.conf
   "$self" --enter hostA slurmctld -D -i -f "$SLURM_CONF" </dev/null >"$s/slurmctld.console" 2>&1 &
   slurm_daemons+=($!)
-  local host
-  for host in hostA hostB; do
+  for host in "${hosts[@]}"; do
     "$self" --enter "$host" slurmd -D -f "$SLURM_CONF" -N "$host" </dev/null \
       >"$s/slurmd-$host.console" 2>&1 &
     slurm_daemons+=($!)
@@ -333,14 +370,15 @@ CONF
   local idle=
   for _ in $(seq 60); do
     idle=$("$self" --enter hostA sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 == "idle"' | wc -l)
-    ((idle == 2)) && break
+    ((idle == ${#hosts[@]})) && break
     sleep 0.5
   done
-  if ((idle != 2)); then
+  if ((idle != ${#hosts[@]})); then
     tail -n 20 "$s"/*.log "$s"/*.console >&2 2>/dev/null
-    die "the two Slurm nodes are not idle within 30 s"
+    die "the ${#hosts[@]} Slurm nodes are not idle within 30 s"
   fi
-  log "slurm up: slurmctld on hostA, slurmd on hostA and hostB ($SECONDS s)"
+  local listed=${hosts[*]:0:${#hosts[@]}-1}
+  log "slurm up: slurmctld on hostA, slurmd on ${listed// /, } and ${hosts[-1]} ($SECONDS s)"
 }
 
 # Submits `sbatch FLAGS... train_multinode.sbatch ARGS...` on hostA (FLAGS and ARGS split by
@@ -352,9 +390,12 @@ slurm_submit() {
   while (($#)) && [[ "$1" != -- ]]; do flags+=("$1"); shift; done
   shift
   local id
+  local subnets=$subnet.0/24
+  if ((lose_node)); then subnets+=,$subnet_c.0/24; fi
   id=$("$self" --enter hostA env BIGMAC_BIN="$bigmac" BIGMAC_REPO="$repo" \
-    OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include="$subnet.0/24" \
-    OMPI_MCA_oob_tcp_if_include="$subnet.0/24" BIGMAC_SRUN_FLAGS="${srun_flags:-}" \
+    OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include="$subnets" \
+    OMPI_MCA_oob_tcp_if_include="$subnets" BIGMAC_SRUN_FLAGS="${srun_flags:-}" \
+    ${job_env:+$job_env} \
     sbatch --parsable --cpus-per-task=1 --gpus-per-node=0 --time=5 --chdir="$work/job" \
     --output="$out" "${flags[@]}" "$repo/launch/slurm/train_multinode.sbatch" "$@") ||
     die "sbatch failed"
@@ -383,47 +424,67 @@ slurm_wait() {
   slurm_exit=124
 }
 
-# --- --lose-node: hostB lost mid-training, the job resumed without it ---------------------------
+# --- --lose-node: hostB lost mid-training, the job requeued without it -------------------------
 if ((lose_node)); then
   slurm_up
   ckpt=$work/ckpt
-  echo "== a lost node: sbatch -N 2 --ntasks-per-node=2 --no-requeue, checkpoints every 2 steps," \
-    "train.comm_timeout_seconds=10; hostB lost at step 5"
-  job=$(slurm_submit "$work/lost.log" -N 2 --ntasks-per-node=2 --no-requeue -- "${train_args[@]}" \
-    --set train.max_steps=100000 --set "checkpoint.dir=$ckpt" --set checkpoint.interval=2 \
-    --set train.comm_timeout_seconds=10 --set "train.output_dir=$work/lost")
+  total=12
+  echo "== a lost node: sbatch -N 2 --ntasks-per-node=2 (on hostA and hostB; hostC spare), $total" \
+    "steps, checkpoints every 2, train.comm_timeout_seconds=5; hostB lost at step 5"
+  # Rank 0 sleeps 100 ms a micro-batch (a fault hook), so that the job is mid-training at the kill.
+  job_env=BIGMAC_TEST_SLOW_RANK=0:100
+  job=$(slurm_submit "$work/lost.log" -N 2 --ntasks-per-node=2 -- "${train_args[@]}" \
+    --set "train.max_steps=$total" --set "checkpoint.dir=$ckpt" --set checkpoint.interval=2 \
+    --set train.comm_timeout_seconds=5 --set "train.output_dir=$work/lost")
+  job_env=
   for _ in $(seq 600); do
     grep -qs '^step 5/' "$work/lost.log" && break
     sleep 0.1
   done
   grep -qs '^step 5/' "$work/lost.log" || { cat "$work/lost.log" >&2; die "the job did not reach step 5"; }
+  grep -q 'host=hostB' "$work/lost.log" || die "the job did not run on hostB"
   # As a node that loses power: its processes gone (slurmd, slurmstepd, ranks 2 and 3), its link down.
   lost_at=$SECONDS
   for p in $(ip netns pids "$ns_b" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
   ip -n "$ns_b" link set eth0 down
+  ended=
+  for _ in $(seq 1200); do
+    grep -qs '^bigmac-slurm: bigmac train exited' "$work/lost.log" && { ended=$((SECONDS - lost_at)); break; }
+    sleep 0.1
+  done
+  [[ -n "$ended" ]] || { cat "$work/lost.log" >&2; die "the job did not end within 120 s of the loss"; }
+  echo "  the job's ranks ended ${ended} s after hostB was lost"
   slurm_wait "$job"
   echo "  slurm job $job: $slurm_state, exit $slurm_exit, $((SECONDS - lost_at)) s after hostB was lost"
-  grep -E '^(bigmac: hang|bigmac-slurm: bigmac train exited|srun: error)' "$work/lost.log" | sed 's/^/  /' || true
+  grep -E '^(bigmac: hang: no rank|bigmac-slurm|\[ckpt\] resumed|\[rank\]|step [0-9]+/)' "$work/lost.log" |
+    sed 's/^/  /' || true
   grep -q 'bigmac: hang: no rank on hostB (ranks 2, 3) answers: .*excluding host hostB' "$work/lost.log" ||
     die "the hang report does not name hostB as lost"
+  grep -q '^bigmac-slurm: requeueing job .* without hostB' "$work/lost.log" ||
+    die "the batch script did not requeue the job without hostB"
+  ((slurm_exit == 0)) || { tail -n 30 "$work/lost.log" >&2; die "the requeued job failed"; }
+  requeued=$(sed -n '/^bigmac-slurm: requeued run 1 started/,$p' "$work/lost.log")
+  for host in hostA hostC; do
+    n=$(grep -c "^\[rank\] rank [0-9]*: .*host=$host " <<<"$requeued" || true)
+    ((n == 2)) || die "expected the requeued job's 2 ranks on $host, found $n"
+  done
+  grep -q 'host=hostB' <<<"$requeued" && die "the requeued job ran on hostB"
+  resumed=$(grep -o '^\[ckpt\] resumed from [^ ]* at step [0-9]*' <<<"$requeued" || true)
+  [[ -n "$resumed" ]] || die "the requeued job did not resume from a checkpoint"
+  grep -q "^step $total/$total" <<<"$requeued" || die "the requeued job did not reach step $total"
+  # The first step after the checkpoint, trained again on hostA and hostC, is the step hostA and
+  # hostB trained (the same layout: the same loss and norm as printed).
+  again=$(( ${resumed##* } + 1 ))
+  first_try=$(sed '/^bigmac-slurm: requeued run 1 started/,$d' "$work/lost.log" |
+    grep -o "^step $again/$total | loss [^|]*| lr [^|]*| norm [^ ]*" || true)
+  second_try=$(grep -o "^step $again/$total | loss [^|]*| lr [^|]*| norm [^ ]*" <<<"$requeued" || true)
+  [[ -n "$first_try" && "$first_try" == "$second_try" ]] ||
+    die "step $again differs after the requeue: '$first_try' then '$second_try'"
+  echo "  step $again before the loss and after the requeue: $second_try (the same)"
   latest=$(cat "$ckpt/latest" 2>/dev/null || true)
-  [[ -n "$latest" && -f "$ckpt/$latest/manifest.pb" ]] ||
-    die "latest ('$latest') does not name a complete checkpoint"
-  saved=$((10#${latest#step_}))
-  echo "  latest: $latest (complete); left over: $(cd "$ckpt" && ls -d .tmp_* 2>/dev/null | tr '\n' ' ')"
-  echo "== resumed without hostB: sbatch -N 1 --ntasks-per-node=4 --overcommit --exclude=hostB ..." \
-    "--resume auto"
-  srun_flags=--overcommit
-  job=$(slurm_submit "$work/resumed.log" -N 1 --ntasks-per-node=4 --overcommit --exclude=hostB -- \
-    "${train_args[@]}" --set "train.max_steps=$((saved + 3))" --set "checkpoint.dir=$ckpt" \
-    --set "train.output_dir=$work/resumed" --resume auto)
-  slurm_wait "$job"
-  echo "  slurm job $job: $slurm_state, exit $slurm_exit"
-  grep -E '^(\[ckpt\] resumed|step )' "$work/resumed.log" | sed 's/^/  /' || true
-  ((slurm_exit == 0)) || { tail -n 30 "$work/resumed.log" >&2; die "the resumed job failed"; }
-  grep -q "^\[ckpt\] resumed from $ckpt/$latest at step $saved" "$work/resumed.log" ||
-    die "the resumed job did not start from $latest"
-  echo "two_hosts: hostB lost: the job ended and named it; resumed on hostA from $latest"
+  [[ "$latest" == "step_$(printf %06d "$total")" ]] || die "latest is '$latest', not step $total"
+  echo "two_hosts: hostB lost: the job ended in ${ended} s and named it; requeued without hostB," \
+    "it ${resumed#\[ckpt\] } on hostA and hostC and finished ($((SECONDS - lost_at)) s after the loss)"
   exit 0
 fi
 

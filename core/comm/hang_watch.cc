@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "core/comm/hang_report.h"
 #include "core/comm/progress.h"
 #include "core/util/format.h"
+#include "core/util/output_file.h"
 #include "nlohmann/json.hpp"
 
 namespace bigmac::comm {
@@ -555,12 +558,28 @@ class HangWatchImpl : public HangWatch {
       for (const std::string& line : report.ranks) text += "bigmac: [hang]   " + line + "\n";
       text += "bigmac: hang: " + report.summary + "\n";
       if (!report.lost_hosts_line.empty()) text += "bigmac: hang: " + report.lost_hosts_line + "\n";
+      text += RecordLostHosts(report.lost_hosts);
       std::fputs(text.c_str(), stderr);
       std::fflush(stderr);
       return " (the hang report above explains it)";
     } catch (const std::exception& error) {
       return std::string(" (no hang report: ") + error.what() + ")";
     }
+  }
+
+  // The lost hosts, a line each, into the file BIGMAC_LOST_HOSTS_FILE names (the sbatch scripts
+  // set it, and requeue the job without them when the partition has a spare node:
+  // launch/slurm/common.sh). Returns "" or a report line saying why it could not be written.
+  static std::string RecordLostHosts(const std::vector<std::string>& hosts) {
+    const char* path = std::getenv("BIGMAC_LOST_HOSTS_FILE");
+    if (hosts.empty() || path == nullptr || *path == '\0') return "";
+    std::string problem;
+    std::unique_ptr<util::OutputFile> file = util::OutputFile::Open(path, &problem);
+    if (file) {
+      for (const std::string& host : hosts) file->Write(host + "\n");
+      problem = file->Commit();
+    }
+    return problem.empty() ? "" : "bigmac: hang: BIGMAC_LOST_HOSTS_FILE: " + problem + "\n";
   }
 
   const Topology topology_;

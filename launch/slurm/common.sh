@@ -16,12 +16,20 @@
 #                       0: never)
 #   BIGMAC_REQUEUE_WITHIN a stop requeues only this close to the time limit, in seconds (default
 #                       900); an earlier one is an operator's (scancel --batch --signal=TERM)
+#   BIGMAC_LOST_HOSTS_FILE where the ranks name the hosts of a lost node (default: a file in the
+#                       submit directory, which the nodes share); set by this script
 #
 # Time limits: the sbatch headers ask for SIGTERM before the limit (--signal=B:TERM@N) and allow
 # requeueing (--requeue). On the signal the ranks stop after the step in progress, write a
 # checkpoint and exit with code 10 (unfinished; docs/exit_codes.md); the script then requeues the
 # job (scontrol requeue), and the requeued job (SLURM_RESTART_COUNT > 0) resumes with
 # --resume auto. Slurm's own requeue after a node failure (--requeue) resumes the same way.
+#
+# A lost node: the ranks' hang report names the hosts none of whose ranks answer and writes them
+# to BIGMAC_LOST_HOSTS_FILE; the job ends (code 6). When the partition has enough other nodes up
+# (a spare), the script requeues the job with those hosts excluded (ExcNodeList), counted against
+# BIGMAC_MAX_REQUEUES, and the requeued job resumes with --resume auto; otherwise it says how to
+# resubmit.
 
 bigmac_slurm_die() {
   echo "bigmac-slurm: error: $*" >&2
@@ -91,6 +99,8 @@ bigmac_slurm_train() {
     args=("$@")
   fi
   local -a cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$bin" train "${args[@]}")
+  export BIGMAC_LOST_HOSTS_FILE=${BIGMAC_LOST_HOSTS_FILE:-${SLURM_SUBMIT_DIR:-$PWD}/.bigmac-lost-hosts.${SLURM_JOB_ID}}
+  rm -f "$BIGMAC_LOST_HOSTS_FILE"
 
   echo "bigmac-slurm: job ${SLURM_JOB_ID} (${SLURM_JOB_NAME:-bigmac}): nodes=${nodes}" \
     "[${SLURM_JOB_NODELIST:-?}] ranks=${ranks} ranks_per_node=${per_node} gpus_per_node=${gpus}" \
@@ -130,7 +140,52 @@ bigmac_slurm_train() {
   if ((rc == 10)) || { [[ -n "$BIGMAC_SLURM_GOT_TERM" ]] && ((rc == 143 || rc == 130)); }; then
     bigmac_slurm_requeue "$rc" "$restarts"
   fi
+  if ((rc != 0)) && [[ -s "$BIGMAC_LOST_HOSTS_FILE" ]]; then
+    local lost
+    lost=$(sort -u "$BIGMAC_LOST_HOSTS_FILE" | paste -sd, -)
+    rm -f "$BIGMAC_LOST_HOSTS_FILE"
+    bigmac_slurm_requeue_without "$rc" "$restarts" "$lost" "$nodes"
+  fi
   exit "$rc"
+}
+
+# Requeues this job without the hosts LOST (comma-separated) when the partition has NODES nodes
+# up besides them, unless BIGMAC_MAX_REQUEUES requeues were made already; exits 0 when requeued,
+# returns otherwise (saying how to resubmit).
+bigmac_slurm_requeue_without() {
+  local rc=$1 restarts=$2 lost=$3 nodes=$4 max=${BIGMAC_MAX_REQUEUES:-5}
+  [[ "$max" =~ ^[0-9]+$ ]] || bigmac_slurm_die "BIGMAC_MAX_REQUEUES='$max' is not a count"
+  local resubmit="resubmit with --exclude=${lost} and --resume auto"
+  echo "bigmac-slurm: lost node(s): ${lost} (status ${rc})"
+  if ((restarts >= max)); then
+    echo "bigmac-slurm: ${restarts} requeue(s) made, the most BIGMAC_MAX_REQUEUES=${max} allows:"       "not requeueing; ${resubmit}"
+    return
+  fi
+  # The partition's nodes that are up, less the lost ones (and those the job excluded already).
+  local info excluded partition=${SLURM_JOB_PARTITION:-}
+  info=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null || true)
+  excluded=$(sed -n 's/.* ExcNodeList=\([^ ]*\).*/\1/p' <<<"$info")
+  [[ "$excluded" == "(null)" ]] && excluded=
+  local all_excluded=$lost${excluded:+,$excluded}
+  local up
+  up=$(sinfo -h -N ${partition:+-p "$partition"} -o '%N %t' 2>/dev/null |
+    awk -v skip=",${all_excluded}," 'index(skip, "," $1 ",") == 0 &&
+      $2 !~ /down|drain|fail|maint|unk|boot|\*/ { print $1 }' | sort -u | wc -l)
+  if ((up < nodes)); then
+    echo "bigmac-slurm: no spare node: ${up} node(s) up in partition ${partition:-?} besides"       "${all_excluded}, the job needs ${nodes}; not requeueing; ${resubmit}"
+    return
+  fi
+  echo "bigmac-slurm: requeueing job ${SLURM_JOB_ID} without ${all_excluded} (requeue"     "$((restarts + 1)) of at most ${max}, BIGMAC_MAX_REQUEUES; ${up} node(s) up) at"     "$(date -u +%FT%TZ)"
+  # Held while the exclusion is set (a running job's node list cannot change), then released.
+  # Slurm signals this script when the job is requeued: the three commands finish first.
+  trap '' TERM
+  if scontrol requeuehold "$SLURM_JOB_ID" &&
+    scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$all_excluded" &&
+    scontrol release "$SLURM_JOB_ID"; then
+    exit 0
+  fi
+  scontrol release "$SLURM_JOB_ID" 2>/dev/null || true
+  echo "bigmac-slurm: the requeue without ${all_excluded} failed (was the job submitted with"     "--requeue?); ${resubmit}"
 }
 
 # Seconds left before the job's time limit (squeue's %L: [days-][hours:]minutes:seconds), or
