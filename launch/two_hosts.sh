@@ -260,7 +260,7 @@ fi
 } >"$work/etc_hosts"
 echo "$ns_a" >"$work/hostA.netns"
 echo "$ns_b" >"$work/hostB.netns"
-echo "$ns_c" >"$work/hostC.netns"
+if ((lose_node)); then echo "$ns_c" >"$work/hostC.netns"; fi
 for host in "${hosts[@]}"; do mkdir -p "$work/$host/tmp"; done
 printf '%s slots=2\n' "${hosts[@]}" >"$work/hostfile"
 export BIGMAC_TWO_HOSTS_DIR=$work
@@ -334,8 +334,8 @@ slurm_up() {
   : >"$s/plugstack.conf"
   # shellcheck source=slurm/throwaway_cluster.sh
   source "$repo/launch/slurm/throwaway_cluster.sh"
-  # 4 CPUs a node, though each host has this machine's 2: the resumed job of --lose-node runs 4
-  # ranks on hostA (cons_tres refuses more tasks than CPUs even with --overcommit).
+  # 4 CPUs a node, though each host has this machine's 2. The spare hostC weighs more, so that
+  # the first job of --lose-node takes hostA and hostB.
   cat >"$s/slurm.conf" <<CONF
 # Two-node cluster of launch/two_hosts.sh --slurm
 ClusterName=bigmac2h
@@ -356,7 +356,7 @@ SlurmdTimeout=30
 $(bigmac_throwaway_slurm_conf "$s/munge.sock")
 NodeName=hostA NodeAddr=$subnet.1 CPUs=4 State=UNKNOWN
 NodeName=hostB NodeAddr=$subnet.2 CPUs=4 State=UNKNOWN
-$( ((lose_node)) && echo "NodeName=hostC NodeAddr=$subnet_c.2 CPUs=4 State=UNKNOWN")
+$( ((lose_node)) && echo "NodeName=hostC NodeAddr=$subnet_c.2 CPUs=4 Weight=10 State=UNKNOWN")
 PartitionName=test Nodes=$(IFS=,; echo "${hosts[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF=$s/slurm.conf

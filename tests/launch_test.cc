@@ -1,6 +1,7 @@
 // launch/bigmac-mpirun: the mpirun line it builds, the config keys it refuses, and a real run.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include "tests/testing/expect.h"
@@ -160,6 +161,94 @@ TEST(MpirunWrapper, AnOptionIsNeverTheValueOfTheOptionBeforeIt) {
   EXPECT_EQ(attached.exit_code, 0) << attached.output;
   ExpectContains(attached.output, "--tag-output ");
   ExpectContains(attached.output, "train --config c.yaml --set=-x");
+}
+
+// ---------------------------------------------------------------- a lost node (common.sh)
+
+// launch/slurm/common.sh's bigmac_slurm_requeue_without against stand-ins for sinfo and scontrol:
+// `sinfo` prints SINFO ("NodeName NodeHostName state" lines), `scontrol` logs its arguments to
+// calls.txt, answers `show job` with EXCLUDED as the ExcNodeList, expands node[3-4], and fails
+// `update` when UPDATE_FAILS is set. Returns the output, the status and the scontrol calls.
+std::string RequeueWithout(const std::string& sinfo, const std::string& lost,
+                           const std::string& excluded = "(null)", int restarts = 0,
+                           bool update_fails = false) {
+  const std::string dir = testutil::TempDir() + "/requeue_without";
+  RunCommand("rm -rf " + dir + " && mkdir -p " + dir, 10);
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+  };
+  write("sinfo", "#!/bin/sh\nprintf '%s\\n' \"$SINFO\"\n");
+  write("scontrol",
+        "#!/bin/sh\n"
+        "echo \"$*\" >> \"$(dirname \"$0\")/calls.txt\"\n"
+        "case \"$1 $2\" in\n"
+        "  'show job') echo \"JobId=7 JobName=bigmac ExcNodeList=$EXCLUDED NumNodes=2\" ;;\n"
+        "  'show hostnames') if [ \"$3\" = 'node[3-4]' ]; then printf 'node3\\nnode4\\n'; "
+        "else echo \"$3\" | tr , '\\n'; fi ;;\n"
+        "  update*) [ -z \"$UPDATE_FAILS\" ] ;;\n"
+        "esac\n");
+  write("sinfo.txt", sinfo);
+  write("run.sh",
+        "set -euo pipefail\n"
+        "source \"$COMMON\"\n"
+        "set +e\n"
+        "(bigmac_slurm_requeue_without 6 \"$RESTARTS\" \"$LOST\" 2; echo returned)\n"
+        "echo \"function status $?\"\n");
+  const std::string env = "cd " + dir +
+                          " && chmod +x sinfo scontrol && SINFO=\"$(cat sinfo.txt)\" " +
+                          "EXCLUDED='" + excluded + "' UPDATE_FAILS=" + (update_fails ? "1" : "") +
+                          " RESTARTS=" + std::to_string(restarts) + " LOST='" + lost +
+                          "' COMMON=" + Runfile("launch/slurm/common.sh") + " PATH=" + dir +
+                          ":$PATH SLURM_JOB_ID=7 SLURM_JOB_PARTITION=p ";
+  return RunCommand(env + "bash run.sh 2>&1; echo calls:; cat calls.txt 2>/dev/null", 30).output;
+}
+
+TEST(LostNode, ASpareNodeRequeuesTheJobWithoutTheLostOne) {
+  const std::string out =
+      RequeueWithout("hostA hostA alloc\nhostB hostB alloc\nhostC hostC idle", "hostB");
+  ExpectContains(out, "bigmac-slurm: lost node(s): hostB (status 6)");
+  ExpectContains(out, "requeueing job 7 without hostB (requeue 1 of at most 5");
+  ExpectContains(out, "function status 0");
+  EXPECT_EQ(out.find("returned"), std::string::npos) << "it exits once requeued:\n" << out;
+  ExpectContains(out, "requeuehold 7\nupdate JobId=7 ExcNodeList=hostB\nrelease 7");
+}
+
+TEST(LostNode, WithoutASpareItSaysHowToResubmitAndDoesNotRequeue) {
+  const std::string out =
+      RequeueWithout("hostA hostA alloc\nhostB hostB alloc\nhostC hostC drain", "hostB");
+  ExpectContains(out,
+                 "no spare node: 1 node(s) up in partition p besides hostB, the job needs 2; "
+                 "not requeueing; resubmit with --exclude=hostB and --resume auto");
+  ExpectContains(out, "returned");
+  EXPECT_EQ(out.find("requeuehold"), std::string::npos) << out;
+}
+
+TEST(LostNode, HostNamesMapToNodeNamesAndEarlierExclusionsStay) {
+  // gethostname's long name, a NodeName unlike it, and an exclusion Slurm prints compressed.
+  const std::string out = RequeueWithout(
+      "n1 hosta alloc\nn2 hostb alloc\nnode3 node3 idle\nnode4 node4 idle\nn5 hostc idle",
+      "hostb.cluster.example", "node[3-4]");
+  ExpectContains(out, "lost node(s): n2 (status 6)");
+  ExpectContains(out,
+                 "without n2,node3,node4 (requeue 1 of at most 5, BIGMAC_MAX_REQUEUES; 2 "
+                 "node(s) up)");
+  ExpectContains(out, "update JobId=7 ExcNodeList=n2,node3,node4");
+}
+
+TEST(LostNode, AnExclusionThatCannotBeSetLeavesTheJobHeld) {
+  const std::string out = RequeueWithout("hostA hostA alloc\nhostB hostB alloc\nhostC hostC idle",
+                                         "hostB", "(null)", 0, /*update_fails=*/true);
+  ExpectContains(out, "the job is held, but its exclusion could not be set: scancel 7");
+  ExpectContains(out, "function status 6");
+  EXPECT_EQ(out.find("\nrelease 7"), std::string::npos) << "released, it would run on hostB:\n"
+                                                        << out;
+}
+
+TEST(LostNode, TheRequeuesAreBounded) {
+  const std::string out = RequeueWithout("hostA hostA alloc\nhostB hostB alloc\nhostC hostC idle",
+                                         "hostB", "(null)", 5);
+  ExpectContains(out, "5 requeue(s) made, the most BIGMAC_MAX_REQUEUES=5 allows: not requeueing");
+  EXPECT_EQ(out.find("requeuehold"), std::string::npos) << out;
 }
 
 }  // namespace

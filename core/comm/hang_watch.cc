@@ -558,9 +558,13 @@ class HangWatchImpl : public HangWatch {
       for (const std::string& line : report.ranks) text += "bigmac: [hang]   " + line + "\n";
       text += "bigmac: hang: " + report.summary + "\n";
       if (!report.lost_hosts_line.empty()) text += "bigmac: hang: " + report.lost_hosts_line + "\n";
-      text += RecordLostHosts(report.lost_hosts);
       std::fputs(text.c_str(), stderr);
       std::fflush(stderr);
+      // After the report: a shared filesystem whose server was on the lost node may block.
+      if (const std::string problem = RecordLostHosts(report.lost_hosts); !problem.empty()) {
+        std::fputs(problem.c_str(), stderr);
+        std::fflush(stderr);
+      }
       return " (the hang report above explains it)";
     } catch (const std::exception& error) {
       return std::string(" (no hang report: ") + error.what() + ")";

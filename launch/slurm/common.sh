@@ -12,12 +12,10 @@
 #   OMP_NUM_THREADS     threads per rank; default: --cpus-per-task if given, else bigmac divides
 #                       the node's cores by the ranks on the node
 #   OMP_WAIT_POLICY     default passive: ranks that share cores must not spin-wait
-#   BIGMAC_MAX_REQUEUES most times a job stopped before its time limit requeues itself (default 5;
-#                       0: never)
+#   BIGMAC_MAX_REQUEUES most times a job requeues itself, after a stop before its time limit or a
+#                       lost node (default 5; 0: never); Slurm's own requeues count too
 #   BIGMAC_REQUEUE_WITHIN a stop requeues only this close to the time limit, in seconds (default
 #                       900); an earlier one is an operator's (scancel --batch --signal=TERM)
-#   BIGMAC_LOST_HOSTS_FILE where the ranks name the hosts of a lost node (default: a file in the
-#                       submit directory, which the nodes share); set by this script
 #
 # Time limits: the sbatch headers ask for SIGTERM before the limit (--signal=B:TERM@N) and allow
 # requeueing (--requeue). On the signal the ranks stop after the step in progress, write a
@@ -26,7 +24,8 @@
 # --resume auto. Slurm's own requeue after a node failure (--requeue) resumes the same way.
 #
 # A lost node: the ranks' hang report names the hosts none of whose ranks answer and writes them
-# to BIGMAC_LOST_HOSTS_FILE; the job ends (code 6). When the partition has enough other nodes up
+# to BIGMAC_LOST_HOSTS_FILE (set here to a file in the submit directory, which the nodes share);
+# the job ends (code 6). When the partition has enough other nodes up
 # (a spare), the script requeues the job with those hosts excluded (ExcNodeList), counted against
 # BIGMAC_MAX_REQUEUES, and the requeued job resumes with --resume auto; otherwise it says how to
 # resubmit.
@@ -99,7 +98,8 @@ bigmac_slurm_train() {
     args=("$@")
   fi
   local -a cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$bin" train "${args[@]}")
-  export BIGMAC_LOST_HOSTS_FILE=${BIGMAC_LOST_HOSTS_FILE:-${SLURM_SUBMIT_DIR:-$PWD}/.bigmac-lost-hosts.${SLURM_JOB_ID}}
+  # Where the ranks name a lost node's hosts: the submit directory, which the nodes share.
+  export BIGMAC_LOST_HOSTS_FILE=${SLURM_SUBMIT_DIR:-$PWD}/.bigmac-lost-hosts.${SLURM_CLUSTER_NAME:-slurm}.${SLURM_JOB_ID}
   rm -f "$BIGMAC_LOST_HOSTS_FILE"
 
   echo "bigmac-slurm: job ${SLURM_JOB_ID} (${SLURM_JOB_NAME:-bigmac}): nodes=${nodes}" \
@@ -140,7 +140,7 @@ bigmac_slurm_train() {
   if ((rc == 10)) || { [[ -n "$BIGMAC_SLURM_GOT_TERM" ]] && ((rc == 143 || rc == 130)); }; then
     bigmac_slurm_requeue "$rc" "$restarts"
   fi
-  if ((rc != 0)) && [[ -s "$BIGMAC_LOST_HOSTS_FILE" ]]; then
+  if ((rc == 6)) && [[ -s "$BIGMAC_LOST_HOSTS_FILE" ]]; then
     local lost
     lost=$(sort -u "$BIGMAC_LOST_HOSTS_FILE" | paste -sd, -)
     rm -f "$BIGMAC_LOST_HOSTS_FILE"
@@ -149,43 +149,75 @@ bigmac_slurm_train() {
   exit "$rc"
 }
 
-# Requeues this job without the hosts LOST (comma-separated) when the partition has NODES nodes
-# up besides them, unless BIGMAC_MAX_REQUEUES requeues were made already; exits 0 when requeued,
-# returns otherwise (saying how to resubmit).
+# Requeues this job without the hosts LOST (comma-separated host names, as the ranks saw them)
+# when the partition has NODES nodes up besides them, unless BIGMAC_MAX_REQUEUES requeues were
+# made already; exits 0 when requeued, returns otherwise (saying how to go on).
 bigmac_slurm_requeue_without() {
   local rc=$1 restarts=$2 lost=$3 nodes=$4 max=${BIGMAC_MAX_REQUEUES:-5}
   [[ "$max" =~ ^[0-9]+$ ]] || bigmac_slurm_die "BIGMAC_MAX_REQUEUES='$max' is not a count"
-  local resubmit="resubmit with --exclude=${lost} and --resume auto"
-  echo "bigmac-slurm: lost node(s): ${lost} (status ${rc})"
+  local partition=${SLURM_JOB_PARTITION:-} table
+  # NodeName, NodeHostName and state of the partition's nodes: a rank names its host as
+  # gethostname() does, which may be the NodeHostName, or a longer form of it, not the NodeName.
+  table=$(sinfo -h -N ${partition:+-p "$partition"} -o '%N %n %t' 2>/dev/null) || table=
+  local names
+  names=$(awk -v lost="$lost" '
+      BEGIN { n = split(lost, hosts, ","); for (i = 1; i <= n; ++i) {
+        is_lost[hosts[i]] = 1; short = hosts[i]; sub(/\..*/, "", short); is_lost[short] = 1 } }
+      ($1 in is_lost) || ($2 in is_lost) { print $1 }' <<<"$table" | sort -u | paste -sd, -)
+  [[ -n "$names" ]] || names=$lost
+  local resubmit="resubmit with --exclude=${names} and --resume auto"
+  echo "bigmac-slurm: lost node(s): ${names} (status ${rc})"
   if ((restarts >= max)); then
-    echo "bigmac-slurm: ${restarts} requeue(s) made, the most BIGMAC_MAX_REQUEUES=${max} allows:"       "not requeueing; ${resubmit}"
+    echo "bigmac-slurm: ${restarts} requeue(s) made, the most BIGMAC_MAX_REQUEUES=${max}" \
+      "allows: not requeueing; ${resubmit}"
     return
   fi
-  # The partition's nodes that are up, less the lost ones (and those the job excluded already).
-  local info excluded partition=${SLURM_JOB_PARTITION:-}
-  info=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null || true)
+  # The nodes the job excludes already (Slurm prints them compressed: node[01-03]).
+  local info excluded=
+  info=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || info=
+  if [[ -z "$table" || -z "$info" ]]; then
+    echo "bigmac-slurm: cannot read the partition's nodes or the job (sinfo, scontrol):" \
+      "not requeueing; ${resubmit}"
+    return
+  fi
   excluded=$(sed -n 's/.* ExcNodeList=\([^ ]*\).*/\1/p' <<<"$info")
-  [[ "$excluded" == "(null)" ]] && excluded=
-  local all_excluded=$lost${excluded:+,$excluded}
+  if [[ -n "$excluded" && "$excluded" != "(null)" ]]; then
+    excluded=$(scontrol show hostnames "$excluded" 2>/dev/null | paste -sd, -) || excluded=
+  else
+    excluded=
+  fi
+  local all_excluded=$names${excluded:+,$excluded}
+  # Up: not down, drained or draining, failing, in maintenance, reserved, rebooting, unknown or
+  # not responding (a trailing *). Features, GRES and --constraint are not checked.
   local up
-  up=$(sinfo -h -N ${partition:+-p "$partition"} -o '%N %t' 2>/dev/null |
-    awk -v skip=",${all_excluded}," 'index(skip, "," $1 ",") == 0 &&
-      $2 !~ /down|drain|fail|maint|unk|boot|\*/ { print $1 }' | sort -u | wc -l)
+  up=$(awk -v skip=",${all_excluded}," 'index(skip, "," $1 ",") == 0 &&
+      $3 !~ /down|drain|drng|fail|maint|unk|boot|inval|futr|resv|npc|\*/ { print $1 }' \
+    <<<"$table" | sort -u | wc -l)
   if ((up < nodes)); then
-    echo "bigmac-slurm: no spare node: ${up} node(s) up in partition ${partition:-?} besides"       "${all_excluded}, the job needs ${nodes}; not requeueing; ${resubmit}"
+    echo "bigmac-slurm: no spare node: ${up} node(s) up in partition ${partition:-?} besides" \
+      "${all_excluded}, the job needs ${nodes}; not requeueing; ${resubmit}"
     return
   fi
-  echo "bigmac-slurm: requeueing job ${SLURM_JOB_ID} without ${all_excluded} (requeue"     "$((restarts + 1)) of at most ${max}, BIGMAC_MAX_REQUEUES; ${up} node(s) up) at"     "$(date -u +%FT%TZ)"
+  echo "bigmac-slurm: requeueing job ${SLURM_JOB_ID} without ${all_excluded} (requeue" \
+    "$((restarts + 1)) of at most ${max}, BIGMAC_MAX_REQUEUES; ${up} node(s) up) at" \
+    "$(date -u +%FT%TZ); should it stay held: scontrol release ${SLURM_JOB_ID}, or scancel it"
   # Held while the exclusion is set (a running job's node list cannot change), then released.
   # Slurm signals this script when the job is requeued: the three commands finish first.
   trap '' TERM
-  if scontrol requeuehold "$SLURM_JOB_ID" &&
-    scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$all_excluded" &&
-    scontrol release "$SLURM_JOB_ID"; then
-    exit 0
+  if ! scontrol requeuehold "$SLURM_JOB_ID"; then
+    echo "bigmac-slurm: scontrol requeuehold failed (was the job submitted with --requeue?);" \
+      "${resubmit}"
+    return
   fi
-  scontrol release "$SLURM_JOB_ID" 2>/dev/null || true
-  echo "bigmac-slurm: the requeue without ${all_excluded} failed (was the job submitted with"     "--requeue?); ${resubmit}"
+  if ! scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$all_excluded"; then
+    # Released now it would run again on the lost node: it stays held.
+    echo "bigmac-slurm: the job is held, but its exclusion could not be set: scancel" \
+      "${SLURM_JOB_ID} and ${resubmit}"
+    exit "$rc"
+  fi
+  scontrol release "$SLURM_JOB_ID" ||
+    echo "bigmac-slurm: scontrol release failed: the job is held; scontrol release ${SLURM_JOB_ID}"
+  exit 0
 }
 
 # Seconds left before the job's time limit (squeue's %L: [days-][hours:]minutes:seconds), or
