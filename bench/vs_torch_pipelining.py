@@ -108,16 +108,17 @@ def main():
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_WAIT_POLICY="passive")
     data = vs_pytorch.fortunes_data()
-    sets = vs_pytorch.model_sets(a.layers, a.hidden, a.heads, a.seq, a.micro_batch, a.m, a.steps,
-                                 data, work / "bigmac_prepare")
+    sets = vs_pytorch.model_sets("gpt", a.layers, a.hidden, a.heads, a.seq, a.micro_batch, a.m,
+                                 a.steps, data, work / "bigmac_prepare")
     sets.append(f"parallel.num_microbatches={a.m}")
     set_args = [arg for s in sets for arg in ("--set", s)]
-    weights, ckpt, batches = vs_pytorch.prepare(work, a.layers, a.hidden, a.seq, a.steps,
-                                                set_args, env)
+    weights, ckpt, batches = vs_pytorch.prepare(work, "gpt", a.layers, a.hidden, a.heads, a.seq,
+                                                a.steps, set_args, env)
     peak_line = run([SGEMM, "1", "2048"], env).strip()
     single_peak = float(peak_line.split()[1])
     print(f"vs_torch_pipelining: one-thread {peak_line}", flush=True)
-    flops_per_token = vs_pytorch.train_flops_per_token(a.layers, a.hidden, 256, a.seq)
+    flops_per_token = vs_pytorch.train_flops_per_token("gpt", a.layers, a.hidden, a.heads, 256,
+                                                       a.seq)
     tokens_per_step = a.micro_batch * a.seq * a.m
     rows = []
     for pp in map(int, a.pp.split(",")):
