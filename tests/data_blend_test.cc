@@ -25,12 +25,7 @@ using config::BlendEntry;
 using config::DataSpec;
 using data::BlendedData;
 
-std::string FreshDir(const std::string& name) {
-  const std::string dir = testutil::TempDir() + "/" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using testutil::FreshDir;
 
 std::vector<std::string> Problems(const std::vector<std::string>& path, const std::string& split) {
   std::vector<std::string> problems;

@@ -37,12 +37,7 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 
 using testutil::ReadFile;
 
-std::string FreshDir(const std::string& name) {
-  const std::string dir = testutil::TempDir() + "/" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using testutil::FreshDir;
 
 std::vector<int32_t> AllTokens(const data::TokenDataset& dataset) {
   std::vector<int32_t> out(dataset.size());

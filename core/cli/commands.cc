@@ -323,7 +323,7 @@ int RunDataBatches(const DataBatchesOptions& options) {
       for (int global = 0; global < per_step; ++global) {
         // As the trainer reads them (engine/trainer.cc): keyed by the global micro-batch index,
         // the blend's samples counted from the first step.
-        const int64_t first_sample = int64_t{step} * per_step * batch;
+        const int64_t first_sample = int64_t{step} * resolved.batch.global_batch;
         dataset.TrainBatch(sampler, first_sample, static_cast<uint64_t>(cfg.train().seed()), step,
                            global, batch, seq, tokens.data(), targets.data());
         put(tokens.data(), tokens.size() * 4);

@@ -154,11 +154,11 @@ BlendSampler BlendSampler::Of(const std::vector<config::BlendEntry>& entries, ui
   return BlendSampler(weights, seed);
 }
 
-std::vector<std::string> DatasetNames(const std::vector<std::string>& paths) {
+std::vector<std::string> DatasetNames(const std::vector<config::BlendEntry>& entries) {
   std::vector<std::string> names;
   std::map<std::string, int> seen;
-  for (const std::string& path : paths) {
-    std::string name = ShortName(path);
+  for (const config::BlendEntry& entry : entries) {
+    std::string name = ShortName(entry.path);
     if (const int before = seen[name]++; before > 0) name += "#" + std::to_string(before + 1);
     names.push_back(name);
   }
@@ -174,9 +174,7 @@ std::string DataHome(const config::DataSpec& spec, const std::string& dir) {
 BlendedData::BlendedData(const Options& options) {
   const std::vector<config::BlendEntry> entries = BlendEntries(options.spec, options.dir);
   const bool from_dir = options.spec.blend.empty();
-  std::vector<std::string> paths;
-  for (const config::BlendEntry& entry : entries) paths.push_back(entry.path);
-  const std::vector<std::string> names = DatasetNames(paths);
+  const std::vector<std::string> names = DatasetNames(entries);
   for (size_t i = 0; i < entries.size(); ++i) {
     const config::BlendEntry& entry = entries[i];
     BlendDataset& dataset = datasets_.emplace_back();
@@ -250,6 +248,22 @@ std::vector<std::string> BlendedData::Describe() const {
     lines.push_back(line);
   }
   return lines;
+}
+
+std::vector<std::string> BlendedData::Warnings(int seq, int batch, int eval_batches) const {
+  std::vector<std::string> warnings;
+  for (const BlendDataset& dataset : datasets_) {
+    std::vector<std::string> more =
+        dataset.val_stream
+            ? SplitWarnings(*dataset.stream, *dataset.val_stream, seq, batch, eval_batches)
+            : std::vector<std::string>{EvalRepeatWarning(dataset.val.size(),
+                                                         dataset.name + "'s validation split", seq,
+                                                         batch, eval_batches)};
+    for (std::string& warning : more) {
+      if (!warning.empty()) warnings.push_back(std::move(warning));
+    }
+  }
+  return warnings;
 }
 
 void BlendedData::CheckFits(int seq, int64_t model_vocab) const {

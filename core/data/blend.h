@@ -60,7 +60,7 @@ std::vector<config::BlendEntry> BlendEntries(const config::DataSpec& spec, const
 
 // The datasets' short names, unique in the run (metrics keys, TensorBoard tags, logs): each
 // path's last part less ".bin", with "#2", "#3" after repeats.
-std::vector<std::string> DatasetNames(const std::vector<std::string>& paths);
+std::vector<std::string> DatasetNames(const std::vector<config::BlendEntry>& entries);
 
 // The directory whose tokenizer.json describes the run's data: data.dir, else the first
 // dataset's (its own directory, or the one holding its files).
@@ -92,6 +92,10 @@ class BlendedData {
   std::string Summary() const;
   // A line per dataset: weight, division, and each split's documents and tokens.
   std::vector<std::string> Describe() const;
+
+  // How the run would use each dataset's splits, as start-up warnings (SplitWarnings for its own
+  // *val* files, else the validation windows that repeat).
+  std::vector<std::string> Warnings(int seq, int batch, int eval_batches) const;
 
   // Throws DataError unless every dataset's training and validation ranges hold a window of
   // seq + 1 tokens and its vocabulary fits `model_vocab`.

@@ -150,18 +150,9 @@ int64_t TokenDataset::DocumentStart(int64_t d) const {
   return starts_[i] + files_[i].DocumentStart(d - first_documents_[i]);
 }
 
-std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDataset& val, int seq,
-                                       int batch, int eval_batches) {
-  std::vector<std::string> warnings = SharedFileWarnings(train, val);
-  if (std::string repeat =
-          EvalRepeatWarning(val.size(), val.description(), seq, batch, eval_batches);
-      !repeat.empty()) {
-    warnings.push_back(repeat);
-  }
-  return warnings;
-}
-
-std::vector<std::string> SharedFileWarnings(const TokenDataset& train, const TokenDataset& val) {
+// A file both splits read (by its real path: a link to the other split's file is that file).
+static std::vector<std::string> SharedFileWarnings(const TokenDataset& train,
+                                                   const TokenDataset& val) {
   std::vector<std::string> warnings;
   // The same file under two names (a link) is the same file: compare where they lead.
   std::map<std::string, std::string> train_files;
@@ -201,6 +192,17 @@ std::string EvalRepeatWarning(int64_t val_tokens, const std::string& val_descrip
         static_cast<long long>(std::max<int64_t>(1, have / batch)));
   }
   return "";
+}
+
+std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDataset& val, int seq,
+                                       int batch, int eval_batches) {
+  std::vector<std::string> warnings = SharedFileWarnings(train, val);
+  if (std::string repeat =
+          EvalRepeatWarning(val.size(), val.description(), seq, batch, eval_batches);
+      !repeat.empty()) {
+    warnings.push_back(repeat);
+  }
+  return warnings;
 }
 
 void TokenDataset::CheckFits(int seq, int64_t model_vocab) const {

@@ -125,9 +125,8 @@ class TokenRange {
 std::vector<std::string> SplitWarnings(const TokenDataset& train, const TokenDataset& val, int seq,
                                        int batch, int eval_batches);
 
-// The parts of SplitWarnings: a file both splits read, and validation windows that repeat
-// (`val_tokens` in the validation split, described by `val_description`); "" when none repeat.
-std::vector<std::string> SharedFileWarnings(const TokenDataset& train, const TokenDataset& val);
+// SplitWarnings' second part alone, for a validation split of `val_tokens` tokens described by
+// `val_description`: the warning about windows that repeat, or "" when none do.
 std::string EvalRepeatWarning(int64_t val_tokens, const std::string& val_description, int seq,
                               int batch, int eval_batches);
 

@@ -64,7 +64,7 @@ TrainResult Trainer::Run() {
     // The exact tokens the blend will give each dataset over the steps to run (a function of the
     // sample indices alone); a count past 2^32 samples would take seconds, so it is left out.
     const int64_t samples =
-        int64_t{train_.max_steps() - start_step_} * batch_ * accum_ * comm_.dp().size();
+        int64_t{train_.max_steps() - start_step_} * resolved_.batch.global_batch;
     if (samples <= (int64_t{1} << 32)) {
       std::vector<int64_t> counts;
       sampler_.Count(position_.next_sample, position_.next_sample + samples, &counts);
@@ -251,11 +251,7 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
       tokens_per_step_(double(batch_) * seq_ * accum_ * resolved.dp),
       device_(options.device),
       datasets_(data::BlendEntries(resolved.data, cfg_.data().dir())),
-      dataset_names_(data::DatasetNames([this] {
-        std::vector<std::string> paths;
-        for (const config::BlendEntry& entry : datasets_) paths.push_back(entry.path);
-        return paths;
-      }())),
+      dataset_names_(data::DatasetNames(datasets_)),
       sampler_(data::BlendSampler::Of(datasets_, static_cast<uint64_t>(train_.seed()))),
       adamw_({cfg_.optim().beta1(), cfg_.optim().beta2(), cfg_.optim().eps(),
               cfg_.optim().weight_decay()}),
@@ -295,21 +291,8 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     data_->CheckFits(seq_, cfg_.model().vocab_size());
     if (root_) {
       for (const std::string& line : data_->Describe()) Log("[cfg] data " + line);
-      for (int d = 0; d < data_->size(); ++d) {
-        const data::BlendDataset& dataset = data_->dataset(d);
-        std::vector<std::string> warnings;
-        if (dataset.val_stream)
-          warnings = data::SharedFileWarnings(*dataset.stream, *dataset.val_stream);
-        if (std::string repeat =
-                data::EvalRepeatWarning(dataset.val.size(),
-                                        dataset.val_stream ? dataset.val_stream->description()
-                                                           : dataset.name + "'s validation split",
-                                        seq_, batch_, train_.eval_batches());
-            !repeat.empty()) {
-          warnings.push_back(repeat);
-        }
-        for (const std::string& warning : warnings) Log("[data] warning: " + warning);
-      }
+      for (const std::string& warning : data_->Warnings(seq_, batch_, train_.eval_batches()))
+        Log("[data] warning: " + warning);
     }
   }
   position_.samples.assign(datasets_.size(), 0);
@@ -423,7 +406,7 @@ void Trainer::FillBatches(int step, int flush) {
 }
 
 void Trainer::AdvanceDataPosition() {
-  const int64_t samples = int64_t{batch_} * accum_ * comm_.dp().size();  // the global batch
+  const int64_t samples = resolved_.batch.global_batch;
   if (datasets_.size() > 1) {
     sampler_.Count(position_.next_sample, position_.next_sample + samples, &position_.samples);
   } else {
@@ -438,7 +421,7 @@ void Trainer::RestoreDataPosition(const checkpoint::Manifest& manifest, int step
   if (!manifest.has_data()) {
     // Written before positions were saved, by a run of one dataset: `step` global batches in (a
     // new blend's datasets start at 0).
-    position_.next_sample = int64_t{step} * batch_ * accum_ * comm_.dp().size();
+    position_.next_sample = int64_t{step} * resolved_.batch.global_batch;
     if (one) position_.samples[0] = position_.next_sample;
   } else {
     position_.next_sample = manifest.data().next_sample();

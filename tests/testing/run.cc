@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -31,6 +32,13 @@ std::string TempDir() {
 }
 
 std::string Bigmac() { return Runfile("bigmac"); }
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = TempDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 std::string WriteTempFile(const std::string& name, const std::string& contents) {
   const std::string path = TempDir() + "/" + name;

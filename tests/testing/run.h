@@ -24,6 +24,10 @@ std::string TempDir();
 // The bigmac binary of this workspace (a runfile).
 std::string Bigmac();
 
+// A new, empty directory `name` under the test's temporary directory (anything there before is
+// removed); returns its path.
+std::string FreshDir(const std::string& name);
+
 // A fresh file under the test's temporary directory holding `contents`; returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& contents);
 
