@@ -16,8 +16,8 @@
 # slurmd per host, and the job is `sbatch -N 2 --ntasks-per-node=2 launch/slurm/train_multinode.sbatch`
 # submitted on hostA, its ranks started by `srun --mpi=pmix` on both hosts.
 #
-# With --lose-node the Slurm cluster has a third host, a spare: hostC (10.250.17.2, on a second
-# veth pair to hostA, 10.250.17.1). A job on hostA and hostB trains with checkpoints until hostB
+# With --lose-node the Slurm cluster has a third host, a spare: hostC (10.250.16.3; hostA's eth0
+# is then a bridge with the links to hostB and hostC as its ports). A job on hostA and hostB trains with checkpoints until hostB
 # is lost (its processes killed, its link down) at step 5: the job must end within the deadline
 # plus 30 s and name hostB, and its batch script must requeue it without hostB; the requeued job
 # runs on hostA and hostC, resumes with --resume auto from the last complete checkpoint and
@@ -45,7 +45,6 @@ export PATH="$PATH:/usr/sbin:/sbin"
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 repo=$(cd "$(dirname "$self")/.." && pwd)
 subnet=10.250.16
-subnet_c=10.250.17 # --lose-node: hostA <-> hostC
 hosts=(hostA hostB)
 prefix=bm2h # namespaces bm2h<PID>a / b / c, work directory /tmp/bm2h-<PID>.XXXXXX
 
@@ -164,7 +163,7 @@ ns_b=$prefix$$b
 ns_c=$prefix$$c
 veth_a=bm$$a
 veth_b=bm$$b
-veth_ac=bm$$x # --lose-node: hostA's end towards hostC
+veth_ac=bm$$x # --lose-node: hostA's end towards hostC (a port of its bridge)
 veth_c=bm$$c
 work=$(mktemp -d "/tmp/$prefix-$$.XXXXXX")
 made_ns=()
@@ -223,32 +222,40 @@ fi
 # Each end becomes its host's eth0.
 ip link set "$veth_a" netns "$ns_a"
 ip link set "$veth_b" netns "$ns_b"
+# --lose-node: hostA's eth0 is a bridge (a switch) with the links to hostB and hostC as its ports,
+# so that every host has one address on one subnet, as on a cluster's network. (Two links on
+# hostA gave it two addresses, and Open MPI on hostC at times refused hostA's connections from
+# the address it did not expect.)
+if ((lose_node)); then
+  ip -n "$ns_a" link add eth0 type bridge
+  ip -n "$ns_a" link set "$veth_a" name to_b
+  ip -n "$ns_a" link set to_b master eth0
+  ip -n "$ns_a" link set to_b up
+fi
 i=1
 for ns in "$ns_a" "$ns_b"; do
   end=$([[ "$ns" == "$ns_a" ]] && echo "$veth_a" || echo "$veth_b")
-  ip -n "$ns" link set "$end" name eth0
+  ((lose_node)) && [[ "$ns" == "$ns_a" ]] || ip -n "$ns" link set "$end" name eth0
   ip -n "$ns" addr add "$subnet.$i/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
   i=$((i + 1))
 done
 
-# --lose-node: the spare hostC, on its own veth pair to hostA (hostA answers on both links; hostC
-# reaches hostA's first address through it).
+# --lose-node: the spare hostC, on a third port of hostA's bridge.
 if ((lose_node)); then
   ip netns add "$ns_c"
   made_ns+=("$ns_c")
   ip link add "$veth_ac" type veth peer name "$veth_c"
   ip link set "$veth_ac" netns "$ns_a"
   ip link set "$veth_c" netns "$ns_c"
-  ip -n "$ns_a" link set "$veth_ac" name eth1
-  ip -n "$ns_a" addr add "$subnet_c.1/24" dev eth1
-  ip -n "$ns_a" link set eth1 up
+  ip -n "$ns_a" link set "$veth_ac" name to_c
+  ip -n "$ns_a" link set to_c master eth0
+  ip -n "$ns_a" link set to_c up
   ip -n "$ns_c" link set "$veth_c" name eth0
-  ip -n "$ns_c" addr add "$subnet_c.2/24" dev eth0
+  ip -n "$ns_c" addr add "$subnet.3/24" dev eth0
   ip -n "$ns_c" link set eth0 up
   ip -n "$ns_c" link set lo up
-  ip -n "$ns_c" route add "$subnet.0/24" via "$subnet_c.1"
   hosts+=(hostC)
 fi
 
@@ -256,7 +263,7 @@ fi
   echo "127.0.0.1 localhost"
   echo "$subnet.1 hostA"
   echo "$subnet.2 hostB"
-  if ((lose_node)); then echo "$subnet_c.2 hostC"; fi
+  if ((lose_node)); then echo "$subnet.3 hostC"; fi
 } >"$work/etc_hosts"
 echo "$ns_a" >"$work/hostA.netns"
 echo "$ns_b" >"$work/hostB.netns"
@@ -275,7 +282,7 @@ if ((lose_node)); then
   [[ "$reach" == *refused* ]] || die "hostC cannot reach hostA ($subnet.1): $reach"
 fi
 log "hosts up: hostA $subnet.1 (netns $ns_a), hostB $subnet.2 (netns $ns_b)$( ((lose_node)) &&
-  echo ", hostC $subnet_c.2 (netns $ns_c; hostA $subnet_c.1)")"
+  echo ", hostC $subnet.3 (netns $ns_c; hostA's eth0 a bridge to both)")"
 
 # --- data: a fixed corpus, byte-level shards ----------------------------------------------------
 awk 'BEGIN { for (i = 0; i < 4000; i++)
@@ -356,7 +363,7 @@ SlurmdTimeout=30
 $(bigmac_throwaway_slurm_conf "$s/munge.sock")
 NodeName=hostA NodeAddr=$subnet.1 CPUs=4 State=UNKNOWN
 NodeName=hostB NodeAddr=$subnet.2 CPUs=4 State=UNKNOWN
-$( ((lose_node)) && echo "NodeName=hostC NodeAddr=$subnet_c.2 CPUs=4 Weight=10 State=UNKNOWN")
+$( ((lose_node)) && echo "NodeName=hostC NodeAddr=$subnet.3 CPUs=4 Weight=10 State=UNKNOWN")
 PartitionName=test Nodes=$(IFS=,; echo "${hosts[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF=$s/slurm.conf
@@ -390,11 +397,9 @@ slurm_submit() {
   while (($#)) && [[ "$1" != -- ]]; do flags+=("$1"); shift; done
   shift
   local id
-  local subnets=$subnet.0/24
-  if ((lose_node)); then subnets+=,$subnet_c.0/24; fi
   id=$("$self" --enter hostA env BIGMAC_BIN="$bigmac" BIGMAC_REPO="$repo" \
-    OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include="$subnets" \
-    OMPI_MCA_oob_tcp_if_include="$subnets" BIGMAC_SRUN_FLAGS="${srun_flags:-}" \
+    OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include="$subnet.0/24" \
+    OMPI_MCA_oob_tcp_if_include="$subnet.0/24" BIGMAC_SRUN_FLAGS="${srun_flags:-}" \
     ${job_env:+$job_env} \
     sbatch --parsable --cpus-per-task=1 --gpus-per-node=0 --time=5 --chdir="$work/job" \
     --output="$out" "${flags[@]}" "$repo/launch/slurm/train_multinode.sbatch" "$@") ||
