@@ -62,13 +62,15 @@ void* Symbol(const std::string& path, const char* name) {
 
 std::vector<Library> Libraries() {
   std::vector<Library> libraries = {{"openblas", FromCblas(cblas_sgemm)}};
-  if (bigmac::sdk::cpu::internal::BlockedSgemmSupported()) {
-    libraries.push_back(
-        {"bigmac", [](bool ta, bool tb, int m, int n, int k, const float* a, int lda,
-                      const float* b, int ldb, float beta, float* c, int ldc) {
-           bigmac::sdk::cpu::internal::BlockedSgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c,
-                                                    ldc);
-         }});
+  namespace gemm = bigmac::sdk::cpu::internal;
+  for (const gemm::GemmKernel kernel : {gemm::GemmKernel::kAvx2, gemm::GemmKernel::kAvx512}) {
+    if (!gemm::BlockedSgemmSupported(kernel)) continue;
+    libraries.push_back({std::string("bigmac-") + gemm::GemmKernelName(kernel),
+                         [kernel](bool ta, bool tb, int m, int n, int k, const float* a, int lda,
+                                  const float* b, int ldb, float beta, float* c, int ldc) {
+                           gemm::BlockedSgemm(kernel, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta,
+                                              c, ldc);
+                         }});
   }
   if (void* f = Symbol("libdnnl.so.2", "dnnl_sgemm")) {
     const auto dnnl = reinterpret_cast<DnnlSgemm>(f);

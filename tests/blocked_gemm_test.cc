@@ -1,6 +1,7 @@
-// BigMac's blocked float GEMM (stages/cpu/blocked_gemm.h): every transpose case, edge and
-// multi-block shapes, alpha and beta, against a double reference; and the property the layouts
-// need, the same bits at any thread count and inside a parallel region.
+// BigMac's blocked float GEMM (stages/cpu/blocked_gemm.h), with each micro-kernel the CPU runs
+// (AVX2; AVX-512 where the CPU has it): every transpose case, edge and multi-block shapes, alpha
+// and beta, against a double reference; the property the layouts need, the same bits at any
+// thread count and inside a parallel region; and the same bits from both kernels.
 #include "stages/cpu/blocked_gemm.h"
 
 #include <omp.h>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -56,11 +58,11 @@ float B(const Case& cs, const Operands& o, int p, int j) {
   return cs.tb ? o.b[size_t(j) * o.ldb + p] : o.b[size_t(p) * o.ldb + j];
 }
 
-void ExpectMatchesReference(const Case& cs, uint32_t seed, bool padded = true) {
+void ExpectMatchesReference(GemmKernel kernel, const Case& cs, uint32_t seed, bool padded = true) {
   Operands o = Make(cs, seed, padded);
   const std::vector<float> c0 = o.c;
-  BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
-               cs.beta, o.c.data(), o.ldc);
+  BlockedSgemm(kernel, cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(),
+               o.ldb, cs.beta, o.c.data(), o.ldc);
   double worst = 0;
   for (int i = 0; i < cs.m; ++i) {
     for (int j = 0; j < o.ldc; ++j) {
@@ -87,8 +89,17 @@ void ExpectMatchesReference(const Case& cs, uint32_t seed, bool padded = true) {
   EXPECT_GT(cs.m * cs.n, 0);
 }
 
-TEST(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
-  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+// Each test runs once per micro-kernel; the AVX-512 one where the CPU has it.
+class BlockedGemm : public ::testing::TestWithParam<GemmKernel> {
+ protected:
+  void SetUp() override {
+    if (!BlockedSgemmSupported(GetParam())) {
+      GTEST_SKIP() << "this CPU cannot run the " << GemmKernelName(GetParam()) << " kernel";
+    }
+  }
+};
+
+TEST_P(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
   const int shapes[][3] = {
       {1, 1, 1},     {6, 16, 8},    {7, 17, 9},      {5, 3, 300},  {13, 40, 257},
       {150, 33, 64}, {64, 70, 513}, {145, 200, 100}, {32, 96, 32}, {2, 300, 7},
@@ -99,53 +110,51 @@ TEST(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
       for (const auto& [alpha, beta] :
            {std::pair{1.0f, 0.0f}, {0.5f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
         const Case cs{bool(layout & 1), bool(layout & 2), s[0], s[1], s[2], alpha, beta};
-        ExpectMatchesReference(cs, seed++, /*padded=*/true);
-        ExpectMatchesReference(cs, seed++, /*padded=*/false);
+        ExpectMatchesReference(GetParam(), cs, seed++, /*padded=*/true);
+        ExpectMatchesReference(GetParam(), cs, seed++, /*padded=*/false);
       }
     }
   }
 }
 
-TEST(BlockedGemm, BetaZeroIgnoresWhatCHeld) {
-  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+TEST_P(BlockedGemm, BetaZeroIgnoresWhatCHeld) {
   const Case cs{false, true, 9, 20, 11, 1.0f, 0.0f};
   Operands o = Make(cs, 7);
   std::vector<float> clean = o.c;
   for (float& x : o.c) x = std::numeric_limits<float>::quiet_NaN();
-  BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f,
-               o.c.data(), o.ldc);
-  BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f,
-               clean.data(), o.ldc);
+  BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.0f, o.a.data(), o.lda, o.b.data(),
+               o.ldb, 0.0f, o.c.data(), o.ldc);
+  BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.0f, o.a.data(), o.lda, o.b.data(),
+               o.ldb, 0.0f, clean.data(), o.ldc);
   for (int i = 0; i < cs.m; ++i) {
     for (int j = 0; j < cs.n; ++j) EXPECT_EQ(o.c[i * o.ldc + j], clean[i * o.ldc + j]);
   }
 }
 
-TEST(BlockedGemm, KZeroOrAlphaZeroScalesC) {
-  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+TEST_P(BlockedGemm, KZeroOrAlphaZeroScalesC) {
   std::vector<float> c = {1, 2, 3, 4};
-  BlockedSgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  BlockedSgemm(GetParam(), false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
   EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2}));
   // As BLAS: alpha == 0 reads neither A nor B, so a NaN there does not reach C.
   const std::vector<float> nan(4, std::numeric_limits<float>::quiet_NaN());
-  BlockedSgemm(false, false, 2, 2, 2, 0.0f, nan.data(), 2, nan.data(), 2, 2.0f, c.data(), 2);
+  BlockedSgemm(GetParam(), false, false, 2, 2, 2, 0.0f, nan.data(), 2, nan.data(), 2, 2.0f,
+               c.data(), 2);
   EXPECT_EQ(c, (std::vector<float>{1, 2, 3, 4}));
 }
 
 // An element's bits do not depend on where the matrix ends: the same row or column falls in a
 // full tile in one layout and in an edge tile in another (dp and tp split m and n).
-TEST(BlockedGemm, BitsDoNotDependOnTheMatrixEdges) {
-  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+TEST_P(BlockedGemm, BitsDoNotDependOnTheMatrixEdges) {
   for (int layout = 0; layout < 4; ++layout) {
     const bool ta = layout & 1, tb = layout & 2;
     const Case big{ta, tb, 12, 32, 300, 1.0f, 0.0f};
     const Operands o = Make(big, 21);
     std::vector<float> full(o.c.size()), cut(o.c.size());
-    BlockedSgemm(ta, tb, 12, 32, 300, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f, full.data(),
-                 o.ldc);
+    BlockedSgemm(GetParam(), ta, tb, 12, 32, 300, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f,
+                 full.data(), o.ldc);
     // The first 7 rows and 17 columns of the same product, as a smaller matrix.
-    BlockedSgemm(ta, tb, 7, 17, 300, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f, cut.data(),
-                 o.ldc);
+    BlockedSgemm(GetParam(), ta, tb, 7, 17, 300, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f,
+                 cut.data(), o.ldc);
     for (int i = 0; i < 7; ++i) {
       for (int j = 0; j < 17; ++j) {
         ASSERT_EQ(std::memcmp(&full[i * o.ldc + j], &cut[i * o.ldc + j], 4), 0)
@@ -157,8 +166,7 @@ TEST(BlockedGemm, BitsDoNotDependOnTheMatrixEdges) {
 
 // The property pp/dp equivalence rests on: the same bits with 1, 2 or 3 threads and inside a
 // parallel region, for shapes that split by rows and by columns and span several k blocks.
-TEST(BlockedGemm, BitsDoNotDependOnThreads) {
-  if (!BlockedSgemmSupported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+TEST_P(BlockedGemm, BitsDoNotDependOnThreads) {
   const Case cases[] = {
       {false, true, 2048, 384, 128, 1.0f, 0.0f},     // the block's forward
       {true, false, 384, 128, 2048, 1.0f, 1.0f},     // its weight gradient
@@ -172,16 +180,16 @@ TEST(BlockedGemm, BitsDoNotDependOnThreads) {
     for (int threads : {1, 2, 3}) {
       omp_set_num_threads(threads);
       std::vector<float> c = o.c;
-      BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
-                   cs.beta, c.data(), o.ldc);
+      BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda,
+                   o.b.data(), o.ldb, cs.beta, c.data(), o.ldc);
       results.push_back(c);
     }
     std::vector<float> nested = o.c;
 #pragma omp parallel num_threads(2)
     {
 #pragma omp single
-      BlockedSgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
-                   cs.beta, nested.data(), o.ldc);
+      BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda,
+                   o.b.data(), o.ldb, cs.beta, nested.data(), o.ldc);
     }
     results.push_back(nested);
     for (size_t r = 1; r < results.size(); ++r) {
@@ -191,6 +199,41 @@ TEST(BlockedGemm, BitsDoNotDependOnThreads) {
     }
   }
   omp_set_num_threads(threads_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, BlockedGemm,
+                         ::testing::Values(GemmKernel::kAvx2, GemmKernel::kAvx512),
+                         [](const ::testing::TestParamInfo<GemmKernel>& info) {
+                           return std::string(GemmKernelName(info.param));
+                         });
+
+// Both kernels give the same bits, so a run's numbers do not depend on the CPU it ran on: every
+// layout, fold (beta 0, beta != 0, several k blocks) and edge, and both widths of the AVX-512
+// tile (four panels and fewer).
+TEST(BlockedGemmKernels, Avx512GivesTheAvx2Bits) {
+  if (!BlockedSgemmSupported(GemmKernel::kAvx512)) {
+    GTEST_SKIP() << "this CPU lacks AVX-512F: only the AVX2 kernel runs here";
+  }
+  const int shapes[][3] = {{6, 64, 8},   {7, 17, 9},          {12, 112, 300},   {150, 200, 513},
+                           {64, 48, 64}, {13, 4096 + 80, 30}, {2048, 384, 128}, {30, 1000, 257}};
+  uint32_t seed = 100;
+  for (const auto& s : shapes) {
+    for (int layout = 0; layout < 4; ++layout) {
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {2.0f, -0.5f}}) {
+        const Case cs{bool(layout & 1), bool(layout & 2), s[0], s[1], s[2], alpha, beta};
+        const Operands o = Make(cs, seed++);
+        std::vector<float> narrow = o.c, wide = o.c;
+        BlockedSgemm(GemmKernel::kAvx2, cs.ta, cs.tb, cs.m, cs.n, cs.k, alpha, o.a.data(), o.lda,
+                     o.b.data(), o.ldb, beta, narrow.data(), o.ldc);
+        BlockedSgemm(GemmKernel::kAvx512, cs.ta, cs.tb, cs.m, cs.n, cs.k, alpha, o.a.data(), o.lda,
+                     o.b.data(), o.ldb, beta, wide.data(), o.ldc);
+        ASSERT_NE(narrow, o.c);
+        ASSERT_EQ(std::memcmp(narrow.data(), wide.data(), narrow.size() * 4), 0)
+            << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n << " k=" << cs.k
+            << " alpha=" << alpha << " beta=" << beta;
+      }
+    }
+  }
 }
 
 TEST(BlockedGemm, ChunksAreWholeTilesAboutEightPerThread) {

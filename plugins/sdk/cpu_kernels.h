@@ -129,9 +129,11 @@ void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, i
 
 // The library behind the float matmuls for this process, from the environment variable
 // BIGMAC_CPU_GEMM, read once: "bigmac" (BigMac's blocked GEMM, the default on CPUs with AVX2 and
-// FMA), "openblas" (the default elsewhere) or "onednn" (it fails the bitwise layout equivalence
-// suite; docs/build.md). Returns null, and says why in *problem when given, if that variable holds
-// anything else, names bigmac on a CPU without AVX2 and FMA, or oneDNN cannot be loaded (the
+// FMA, with its AVX2 micro-kernel, also named "bigmac-avx2"; "bigmac-avx512" its AVX-512 one),
+// "openblas" (the default elsewhere) or "onednn" (it fails the bitwise layout equivalence suite;
+// docs/build.md). Returns the library and, for BigMac's, its kernel ("bigmac-avx512",
+// "bigmac-avx2", "openblas", "onednn"). Returns null, and says why in *problem when given, if that
+// variable holds anything else, asks for a kernel this CPU lacks, or oneDNN cannot be loaded (the
 // matmuls then use OpenBLAS; bigmac refuses to start).
 const char* FloatGemmLibrary(std::string* problem = nullptr);
 

@@ -140,6 +140,68 @@ void Tile(int kc, ATile tile, const float* bp, float alpha, float beta, float* c
     std::copy(full + r * kGemmNr, full + r * kGemmNr + cols, c + r * ldc);
 }
 
+#define BIGMAC_AVX512 __attribute__((target("avx512f")))
+
+// C[0..6) x [0..16 kPanels) folded with an A tile times kPanels packed B panels (panel j at
+// bp + j * panel_stride), with AVX-512F: one 16-float vector per row and panel, 6 x kPanels
+// accumulators. Every element takes the same chain as in MicroKernel (start at zero, one fused
+// multiply-add per k in order, then the same fold), so the bits are the AVX2 kernel's. A CPU
+// with two 512-bit FMA units runs twice the multiply-adds per cycle with it; one that splits
+// 512-bit operations in two (Zen 4) the same as with AVX2 (bench/NOTES.md).
+template <Fold kFold, int kPanels>
+BIGMAC_AVX512 void WideMicroKernel(int kc, ATile tile, const float* bp, int64_t panel_stride,
+                                   float alpha, float beta, float* c, int64_t ldc) {
+  const float* a[kGemmMr];
+  for (int r = 0; r < kGemmMr; ++r) a[r] = tile.a + r * tile.row_stride;
+  __m512 acc[kGemmMr][kPanels];
+  for (int r = 0; r < kGemmMr; ++r) {
+    for (int j = 0; j < kPanels; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0, offset = 0; p < kc; ++p, offset += tile.k_stride) {
+    __m512 b[kPanels];
+    for (int j = 0; j < kPanels; ++j) b[j] = _mm512_load_ps(bp + j * panel_stride + p * kGemmNr);
+    for (int r = 0; r < kGemmMr; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r][offset]);
+      for (int j = 0; j < kPanels; ++j) acc[r][j] = _mm512_fmadd_ps(ar, b[j], acc[r][j]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  const __m512 vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < kGemmMr; ++r) {
+    for (int j = 0; j < kPanels; ++j) {
+      float* out = c + r * ldc + j * kGemmNr;
+      if constexpr (kFold == Fold::kOverwrite) {
+        _mm512_storeu_ps(out, _mm512_mul_ps(va, acc[r][j]));
+      } else if constexpr (kFold == Fold::kScale) {
+        _mm512_storeu_ps(out,
+                         _mm512_fmadd_ps(va, acc[r][j], _mm512_mul_ps(vb, _mm512_loadu_ps(out))));
+      } else {
+        _mm512_storeu_ps(out, _mm512_fmadd_ps(va, acc[r][j], _mm512_loadu_ps(out)));
+      }
+    }
+  }
+}
+
+// The AVX-512 tile over `panels` (1 to kWidePanels) whole panels.
+template <Fold kFold>
+void WideTile(int panels, int kc, ATile tile, const float* bp, int64_t panel_stride, float alpha,
+              float beta, float* c, int64_t ldc) {
+  switch (panels) {
+    case 1:
+      WideMicroKernel<kFold, 1>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      break;
+    case 2:
+      WideMicroKernel<kFold, 2>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      break;
+    case 3:
+      WideMicroKernel<kFold, 3>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      break;
+    default:
+      WideMicroKernel<kFold, 4>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      break;
+  }
+}
+
 // dst[r * ldd + c] = src[c * lds + r] for an 8 x 8 block.
 BIGMAC_AVX2_FMA inline void Transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
   __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
@@ -245,6 +307,7 @@ BIGMAC_AVX2_FMA void PackA(bool trans, const float* a, int64_t lda, int row0, in
 }
 
 struct Problem {
+  GemmKernel kernel;
   bool trans_a, trans_b;
   int m, n, k;
   float alpha;
@@ -272,6 +335,22 @@ void RunTile(Fold fold, int kc, ATile tile, const float* b_panel, const Problem&
   }
 }
 
+void RunWideTile(Fold fold, int panels, int kc, ATile tile, const float* b_panel, const Problem& pr,
+                 float* c) {
+  const int64_t stride = int64_t{kGemmNr} * kc;
+  switch (fold) {
+    case Fold::kOverwrite:
+      WideTile<Fold::kOverwrite>(panels, kc, tile, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
+      break;
+    case Fold::kScale:
+      WideTile<Fold::kScale>(panels, kc, tile, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
+      break;
+    case Fold::kAccumulate:
+      WideTile<Fold::kAccumulate>(panels, kc, tile, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
+      break;
+  }
+}
+
 // Rows [row_begin, row_end) (at most kGemmMc) of C for one column block and k block, against B
 // packed in bp: row tiles outside, column panels inside. A is read in place (a transposed A is
 // packed first, into this thread's buffer), its row tile stays in L1 while the packed B streams
@@ -294,7 +373,15 @@ void RunRows(const Problem& pr, Fold fold, int row_begin, int row_end, int jc, i
       tile = {ap, 1, kGemmMr};
     }
     float* c_row = pr.c + (row_begin + ir) * pr.ldc + jc;
-    for (int jr = 0; jr < nc; jr += kGemmNr) {
+    int jr = 0;
+    if (pr.kernel == GemmKernel::kAvx512 && rows == kGemmMr) {
+      while (nc - jr >= kGemmNr) {  // whole panels, up to kWidePanels at a time
+        const int panels = std::min(kWidePanels, (nc - jr) / kGemmNr);
+        RunWideTile(fold, panels, kc, tile, bp + int64_t{jr} * kc, pr, c_row + jr);
+        jr += panels * kGemmNr;
+      }
+    }
+    for (; jr < nc; jr += kGemmNr) {  // the AVX2 tiles: edges, or every tile
       RunTile(fold, kc, tile, bp + int64_t{jr} * kc, pr, c_row + jr, rows,
               std::min(kGemmNr, nc - jr));
     }
@@ -354,9 +441,14 @@ void ScaleOnly(int m, int n, float beta, float* c, int64_t ldc) {
 
 }  // namespace
 
-bool BlockedSgemmSupported() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
+bool BlockedSgemmSupported(GemmKernel kernel) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+  return kernel == GemmKernel::kAvx512 ? avx512 : avx2;
+}
+
+const char* GemmKernelName(GemmKernel kernel) {
+  return kernel == GemmKernel::kAvx512 ? "avx512" : "avx2";
 }
 
 int BlockedSgemmChunkRows(int m, int threads) {
@@ -373,14 +465,14 @@ int BlockedSgemmThreads(int m, int n, int k, int available) {
   return available;
 }
 
-void BlockedSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {  // as BLAS: A and B are not read
     ScaleOnly(m, n, beta, c, ldc);
     return;
   }
-  const Problem problem{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+  const Problem problem{kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
   const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
   // B's packed block is shared by the team: the calling thread's buffer.
   float* bp = b_buffer.Get(int64_t{std::min(kGemmKc, k)} *

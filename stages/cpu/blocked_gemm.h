@@ -1,7 +1,8 @@
 #ifndef BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_
 #define BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_
 
-// BigMac's own float GEMM for x86 CPUs with AVX2 and FMA (bench/NOTES.md, lever 13): row-major
+// BigMac's own float GEMM for x86 CPUs with AVX2 and FMA, and AVX-512 where the CPU has it
+// (bench/NOTES.md, lever 13 and issue 34's item 5): row-major
 // C = alpha op(A) op(B) + beta C, blocked much as BLIS does (6 x 16 micro-tiles over a packed B, k
 // in blocks of kGemmKc), with chunks of C's rows shared out to the OpenMP threads as they come
 // free.
@@ -27,15 +28,26 @@ inline constexpr int kGemmKc = 256;
 inline constexpr int kGemmMc = 144;
 inline constexpr int kGemmNc = 4096;
 
-// True when this CPU runs AVX2 and FMA, which BlockedSgemm needs.
-bool BlockedSgemmSupported();
+// The micro-kernels. kAvx2: 6 x 16 tiles with AVX2 and FMA. kAvx512: 6 x 64 tiles with
+// AVX-512F (the edges that are not whole 16-column panels, and tiles of fewer than 6 rows, by the
+// AVX2 kernel). Both compute each element of C as the same chain of fused multiply-adds and fold
+// it the same way, so they give the same bits (tested): a run's numbers do not depend on which
+// kernel the CPU has.
+enum class GemmKernel { kAvx2, kAvx512 };
+inline constexpr int kWidePanels = 4;  // kAvx512's tile: kGemmMr x (kWidePanels x kGemmNr)
+
+// True when this CPU runs the kernel (AVX2 and FMA; AVX-512F as well for kAvx512).
+bool BlockedSgemmSupported(GemmKernel kernel = GemmKernel::kAvx2);
+
+// "avx2" or "avx512", as the [rank] line and BIGMAC_CPU_GEMM name them.
+const char* GemmKernelName(GemmKernel kernel);
 
 // Row-major C = alpha op(A) op(B) + beta C with op(A) m x k and op(B) k x n (m, n, k >= 0). With
 // beta == 0, C is only written (it may hold NaN); with alpha == 0 or k == 0, A and B are not read.
 // Uses the OpenMP threads when called outside a parallel region and the product is large enough;
-// one thread inside one. Needs BlockedSgemmSupported().
-void BlockedSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                  int lda, const float* b, int ldb, float beta, float* c, int ldc);
+// one thread inside one. Needs BlockedSgemmSupported(kernel).
+void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
 // The rows of C in one chunk of work (pure; tested): threads pack B together, then take chunks
 // of rows as they come free. About eight chunks per thread, whole micro-tiles, at most kGemmMc.

@@ -26,23 +26,38 @@ using DnnlSgemm = decltype(&dnnl_sgemm);
 struct Choice {
   const char* name = nullptr;  // null: the environment asked for something unusable
   bool blocked = false;        // BigMac's own GEMM
+  internal::GemmKernel kernel = internal::GemmKernel::kAvx2;  // its micro-kernel
   DnnlSgemm dnnl_sgemm = nullptr;
   std::string problem;
 };
+
+// BigMac's GEMM with the given micro-kernel, or why this CPU cannot run it.
+void ChooseBlocked(internal::GemmKernel kernel, Choice& choice) {
+  if (!internal::BlockedSgemmSupported(kernel)) {
+    choice.problem = kernel == internal::GemmKernel::kAvx512
+                         ? "BIGMAC_CPU_GEMM=bigmac-avx512 needs a CPU with AVX-512F, and this one "
+                           "lacks it: use bigmac"
+                         : "BIGMAC_CPU_GEMM=bigmac needs a CPU with AVX2 and FMA, and this one "
+                           "lacks them: use openblas";
+    return;
+  }
+  choice.name = kernel == internal::GemmKernel::kAvx512 ? "bigmac-avx512" : "bigmac-avx2";
+  choice.blocked = true;
+  choice.kernel = kernel;
+}
 
 Choice Choose() {
   Choice choice;
   const char* value = std::getenv("BIGMAC_CPU_GEMM");
   if (!value || !*value) value = internal::BlockedSgemmSupported() ? "bigmac" : "openblas";
   if (std::strcmp(value, "bigmac") == 0) {
-    if (internal::BlockedSgemmSupported()) {
-      choice.name = "bigmac";
-      choice.blocked = true;
-    } else {
-      choice.problem =
-          "BIGMAC_CPU_GEMM=bigmac needs a CPU with AVX2 and FMA, and this one lacks them: use "
-          "openblas";
-    }
+    // AVX2 unless asked: on Zen 4 the AVX-512 kernel is no faster, and on CPUs with one 512-bit
+    // FMA unit it may lower the clock for nothing (bench/NOTES.md, issue 34).
+    ChooseBlocked(internal::GemmKernel::kAvx2, choice);
+  } else if (std::strcmp(value, "bigmac-avx2") == 0) {
+    ChooseBlocked(internal::GemmKernel::kAvx2, choice);
+  } else if (std::strcmp(value, "bigmac-avx512") == 0) {
+    ChooseBlocked(internal::GemmKernel::kAvx512, choice);
   } else if (std::strcmp(value, "openblas") == 0) {
     choice.name = "openblas";
   } else if (std::strcmp(value, "onednn") == 0) {
@@ -61,8 +76,8 @@ Choice Choose() {
   } else {
     choice.problem =
         std::string("environment variable BIGMAC_CPU_GEMM='") + value +
-        "' names no GEMM library: it must be bigmac (the default on CPUs with AVX2 and FMA), "
-        "openblas or onednn";
+        "' names no GEMM library: it must be bigmac (the default on CPUs with AVX2 and FMA; the "
+        "same as bigmac-avx2), bigmac-avx512, openblas or onednn";
   }
   return choice;
 }
@@ -84,7 +99,7 @@ namespace internal {
 void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (Chosen().blocked) {
-    BlockedSgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    BlockedSgemm(Chosen().kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const DnnlSgemm dnnl = Chosen().dnnl_sgemm;

@@ -62,14 +62,17 @@ TEST(CliTrain, PrintsAProgressLinePerStep) {
 }
 
 // BIGMAC_CPU_GEMM picks the float GEMM: BigMac's own (the default where the CPU has AVX2 and
-// FMA), OpenBLAS and oneDNN train to the same losses within float rounding, the [rank] line names
-// the library, and an unknown name exits 2 before anything runs.
+// FMA, with its AVX2 kernel; the AVX-512 one on request), OpenBLAS and oneDNN train to the same
+// losses within float rounding, BigMac's two kernels to the same bits, the [rank] line names the
+// library and kernel, and an unknown name exits 2 before anything runs.
 TEST(CliTrain, FloatGemmLibraryComesFromTheEnvironment) {
   const std::regex last_loss(R"(step 3/3 \| loss ([0-9.]+))");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
   std::vector<std::string> libraries = {"openblas", "onednn"};
-  if (avx2) libraries.push_back("bigmac");
-  std::vector<double> losses;
+  if (avx2) libraries.push_back("bigmac-avx2");
+  if (avx512) libraries.push_back("bigmac-avx512");
+  std::vector<std::string> losses;
   for (const std::string& library : libraries) {
     const testutil::RunResult r =
         RunCommand("BIGMAC_CPU_GEMM=" + library + " " + TrainCommand(""), 120);
@@ -77,22 +80,32 @@ TEST(CliTrain, FloatGemmLibraryComesFromTheEnvironment) {
     EXPECT_NE(r.output.find(" gemm=" + library + " "), std::string::npos) << r.output;
     std::smatch loss;
     ASSERT_TRUE(std::regex_search(r.output, loss, last_loss)) << r.output;
-    losses.push_back(std::stod(loss[1]));
+    losses.push_back(loss[1]);
   }
   for (size_t i = 1; i < losses.size(); ++i) {
-    EXPECT_NEAR(losses[i], losses[0], 1e-3 * losses[0]) << libraries[i];
+    EXPECT_NEAR(std::stod(losses[i]), std::stod(losses[0]), 1e-3 * std::stod(losses[0]))
+        << libraries[i];
   }
+  if (avx512) EXPECT_EQ(losses[3], losses[2]) << "BigMac's AVX-512 and AVX2 kernels";
   const testutil::RunResult plain = RunCommand(TrainCommand(""), 120);
   EXPECT_EQ(plain.exit_code, 0) << plain.output;
-  EXPECT_NE(plain.output.find(avx2 ? " gemm=bigmac " : " gemm=openblas "), std::string::npos)
-      << plain.output;
+  const std::string want = avx2 ? " gemm=bigmac-avx2 " : " gemm=openblas ";
+  EXPECT_NE(plain.output.find(want), std::string::npos) << plain.output;
   const testutil::RunResult bad = RunCommand("BIGMAC_CPU_GEMM=mkl " + TrainCommand(""), 60);
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("environment variable BIGMAC_CPU_GEMM='mkl' names no GEMM library: "
-                            "it must be bigmac (the default on CPUs with AVX2 and FMA), openblas "
-                            "or onednn"),
+                            "it must be bigmac (the default on CPUs with AVX2 and FMA; the "
+                            "same as bigmac-avx2), bigmac-avx512, openblas or onednn"),
             std::string::npos)
       << bad.output;
+  if (!avx512) {  // asked for a kernel this CPU lacks: exit 2, saying so
+    const testutil::RunResult lacking =
+        RunCommand("BIGMAC_CPU_GEMM=bigmac-avx512 " + TrainCommand(""), 60);
+    EXPECT_EQ(lacking.exit_code, 2) << lacking.output;
+    EXPECT_NE(lacking.output.find("BIGMAC_CPU_GEMM=bigmac-avx512 needs a CPU with AVX-512F"),
+              std::string::npos)
+        << lacking.output;
+  }
 }
 
 TEST(CliTrain, OutOfMemoryExitsThree) {
