@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
   std::printf("GEMM GFLOP/s (median of %d rounds), rows N=%d, hidden C=%d, %d threads\n", rounds,
               rows, c, threads);
   std::printf("%-16s %16s", "shape", "m x n x k");
-  for (const Library& l : libraries) std::printf(" %9s", l.name.c_str());
+  for (const Library& l : libraries) std::printf(" %13s", l.name.c_str());
   std::printf("\n");
   std::vector<double> total(libraries.size(), 0);
   for (size_t s = 0; s < shapes.size(); ++s) {
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
     for (size_t l = 0; l < libraries.size(); ++l) {
       const double t = Median(seconds[l][s]);
       total[l] += t;
-      std::printf(" %9.1f", flops / t / 1e9);
+      std::printf(" %13.1f", flops / t / 1e9);
     }
     std::printf("\n");
   }
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   for (double t : total) std::printf(" %9.2f", t * 1e3);
   std::printf("\n%-33s", "same bits at 1 thread");
   for (size_t l = 0; l < libraries.size(); ++l)
-    std::printf(" %9s", threads == 1 ? "-" : thread_invariant[l] ? "yes" : "NO");
+    std::printf(" %13s", threads == 1 ? "-" : thread_invariant[l] ? "yes" : "NO");
   std::printf("\n");
   return 0;
 }

@@ -207,9 +207,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, BlockedGemm,
                            return std::string(GemmKernelName(info.param));
                          });
 
-// Both kernels give the same bits, so a run's numbers do not depend on the CPU it ran on: every
+// Both kernels give the same bits, so the GEMM's results do not depend on the kernel: every
 // layout, fold (beta 0, beta != 0, several k blocks) and edge, and both widths of the AVX-512
-// tile (four panels and fewer).
+// tile (four panels and fewer). The AVX-512 runs must really run AVX-512 tiles.
 TEST(BlockedGemmKernels, Avx512GivesTheAvx2Bits) {
   if (!BlockedSgemmSupported(GemmKernel::kAvx512)) {
     GTEST_SKIP() << "this CPU lacks AVX-512F: only the AVX2 kernel runs here";
@@ -223,10 +223,13 @@ TEST(BlockedGemmKernels, Avx512GivesTheAvx2Bits) {
         const Case cs{bool(layout & 1), bool(layout & 2), s[0], s[1], s[2], alpha, beta};
         const Operands o = Make(cs, seed++);
         std::vector<float> narrow = o.c, wide = o.c;
+        const int64_t tiles_at_start = WideTilesRun();
         BlockedSgemm(GemmKernel::kAvx2, cs.ta, cs.tb, cs.m, cs.n, cs.k, alpha, o.a.data(), o.lda,
                      o.b.data(), o.ldb, beta, narrow.data(), o.ldc);
+        ASSERT_EQ(WideTilesRun(), tiles_at_start) << "the AVX2 kernel ran an AVX-512 tile";
         BlockedSgemm(GemmKernel::kAvx512, cs.ta, cs.tb, cs.m, cs.n, cs.k, alpha, o.a.data(), o.lda,
                      o.b.data(), o.ldb, beta, wide.data(), o.ldc);
+        ASSERT_GT(WideTilesRun(), tiles_at_start) << "no AVX-512 tile ran";
         ASSERT_NE(narrow, o.c);
         ASSERT_EQ(std::memcmp(narrow.data(), wide.data(), narrow.size() * 4), 0)
             << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n << " k=" << cs.k

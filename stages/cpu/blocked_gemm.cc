@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -41,6 +42,8 @@ class PackBuffer {
   float* data_ = nullptr;
   int64_t capacity_ = 0;
 };
+
+std::atomic<int64_t> wide_tiles{0};  // AVX-512 tiles run, for WideTilesRun()
 
 thread_local PackBuffer a_buffer;
 thread_local PackBuffer b_buffer;
@@ -337,6 +340,7 @@ void RunTile(Fold fold, int kc, ATile tile, const float* b_panel, const Problem&
 
 void RunWideTile(Fold fold, int panels, int kc, ATile tile, const float* b_panel, const Problem& pr,
                  float* c) {
+  wide_tiles.fetch_add(1, std::memory_order_relaxed);
   const int64_t stride = int64_t{kGemmNr} * kc;
   switch (fold) {
     case Fold::kOverwrite:
@@ -446,6 +450,8 @@ bool BlockedSgemmSupported(GemmKernel kernel) {
   static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
   return kernel == GemmKernel::kAvx512 ? avx512 : avx2;
 }
+
+int64_t WideTilesRun() { return wide_tiles.load(std::memory_order_relaxed); }
 
 const char* GemmKernelName(GemmKernel kernel) {
   return kernel == GemmKernel::kAvx512 ? "avx512" : "avx2";

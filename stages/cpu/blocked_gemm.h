@@ -1,7 +1,7 @@
 #ifndef BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_
 #define BIGMAC_STAGES_CPU_BLOCKED_GEMM_H_
 
-// BigMac's own float GEMM for x86 CPUs with AVX2 and FMA, and AVX-512 where the CPU has it
+// BigMac's own float GEMM for x86 CPUs with AVX2 and FMA, with an opt-in AVX-512 kernel
 // (bench/NOTES.md, lever 13 and issue 34's item 5): row-major
 // C = alpha op(A) op(B) + beta C, blocked much as BLIS does (6 x 16 micro-tiles over a packed B, k
 // in blocks of kGemmKc), with chunks of C's rows shared out to the OpenMP threads as they come
@@ -31,16 +31,20 @@ inline constexpr int kGemmNc = 4096;
 // The micro-kernels. kAvx2: 6 x 16 tiles with AVX2 and FMA. kAvx512: 6 x 64 tiles with
 // AVX-512F (the edges that are not whole 16-column panels, and tiles of fewer than 6 rows, by the
 // AVX2 kernel). Both compute each element of C as the same chain of fused multiply-adds and fold
-// it the same way, so they give the same bits (tested): a run's numbers do not depend on which
-// kernel the CPU has.
+// it the same way, so they give the same bits (tested): the GEMM's results do not depend on the
+// kernel.
 enum class GemmKernel { kAvx2, kAvx512 };
 inline constexpr int kWidePanels = 4;  // kAvx512's tile: kGemmMr x (kWidePanels x kGemmNr)
 
 // True when this CPU runs the kernel (AVX2 and FMA; AVX-512F as well for kAvx512).
 bool BlockedSgemmSupported(GemmKernel kernel = GemmKernel::kAvx2);
 
-// "avx2" or "avx512", as the [rank] line and BIGMAC_CPU_GEMM name them.
+// "avx2" or "avx512" (BIGMAC_CPU_GEMM and the [rank] line say bigmac-avx2, bigmac-avx512).
 const char* GemmKernelName(GemmKernel kernel);
+
+// How many AVX-512 tiles this process has run (all threads; for the tests, which check that the
+// kAvx512 kernel really took them).
+int64_t WideTilesRun();
 
 // Row-major C = alpha op(A) op(B) + beta C with op(A) m x k and op(B) k x n (m, n, k >= 0). With
 // beta == 0, C is only written (it may hold NaN); with alpha == 0 or k == 0, A and B are not read.

@@ -31,14 +31,15 @@ struct Choice {
   std::string problem;
 };
 
-// BigMac's GEMM with the given micro-kernel, or why this CPU cannot run it.
-void ChooseBlocked(internal::GemmKernel kernel, Choice& choice) {
+// BigMac's GEMM with the given micro-kernel (`value`: what BIGMAC_CPU_GEMM said), or why this
+// CPU cannot run it.
+void ChooseBlocked(const char* value, internal::GemmKernel kernel, Choice& choice) {
   if (!internal::BlockedSgemmSupported(kernel)) {
-    choice.problem = kernel == internal::GemmKernel::kAvx512
-                         ? "BIGMAC_CPU_GEMM=bigmac-avx512 needs a CPU with AVX-512F, and this one "
-                           "lacks it: use bigmac"
-                         : "BIGMAC_CPU_GEMM=bigmac needs a CPU with AVX2 and FMA, and this one "
-                           "lacks them: use openblas";
+    choice.problem =
+        std::string("BIGMAC_CPU_GEMM=") + value +
+        (internal::BlockedSgemmSupported()
+             ? " needs a CPU with AVX-512F, and this one lacks it: use bigmac"
+             : " needs a CPU with AVX2 and FMA, and this one lacks them: use openblas");
     return;
   }
   choice.name = kernel == internal::GemmKernel::kAvx512 ? "bigmac-avx512" : "bigmac-avx2";
@@ -53,11 +54,11 @@ Choice Choose() {
   if (std::strcmp(value, "bigmac") == 0) {
     // AVX2 unless asked: on Zen 4 the AVX-512 kernel is no faster, and on CPUs with one 512-bit
     // FMA unit it may lower the clock for nothing (bench/NOTES.md, issue 34).
-    ChooseBlocked(internal::GemmKernel::kAvx2, choice);
+    ChooseBlocked(value, internal::GemmKernel::kAvx2, choice);
   } else if (std::strcmp(value, "bigmac-avx2") == 0) {
-    ChooseBlocked(internal::GemmKernel::kAvx2, choice);
+    ChooseBlocked(value, internal::GemmKernel::kAvx2, choice);
   } else if (std::strcmp(value, "bigmac-avx512") == 0) {
-    ChooseBlocked(internal::GemmKernel::kAvx512, choice);
+    ChooseBlocked(value, internal::GemmKernel::kAvx512, choice);
   } else if (std::strcmp(value, "openblas") == 0) {
     choice.name = "openblas";
   } else if (std::strcmp(value, "onednn") == 0) {

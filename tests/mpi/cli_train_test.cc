@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -73,20 +74,31 @@ TEST(CliTrain, FloatGemmLibraryComesFromTheEnvironment) {
   if (avx2) libraries.push_back("bigmac-avx2");
   if (avx512) libraries.push_back("bigmac-avx512");
   std::vector<std::string> losses;
+  std::map<std::string, std::string> metrics;  // library -> every step's loss and norm, as written
+  const std::regex loss_or_norm(R"re("(?:loss|grad_norm)":[^,}]*)re");
   for (const std::string& library : libraries) {
-    const testutil::RunResult r =
-        RunCommand("BIGMAC_CPU_GEMM=" + library + " " + TrainCommand(""), 120);
+    const std::string out = testutil::FreshDir("gemm_" + library);
+    const testutil::RunResult r = RunCommand(
+        "BIGMAC_CPU_GEMM=" + library + " " + TrainCommand("--set train.output_dir=" + out), 120);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(" gemm=" + library + " "), std::string::npos) << r.output;
     std::smatch loss;
     ASSERT_TRUE(std::regex_search(r.output, loss, last_loss)) << r.output;
     losses.push_back(loss[1]);
+    const std::string jsonl = testutil::ReadFile(out + "/metrics.jsonl");
+    for (auto it = std::sregex_iterator(jsonl.begin(), jsonl.end(), loss_or_norm);
+         it != std::sregex_iterator(); ++it) {
+      metrics[library] += it->str() + "\n";
+    }
   }
   for (size_t i = 1; i < losses.size(); ++i) {
     EXPECT_NEAR(std::stod(losses[i]), std::stod(losses[0]), 1e-3 * std::stod(losses[0]))
         << libraries[i];
   }
-  if (avx512) EXPECT_EQ(losses[3], losses[2]) << "BigMac's AVX-512 and AVX2 kernels";
+  EXPECT_NE(metrics["openblas"].find("\"grad_norm\":"), std::string::npos) << metrics["openblas"];
+  if (avx512) {  // the same bits: every step's loss and gradient norm, all digits
+    EXPECT_EQ(metrics["bigmac-avx512"], metrics["bigmac-avx2"]);
+  }
   const testutil::RunResult plain = RunCommand(TrainCommand(""), 120);
   EXPECT_EQ(plain.exit_code, 0) << plain.output;
   const std::string want = avx2 ? " gemm=bigmac-avx2 " : " gemm=openblas ";

@@ -52,7 +52,7 @@ TEST_P(DryRunLayoutTest, EveryRankPrintsItsCoordinates) {
       std::string::npos);
   const comm::Topology topology(l.ranks, l.pp, dp, l.tp);
   const std::regex line(
-      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+)(?: tp_group=\[[0-9,]+\])? \| host=\S+ local_rank=(\d+)/\d+(?: \(= mpirun's\))? device=cpu:(\d+) capacity=[0-9.]+ MiB gemm=(?:bigmac|openblas) transport=mpi \| stage (\d+): )");
+      R"(\[rank\] rank (\d+): pp=(\d+) dp=(\d+) tp=(\d+)(?: tp_group=\[[0-9,]+\])? \| host=\S+ local_rank=(\d+)/\d+(?: \(= mpirun's\))? device=cpu:(\d+) capacity=[0-9.]+ MiB gemm=(?:bigmac-avx2|bigmac-avx512|openblas|onednn) transport=mpi \| stage (\d+): )");
   int seen = 0;
   for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
        it != std::sregex_iterator(); ++it) {
