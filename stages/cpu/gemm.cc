@@ -51,11 +51,9 @@ Choice Choose() {
   Choice choice;
   const char* value = std::getenv("BIGMAC_CPU_GEMM");
   if (!value || !*value) value = internal::BlockedSgemmSupported() ? "bigmac" : "openblas";
-  if (std::strcmp(value, "bigmac") == 0) {
+  if (std::strcmp(value, "bigmac") == 0 || std::strcmp(value, "bigmac-avx2") == 0) {
     // AVX2 unless asked: on Zen 4 the AVX-512 kernel is no faster, and on CPUs with one 512-bit
     // FMA unit it may lower the clock for nothing (bench/NOTES.md, issue 34).
-    ChooseBlocked(value, internal::GemmKernel::kAvx2, choice);
-  } else if (std::strcmp(value, "bigmac-avx2") == 0) {
     ChooseBlocked(value, internal::GemmKernel::kAvx2, choice);
   } else if (std::strcmp(value, "bigmac-avx512") == 0) {
     ChooseBlocked(value, internal::GemmKernel::kAvx512, choice);
