@@ -52,14 +52,6 @@ thread_local PackBuffer b_buffer;
 // the first k block overwrites (beta == 0) or scales C, later blocks add to it.
 enum class Fold { kOverwrite, kScale, kAccumulate };
 
-// Where the micro-kernel reads A: element (r, p) of the tile is a[r * row_stride + p * k_stride].
-// Packed panels have strides (1, kGemmMr); an unpacked row-major A has (lda, 1).
-struct ATile {
-  const float* a;
-  int64_t row_stride;
-  int64_t k_stride;
-};
-
 // One row of 16 of C folded with its accumulators (lo: columns 0-7, hi: 8-15).
 template <Fold kFold>
 BIGMAC_AVX2_FMA inline void FoldRow(float* row, __m256 lo, __m256 hi, __m256 va, __m256 vb) {
@@ -75,44 +67,38 @@ BIGMAC_AVX2_FMA inline void FoldRow(float* row, __m256 lo, __m256 hi, __m256 va,
   }
 }
 
-// C[0..6) x [0..16) (leading dimension ldc) folded with the product of an A tile and a packed B
-// panel (kc rows of 16 floats, 64-byte aligned) over kc steps. (Reading an untransposed B in place
-// instead, with its row stride, made the kernel slower than the packing it saves: lever 13.)
+// C[0..6) x [0..16) (leading dimension ldc) folded with the product of a packed A tile (kc steps
+// of kGemmMr floats) and a packed B panel (kc rows of 16 floats, 64-byte aligned) over kc steps.
+// (Reading an untransposed B in place instead, with its row stride, made the kernel slower than
+// the packing it saves: lever 13.)
 template <Fold kFold>
-BIGMAC_AVX2_FMA void MicroKernel(int kc, ATile tile, const float* bp, float alpha, float beta,
+BIGMAC_AVX2_FMA void MicroKernel(int kc, const float* ap, const float* bp, float alpha, float beta,
                                  float* c, int64_t ldc) {
-  const float* a0 = tile.a;
-  const float* a1 = a0 + tile.row_stride;
-  const float* a2 = a1 + tile.row_stride;
-  const float* a3 = a2 + tile.row_stride;
-  const float* a4 = a3 + tile.row_stride;
-  const float* a5 = a4 + tile.row_stride;
-  const int64_t step = tile.k_stride;
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
   __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int64_t p = 0, offset = 0; p < kc; ++p, offset += step, bp += kGemmNr) {
+  for (int p = 0; p < kc; ++p, ap += kGemmMr, bp += kGemmNr) {
     const __m256 b0 = _mm256_load_ps(bp);
     const __m256 b1 = _mm256_load_ps(bp + 8);
-    __m256 a = _mm256_broadcast_ss(a0 + offset);
+    __m256 a = _mm256_broadcast_ss(ap);
     c00 = _mm256_fmadd_ps(a, b0, c00);
     c01 = _mm256_fmadd_ps(a, b1, c01);
-    a = _mm256_broadcast_ss(a1 + offset);
+    a = _mm256_broadcast_ss(ap + 1);
     c10 = _mm256_fmadd_ps(a, b0, c10);
     c11 = _mm256_fmadd_ps(a, b1, c11);
-    a = _mm256_broadcast_ss(a2 + offset);
+    a = _mm256_broadcast_ss(ap + 2);
     c20 = _mm256_fmadd_ps(a, b0, c20);
     c21 = _mm256_fmadd_ps(a, b1, c21);
-    a = _mm256_broadcast_ss(a3 + offset);
+    a = _mm256_broadcast_ss(ap + 3);
     c30 = _mm256_fmadd_ps(a, b0, c30);
     c31 = _mm256_fmadd_ps(a, b1, c31);
-    a = _mm256_broadcast_ss(a4 + offset);
+    a = _mm256_broadcast_ss(ap + 4);
     c40 = _mm256_fmadd_ps(a, b0, c40);
     c41 = _mm256_fmadd_ps(a, b1, c41);
-    a = _mm256_broadcast_ss(a5 + offset);
+    a = _mm256_broadcast_ss(ap + 5);
     c50 = _mm256_fmadd_ps(a, b0, c50);
     c51 = _mm256_fmadd_ps(a, b1, c51);
   }
@@ -127,10 +113,10 @@ BIGMAC_AVX2_FMA void MicroKernel(int kc, ATile tile, const float* bp, float alph
 }
 
 template <Fold kFold>
-void Tile(int kc, ATile tile, const float* bp, float alpha, float beta, float* c, int64_t ldc,
+void Tile(int kc, const float* ap, const float* bp, float alpha, float beta, float* c, int64_t ldc,
           int rows, int cols) {
   if (rows == kGemmMr && cols == kGemmNr) {
-    MicroKernel<kFold>(kc, tile, bp, alpha, beta, c, ldc);
+    MicroKernel<kFold>(kc, ap, bp, alpha, beta, c, ldc);
     return;
   }
   // An edge tile runs the same kernel on a full copy, so its elements round as full tiles do.
@@ -138,33 +124,31 @@ void Tile(int kc, ATile tile, const float* bp, float alpha, float beta, float* c
   if (kFold != Fold::kOverwrite) {
     for (int r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + cols, full + r * kGemmNr);
   }
-  MicroKernel<kFold>(kc, tile, bp, alpha, beta, full, kGemmNr);
+  MicroKernel<kFold>(kc, ap, bp, alpha, beta, full, kGemmNr);
   for (int r = 0; r < rows; ++r)
     std::copy(full + r * kGemmNr, full + r * kGemmNr + cols, c + r * ldc);
 }
 
 #define BIGMAC_AVX512 __attribute__((target("avx512f")))
 
-// C[0..6) x [0..16 kPanels) folded with an A tile times kPanels packed B panels (panel j at
+// C[0..6) x [0..16 kPanels) folded with a packed A tile times kPanels packed B panels (panel j at
 // bp + j * panel_stride), with AVX-512F: one 16-float vector per row and panel, 6 x kPanels
 // accumulators. Every element takes the same chain as in MicroKernel (start at zero, one fused
 // multiply-add per k in order, then the same fold), so the bits are the AVX2 kernel's. A CPU
 // with two 512-bit FMA units runs twice the multiply-adds per cycle with it; one that splits
 // 512-bit operations in two (Zen 4) the same as with AVX2 (bench/NOTES.md).
 template <Fold kFold, int kPanels>
-BIGMAC_AVX512 void WideMicroKernel(int kc, ATile tile, const float* bp, int64_t panel_stride,
+BIGMAC_AVX512 void WideMicroKernel(int kc, const float* ap, const float* bp, int64_t panel_stride,
                                    float alpha, float beta, float* c, int64_t ldc) {
-  const float* a[kGemmMr];
-  for (int r = 0; r < kGemmMr; ++r) a[r] = tile.a + r * tile.row_stride;
   __m512 acc[kGemmMr][kPanels];
   for (int r = 0; r < kGemmMr; ++r) {
     for (int j = 0; j < kPanels; ++j) acc[r][j] = _mm512_setzero_ps();
   }
-  for (int64_t p = 0, offset = 0; p < kc; ++p, offset += tile.k_stride) {
+  for (int64_t p = 0; p < kc; ++p, ap += kGemmMr) {
     __m512 b[kPanels];
     for (int j = 0; j < kPanels; ++j) b[j] = _mm512_load_ps(bp + j * panel_stride + p * kGemmNr);
     for (int r = 0; r < kGemmMr; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r][offset]);
+      const __m512 ar = _mm512_set1_ps(ap[r]);
       for (int j = 0; j < kPanels; ++j) acc[r][j] = _mm512_fmadd_ps(ar, b[j], acc[r][j]);
     }
   }
@@ -187,20 +171,20 @@ BIGMAC_AVX512 void WideMicroKernel(int kc, ATile tile, const float* bp, int64_t 
 
 // The AVX-512 tile over `panels` (1 to kWidePanels) whole panels.
 template <Fold kFold>
-void WideTile(int panels, int kc, ATile tile, const float* bp, int64_t panel_stride, float alpha,
-              float beta, float* c, int64_t ldc) {
+void WideTile(int panels, int kc, const float* ap, const float* bp, int64_t panel_stride,
+              float alpha, float beta, float* c, int64_t ldc) {
   switch (panels) {
     case 1:
-      WideMicroKernel<kFold, 1>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      WideMicroKernel<kFold, 1>(kc, ap, bp, panel_stride, alpha, beta, c, ldc);
       break;
     case 2:
-      WideMicroKernel<kFold, 2>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      WideMicroKernel<kFold, 2>(kc, ap, bp, panel_stride, alpha, beta, c, ldc);
       break;
     case 3:
-      WideMicroKernel<kFold, 3>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      WideMicroKernel<kFold, 3>(kc, ap, bp, panel_stride, alpha, beta, c, ldc);
       break;
     default:
-      WideMicroKernel<kFold, 4>(kc, tile, bp, panel_stride, alpha, beta, c, ldc);
+      WideMicroKernel<kFold, 4>(kc, ap, bp, panel_stride, alpha, beta, c, ldc);
       break;
   }
 }
@@ -231,6 +215,30 @@ BIGMAC_AVX2_FMA inline void Transpose8x8(const float* src, int64_t lds, float* d
   _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(r1, r5, 0x31));
   _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(r2, r6, 0x31));
   _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(r3, r7, 0x31));
+}
+
+// dst[p * 6 + r] = src[r * lds + p] for 6 rows and 8 columns. Each step's store writes 8 floats,
+// of which the next step's overwrites the last two (the last step's land past dst + 48).
+BIGMAC_AVX2_FMA inline void Transpose6x8(const float* src, int64_t lds, float* dst) {
+  const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+  const __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+  const __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, zero, 0x44), u5 = _mm256_shuffle_ps(t4, zero, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, zero, 0x44), u7 = _mm256_shuffle_ps(t5, zero, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 6, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 12, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 18, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 24, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 30, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 36, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 42, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
 // op(B)[p0, p0 + kc) x [col0, col0 + nc) into panels of kGemmNr columns (panel j at out + j * kc,
@@ -296,7 +304,14 @@ BIGMAC_AVX2_FMA void PackA(bool trans, const float* a, int64_t lda, int row0, in
           for (int r = 0; r < kGemmMr; ++r) dst[r] = r < rows ? src[r] : 0.0f;
         }
       }
-    } else {  // op(A)(r, p) = a[r * lda + p]: interleave kGemmMr rows
+    } else if (rows == kGemmMr) {  // op(A)(r, p) = a[r * lda + p]: 8 x 8 transposes of 6 rows
+      const float* src = a + (row0 + i) * lda + p0;
+      int p = 0;
+      for (; p + 8 <= kc; p += 8) Transpose6x8(src + p, lda, panel + p * kGemmMr);
+      for (; p < kc; ++p) {
+        for (int r = 0; r < kGemmMr; ++r) panel[p * kGemmMr + r] = src[r * lda + p];
+      }
+    } else {  // interleave the rows, zero-padded
       for (int r = 0; r < kGemmMr; ++r) {
         const float* src = a + (row0 + i + r) * lda + p0;
         if (r < rows) {
@@ -323,71 +338,101 @@ struct Problem {
   int64_t ldc;
 };
 
-void RunTile(Fold fold, int kc, ATile tile, const float* b_panel, const Problem& pr, float* c,
+void RunTile(Fold fold, int kc, const float* ap, const float* b_panel, const Problem& pr, float* c,
              int rows, int cols) {
   switch (fold) {
     case Fold::kOverwrite:
-      Tile<Fold::kOverwrite>(kc, tile, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
+      Tile<Fold::kOverwrite>(kc, ap, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
       break;
     case Fold::kScale:
-      Tile<Fold::kScale>(kc, tile, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
+      Tile<Fold::kScale>(kc, ap, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
       break;
     case Fold::kAccumulate:
-      Tile<Fold::kAccumulate>(kc, tile, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
+      Tile<Fold::kAccumulate>(kc, ap, b_panel, pr.alpha, pr.beta, c, pr.ldc, rows, cols);
       break;
   }
 }
 
-void RunWideTile(Fold fold, int panels, int kc, ATile tile, const float* b_panel, const Problem& pr,
-                 float* c) {
+void RunWideTile(Fold fold, int panels, int kc, const float* ap, const float* b_panel,
+                 const Problem& pr, float* c) {
   wide_tiles.fetch_add(1, std::memory_order_relaxed);
   const int64_t stride = int64_t{kGemmNr} * kc;
   switch (fold) {
     case Fold::kOverwrite:
-      WideTile<Fold::kOverwrite>(panels, kc, tile, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
+      WideTile<Fold::kOverwrite>(panels, kc, ap, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
       break;
     case Fold::kScale:
-      WideTile<Fold::kScale>(panels, kc, tile, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
+      WideTile<Fold::kScale>(panels, kc, ap, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
       break;
     case Fold::kAccumulate:
-      WideTile<Fold::kAccumulate>(panels, kc, tile, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
+      WideTile<Fold::kAccumulate>(panels, kc, ap, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
       break;
   }
 }
 
-// Rows [row_begin, row_end) (at most kGemmMc) of C for one column block and k block, against B
-// packed in bp: row tiles outside, column panels inside. A is read in place (a transposed A is
-// packed first, into this thread's buffer), its row tile stays in L1 while the packed B streams
-// from L2 or L3, and C is written row tile by row tile. (BLIS's order, column panels outside with
-// A packed into L2, made the 20M step 16% slower on Zen 3: bench/NOTES.md, lever 13.)
-void RunRows(const Problem& pr, Fold fold, int row_begin, int row_end, int jc, int nc, int pc,
-             int kc, const float* bp) {
+// B's k blocks [k_begin, k_end), packed one after another: block pc (kc rows) at
+// bp + (pc - k_begin) * padded_nc, its panel j at + j * kc.
+struct PackedB {
+  const float* bp;
+  int k_begin, k_end;
+  int64_t padded_nc;
+  const float* Block(int pc, int col) const {
+    const int kc = std::min(kGemmKc, k_end - pc);
+    return bp + int64_t{pc - k_begin} * padded_nc + int64_t{col} * kc;
+  }
+};
+
+// One row tile of C (rows of it, c_row at column jc) folded with the tile of A times k block pc
+// of the packed B, all nc columns.
+void RunPanels(const Problem& pr, int pc, const float* ap, int rows, const PackedB& packed, int nc,
+               float* c_row) {
+  const int kc = std::min(kGemmKc, pr.k - pc);
+  const Fold fold =
+      pc > 0 ? Fold::kAccumulate : (pr.beta == 0.0f ? Fold::kOverwrite : Fold::kScale);
+  int jr = 0;
+  if (pr.kernel == GemmKernel::kAvx512 && rows == kGemmMr) {
+    while (nc - jr >= kGemmNr) {  // whole panels, up to kWidePanels at a time
+      const int panels = std::min(kWidePanels, (nc - jr) / kGemmNr);
+      RunWideTile(fold, panels, kc, ap, packed.Block(pc, jr), pr, c_row + jr);
+      jr += panels * kGemmNr;
+    }
+  }
+  for (; jr < nc; jr += kGemmNr) {  // the AVX2 tiles: edges, or every tile
+    RunTile(fold, kc, ap, packed.Block(pc, jr), pr, c_row + jr, rows, std::min(kGemmNr, nc - jr));
+  }
+}
+
+// Rows [row_begin, row_end) (at most kGemmMc) of C for one column block, against the k blocks
+// packed in `packed`. The packed B streams from L2 or L3 past a packed tile of A in L1.
+// - A untransposed: row tiles outside, then k blocks, then column panels, so a tile's rows of C
+//   stay in L2 from one k block to the next (with the k blocks outside, C went out to memory
+//   between them), and the tile of A is packed just before it runs: read in place, its six rows
+//   lda apart fell into one set of L1's when lda was a multiple of 1024 floats (the 20M model's
+//   k = 2048 shapes ran 6% slower than the others).
+// - A transposed (the weight gradients): one k block at a time (PackedKRows), which stays in L2
+//   while the chunks pass it; the chunk's A packed for it, then row tiles. (C's rows staying in
+//   L2 instead, with B's blocks streaming from L3, was 3% slower on those shapes.)
+// (BLIS's order, column panels outside with A packed into L2, made the 20M step 16% slower on Zen
+// 3: bench/NOTES.md, lever 13.)
+void RunRows(const Problem& pr, int row_begin, int row_end, int jc, int nc, const PackedB& packed) {
   const int mc = row_end - row_begin;
   float* ap = a_buffer.Get(int64_t{kGemmKc} * (kGemmMc + kGemmMr));
-  if (pr.trans_a) PackA(true, pr.a, pr.lda, row_begin, mc, pc, kc, ap);
-  for (int ir = 0; ir < mc; ir += kGemmMr) {
-    const int rows = std::min(kGemmMr, mc - ir);
-    ATile tile;
-    if (pr.trans_a) {
-      tile = {ap + int64_t{ir} * kc, 1, kGemmMr};
-    } else if (rows == kGemmMr) {
-      tile = {pr.a + (row_begin + ir) * pr.lda + pc, pr.lda, 1};
-    } else {  // the last rows, zero-padded to a full tile so that no read leaves A
-      PackA(false, pr.a, pr.lda, row_begin + ir, rows, pc, kc, ap);
-      tile = {ap, 1, kGemmMr};
-    }
-    float* c_row = pr.c + (row_begin + ir) * pr.ldc + jc;
-    int jr = 0;
-    if (pr.kernel == GemmKernel::kAvx512 && rows == kGemmMr) {
-      while (nc - jr >= kGemmNr) {  // whole panels, up to kWidePanels at a time
-        const int panels = std::min(kWidePanels, (nc - jr) / kGemmNr);
-        RunWideTile(fold, panels, kc, tile, bp + int64_t{jr} * kc, pr, c_row + jr);
-        jr += panels * kGemmNr;
+  if (pr.trans_a) {
+    for (int pc = packed.k_begin; pc < packed.k_end; pc += kGemmKc) {
+      const int kc = std::min(kGemmKc, pr.k - pc);
+      PackA(true, pr.a, pr.lda, row_begin, mc, pc, kc, ap);
+      for (int ir = 0; ir < mc; ir += kGemmMr) {
+        RunPanels(pr, pc, ap + int64_t{ir} * kc, std::min(kGemmMr, mc - ir), packed, nc,
+                  pr.c + (row_begin + ir) * pr.ldc + jc);
       }
     }
-    for (; jr < nc; jr += kGemmNr) {  // the AVX2 tiles: edges, or every tile
-      RunTile(fold, kc, tile, bp + int64_t{jr} * kc, pr, c_row + jr, rows,
-              std::min(kGemmNr, nc - jr));
+    return;
+  }
+  for (int ir = 0; ir < mc; ir += kGemmMr) {
+    const int rows = std::min(kGemmMr, mc - ir);
+    for (int pc = packed.k_begin; pc < packed.k_end; pc += kGemmKc) {
+      PackA(false, pr.a, pr.lda, row_begin + ir, rows, pc, std::min(kGemmKc, pr.k - pc), ap);
+      RunPanels(pr, pc, ap, rows, packed, nc, pr.c + (row_begin + ir) * pr.ldc + jc);
     }
   }
 }
@@ -407,29 +452,45 @@ void ForEach(bool team, bool dynamic, int count, const F& f) {
   }
 }
 
-// The whole product, by one thread or by the team that calls it together (`team`). For each
-// column block and k block the threads pack B's panels into the shared bp, then take chunks of
-// rows as they come free, which keeps both cores busy when one of them is slowed (on a shared
-// host it often is).
+// How many of k's rows B is packed for at a time with nc columns: whole k blocks, as many as
+// fit kGemmPackedB floats, at least one; one with A transposed (RunRows: there the k blocks are
+// outside the chunk's rows, and one block of B stays in L2 while all the chunks pass it).
+int PackedKRows(bool trans_a, int k, int nc) {
+  if (trans_a) return std::min(k, kGemmKc);
+  const int64_t padded_nc = (nc + kGemmNr - 1) / kGemmNr * kGemmNr;
+  const int64_t blocks = std::max<int64_t>(1, kGemmPackedB / (padded_nc * kGemmKc));
+  return static_cast<int>(std::min<int64_t>(k, blocks * kGemmKc));
+}
 
+// The floats B's packing takes with nc columns.
+int64_t PackedBFloats(bool trans_a, int k, int nc) {
+  return int64_t{PackedKRows(trans_a, k, nc)} * ((nc + kGemmNr - 1) / kGemmNr * kGemmNr);
+}
+
+// The whole product, by one thread or by the team that calls it together (`team`). For each
+// column block and group of k blocks the threads pack B's panels into the shared bp, then take
+// chunks of rows as they come free, which keeps both cores busy when one of them is slowed (on a
+// shared host it often is).
 void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
   const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
   for (int jc = 0; jc < pr.n; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, pr.n - jc);
     const int panels = (nc + kGemmNr - 1) / kGemmNr;
-    for (int pc = 0; pc < pr.k; pc += kGemmKc) {
-      const int kc = std::min(kGemmKc, pr.k - pc);
-      ForEach(team, false, panels, [&](int panel) {
-        const int j = panel * kGemmNr;
-        PackB(pr.trans_b, pr.b, pr.ldb, pc, kc, jc + j, std::min(kGemmNr, nc - j),
-              bp + int64_t{j} * kc);
+    const int group_rows = PackedKRows(pr.trans_a, pr.k, nc);
+    for (int k_begin = 0; k_begin < pr.k; k_begin += group_rows) {
+      const PackedB packed{bp, k_begin, std::min(pr.k, k_begin + group_rows),
+                           int64_t{panels} * kGemmNr};
+      const int blocks = (packed.k_end - k_begin + kGemmKc - 1) / kGemmKc;
+      ForEach(team, false, blocks * panels, [&](int item) {
+        const int pc = k_begin + item / panels * kGemmKc;
+        const int j = item % panels * kGemmNr;
+        PackB(pr.trans_b, pr.b, pr.ldb, pc, std::min(kGemmKc, pr.k - pc), jc + j,
+              std::min(kGemmNr, nc - j), const_cast<float*>(packed.Block(pc, j)));
       });
-      const Fold fold =
-          pc > 0 ? Fold::kAccumulate : (pr.beta == 0.0f ? Fold::kOverwrite : Fold::kScale);
       ForEach(team, true, chunks, [&](int chunk) {
         ::bigmac::util::ComputeProgress();  // messages in flight move on while the rows compute
         const int begin = chunk * chunk_rows;
-        RunRows(pr, fold, begin, std::min(pr.m, begin + chunk_rows), jc, nc, pc, kc, bp);
+        RunRows(pr, begin, std::min(pr.m, begin + chunk_rows), jc, nc, packed);
       });
     }
   }
@@ -481,8 +542,9 @@ void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, i
   const Problem problem{kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
   const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
   // B's packed block is shared by the team: the calling thread's buffer.
-  float* bp = b_buffer.Get(int64_t{std::min(kGemmKc, k)} *
-                           ((std::min(kGemmNc, n) + kGemmNr - 1) / kGemmNr * kGemmNr));
+  // (Column blocks are kGemmNc wide but the last, so two sizes at most.)
+  float* bp = b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
+                                    PackedBFloats(trans_a, k, n % kGemmNc)));
   if (threads == 1) {
     Run(problem, false, BlockedSgemmChunkRows(m, 1), bp);
     return;

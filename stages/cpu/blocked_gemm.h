@@ -12,8 +12,8 @@
 // vector path as full ones. So its bits do not depend on the thread count, on how C is split, or on
 // whether it is called inside a parallel region: pp/dp layouts that give their ranks different
 // thread counts stay bitwise equal at any model size (with OpenBLAS they are not, docs/build.md).
-// It also packs less than OpenBLAS on the block's small-k shapes: A is read in place unless
-// transposed, and B is packed once per call and shared by the threads.
+// It also packs less than OpenBLAS on the block's small-k shapes: B is packed once per call and
+// shared by the threads, and A a row tile at a time, into L1, just before its tile runs.
 //
 // Stateless apart from per-thread packing buffers that live as long as their thread.
 #include <cstdint>
@@ -21,12 +21,14 @@
 namespace bigmac::sdk::cpu::internal {
 
 // The micro-tile and the blocking (in floats): k in blocks of kGemmKc, B packed kGemmNc columns
-// at a time, a transposed A kGemmMc rows at a time.
+// and as many k blocks as fit kGemmPackedB floats at a time (one with A transposed), chunks of at
+// most kGemmMc rows (a transposed A is packed a chunk at a time, any other a row tile at a time).
 inline constexpr int kGemmMr = 6;
 inline constexpr int kGemmNr = 16;
 inline constexpr int kGemmKc = 256;
 inline constexpr int kGemmMc = 144;
 inline constexpr int kGemmNc = 4096;
+inline constexpr int64_t kGemmPackedB = int64_t{1} << 20;
 
 // The micro-kernels. kAvx2: 6 x 16 tiles with AVX2 and FMA. kAvx512: 6 x 64 tiles with
 // AVX-512F (the edges that are not whole 16-column panels, and tiles of fewer than 6 rows, by the
