@@ -35,8 +35,19 @@ BIGMAC_SIMD_CLONES void AdamWTyped(T* p, const T* g, T* m, T* v, int64_t n, doub
 
 template <typename T>
 double SumSquaresTyped(const T* g, int64_t n) {
+  // Element i goes to lane i % 8 and the lanes are added in order at the end: a fixed order, so
+  // the bits depend on nothing but the data, with eight independent chains of additions where
+  // one chain's latency made this 1.1% of the llama_20m step (on one thread, the others idle).
+  constexpr int kLanes = 8;
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kLanes; ++j) lane[j] += double(g[i + j]) * g[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) lane[j] += double(g[i]) * g[i];
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * g[i];
+  for (double part : lane) sum += part;
   return sum;
 }
 
