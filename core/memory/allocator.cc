@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/util/host_memory.h"
+
 namespace bigmac::memory {
 namespace {
 
@@ -30,8 +32,7 @@ OutOfMemoryError::OutOfMemoryError(const std::string& device, int64_t requested,
       requested_(requested) {}
 
 SystemMemory SystemMemory::Host() {
-  return {[](int64_t bytes) { return std::aligned_alloc(kAlignment, bytes); },
-          [](void* pointer) { std::free(pointer); }};
+  return {::bigmac::util::AllocateHost, [](void* pointer) { std::free(pointer); }};
 }
 
 DeviceAllocator::DeviceAllocator(std::string device, int64_t capacity_bytes, SystemMemory system)

@@ -9,13 +9,15 @@
 #include <cstdlib>
 
 #include "core/util/compute_progress.h"
+#include "core/util/host_memory.h"
 
 namespace bigmac::sdk::cpu::internal {
 namespace {
 
 #define BIGMAC_AVX2_FMA __attribute__((target("avx2,fma")))
 
-// A 64-byte-aligned float buffer that only grows; one per thread and role, freed with the thread.
+// A float buffer that only grows, in huge pages when large (util::AllocateHost); one per thread
+// and role, freed with the thread.
 class PackBuffer {
  public:
   PackBuffer() = default;
@@ -26,11 +28,10 @@ class PackBuffer {
   float* Get(int64_t floats) {
     if (floats > capacity_) {
       std::free(data_);
-      const int64_t bytes = (floats * int64_t{sizeof(float)} + 63) / 64 * 64;
-      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      data_ = static_cast<float*>(::bigmac::util::AllocateHost(floats * int64_t{sizeof(float)}));
       if (!data_) {
         std::fprintf(stderr, "bigmac: out of memory for a %lld-byte GEMM packing buffer\n",
-                     static_cast<long long>(bytes));
+                     static_cast<long long>(floats * int64_t{sizeof(float)}));
         std::abort();
       }
       capacity_ = floats;
