@@ -117,16 +117,20 @@ TEST_P(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
   }
 }
 
-// B wider than kGemmPackedB floats over two k blocks is packed a k block at a time, and the
-// chunks of rows fold each group into C before the next is packed.
+// B is packed as many k blocks at a time as fit kGemmPackedB floats: one at a time for a whole
+// column block (4096 columns), two at a time for the 2048 after it (groups [0, 512) and
+// [512, 600)), all three for a narrow one; and exactly kGemmNc columns leave no second block.
+// The chunks of rows fold each group into C before the next is packed.
 TEST_P(BlockedGemm, MatchesTheReferenceWhenBIsPackedInGroupsOfKBlocks) {
-  static_assert(int64_t{kGemmNc} * 2 * kGemmKc > kGemmPackedB, "the case needs several groups");
+  static_assert(int64_t{kGemmNc} * 2 * kGemmKc > kGemmPackedB, "one k block per group at 4096");
+  static_assert(int64_t{2048} * 2 * kGemmKc == kGemmPackedB, "two k blocks per group at 2048");
   uint32_t seed = 900;
-  for (int layout = 0; layout < 4; ++layout) {
-    const Case cs{
-        bool(layout & 1),         bool(layout & 2), 13, kGemmNc + 24, 2 * kGemmKc + 88, 0.5f,
-        layout < 2 ? 0.0f : -1.0f};
-    ExpectMatchesReference(GetParam(), cs, seed++);
+  for (const int n : {kGemmNc + 2048, kGemmNc + 24, kGemmNc}) {
+    for (int layout = 0; layout < 4; ++layout) {
+      const Case cs{bool(layout & 1),         bool(layout & 2), 13, n, 2 * kGemmKc + 88, 0.5f,
+                    layout < 2 ? 0.0f : -1.0f};
+      ExpectMatchesReference(GetParam(), cs, seed++);
+    }
   }
 }
 
@@ -181,12 +185,12 @@ TEST_P(BlockedGemm, BitsDoNotDependOnTheMatrixEdges) {
 // parallel region, for shapes that split by rows and by columns and span several k blocks.
 TEST_P(BlockedGemm, BitsDoNotDependOnThreads) {
   const Case cases[] = {
-      {false, true, 2048, 384, 128, 1.0f, 0.0f},       // the block's forward
-      {true, false, 384, 128, 2048, 1.0f, 1.0f},       // its weight gradient
-      {false, false, 50, 700, 600, 0.25f, 0.0f},       // several k blocks, alpha
-      {false, true, 40, 4096 + 40, 30, 1.0f, 0.0f},    // two column blocks
-      {false, false, 20, 4096 + 20, 600, 1.0f, 0.5f},  // B packed in three groups of k blocks
-      {true, true, 20, 4096 + 20, 600, 1.0f, 0.0f},    // and A transposed
+      {false, true, 2048, 384, 128, 1.0f, 0.0f},         // the block's forward
+      {true, false, 384, 128, 2048, 1.0f, 1.0f},         // its weight gradient
+      {false, false, 50, 700, 600, 0.25f, 0.0f},         // several k blocks, alpha
+      {false, true, 40, 4096 + 40, 30, 1.0f, 0.0f},      // two column blocks
+      {false, false, 20, 4096 + 2048, 600, 1.0f, 0.5f},  // B packed in groups of k blocks
+      {true, true, 20, 4096 + 20, 600, 1.0f, 0.0f},      // and A transposed
   };
   const int threads_before = omp_get_max_threads();
   for (const Case& cs : cases) {

@@ -415,9 +415,10 @@ void RunPanels(const Problem& pr, int pc, const float* ap, int rows, const Packe
 
 // Rows [row_begin, row_end) (at most kGemmMc) of C for one column block, against the k blocks
 // packed in `packed`. The packed B streams from L2 or L3 past a packed tile of A in L1.
-// - A untransposed: row tiles outside, then k blocks, then column panels, so a tile's rows of C
-//   stay in L2 from one k block to the next (with the k blocks outside, C went out to memory
-//   between them), and the tile of A is packed just before it runs: read in place, its six rows
+// - A untransposed: row tiles outside, then the group's k blocks, then column panels, so a tile's
+//   rows of C stay in L2 from one k block to the next (with the k blocks outside, C went out to
+//   memory between them; a group holds several k blocks up to 2048 columns, one at 4096), and
+//   the tile of A is packed just before it runs: read in place, its six rows
 //   lda apart fell into one set of L1's when lda was a multiple of 1024 floats (the 20M model's
 //   k = 2048 shapes ran 6% slower than the others).
 // - A transposed (the weight gradients): one k block at a time (PackedKRows), which stays in L2
@@ -467,6 +468,7 @@ void ForEach(bool team, bool dynamic, int count, const F& f) {
 // fit kGemmPackedB floats, at least one; one with A transposed (RunRows: there the k blocks are
 // outside the chunk's rows, and one block of B stays in L2 while all the chunks pass it).
 int PackedKRows(bool trans_a, int k, int nc) {
+  if (nc <= 0) return 0;
   if (trans_a) return std::min(k, kGemmKc);
   const int64_t padded_nc = (nc + kGemmNr - 1) / kGemmNr * kGemmNr;
   const int64_t blocks = std::max<int64_t>(1, kGemmPackedB / (padded_nc * kGemmKc));

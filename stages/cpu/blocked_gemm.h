@@ -13,7 +13,8 @@
 // whether it is called inside a parallel region: pp/dp layouts that give their ranks different
 // thread counts stay bitwise equal at any model size (with OpenBLAS they are not, docs/build.md).
 // It also packs less than OpenBLAS on the block's small-k shapes: B is packed once per call and
-// shared by the threads, and A a row tile at a time, into L1, just before its tile runs.
+// shared by the threads, and A a row tile at a time, into L1, just before its tile runs (a
+// transposed A a chunk of rows at a time).
 //
 // Stateless apart from per-thread packing buffers that live as long as their thread.
 #include <cstdint>
