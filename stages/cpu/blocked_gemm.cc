@@ -384,10 +384,10 @@ void RunWideTile(Fold fold, int panels, int kc, const float* ap, const float* b_
 // B's k blocks [k_begin, k_end), packed one after another: block pc (kc rows) at
 // bp + (pc - k_begin) * padded_nc, its panel j at + j * kc.
 struct PackedB {
-  const float* bp;
+  float* bp;
   int k_begin, k_end;
   int64_t padded_nc;
-  const float* Block(int pc, int col) const {
+  float* Block(int pc, int col) const {
     const int kc = std::min(kGemmKc, k_end - pc);
     return bp + int64_t{pc - k_begin} * padded_nc + int64_t{col} * kc;
   }
@@ -441,6 +441,9 @@ void RunRows(const Problem& pr, int row_begin, int row_end, int jc, int nc, cons
     return;
   }
   for (int ir = 0; ir < mc; ir += kGemmMr) {
+    // A chunk now runs all of a group's k blocks (up to 2048 of k): progress as often as when it
+    // ran one.
+    if (ir > 0) ::bigmac::util::ComputeProgress();
     const int rows = std::min(kGemmMr, mc - ir);
     for (int pc = packed.k_begin; pc < packed.k_end; pc += kGemmKc) {
       PackA(false, pr.a, pr.lda, row_begin + ir, rows, pc, std::min(kGemmKc, pr.k - pc), ap);
@@ -499,7 +502,7 @@ void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
         const int pc = k_begin + item / pieces * kGemmKc;
         const int j = item % pieces * kPackPanels * kGemmNr;
         PackB(pr.trans_b, pr.b, pr.ldb, pc, std::min(kGemmKc, pr.k - pc), jc + j,
-              std::min(kPackPanels * kGemmNr, nc - j), const_cast<float*>(packed.Block(pc, j)));
+              std::min(kPackPanels * kGemmNr, nc - j), packed.Block(pc, j));
       });
       ForEach(team, true, chunks, [&](int chunk) {
         ::bigmac::util::ComputeProgress();  // messages in flight move on while the rows compute
