@@ -417,10 +417,9 @@ void RunPanels(const Problem& pr, int pc, const float* ap, int rows, const Packe
 // packed in `packed`. The packed B streams from L2 or L3 past a packed tile of A in L1.
 // - A untransposed: row tiles outside, then the group's k blocks, then column panels, so a tile's
 //   rows of C stay in L2 from one k block to the next (with the k blocks outside, C went out to
-//   memory between them; a group holds several k blocks up to 2048 columns, one at 4096), and
-//   the tile of A is packed just before it runs: read in place, its six rows
-//   lda apart fell into one set of L1's when lda was a multiple of 1024 floats (the 20M model's
-//   k = 2048 shapes ran 6% slower than the others).
+//   memory between them; a group holds several k blocks up to 2048 columns, one at 4096). The
+//   tile of A is packed just before it runs: read in place, its six rows lda apart fell into one
+//   L1 set when lda was a multiple of 1024 floats (the 20M model's k = 2048 shapes ran 6% slower).
 // - A transposed (the weight gradients): one k block at a time (PackedKRows), which stays in L2
 //   while the chunks pass it; the chunk's A packed for it, then row tiles. (C's rows staying in
 //   L2 instead, with B's blocks streaming from L3, was 3% slower on those shapes.)
@@ -441,8 +440,7 @@ void RunRows(const Problem& pr, int row_begin, int row_end, int jc, int nc, cons
     return;
   }
   for (int ir = 0; ir < mc; ir += kGemmMr) {
-    // A chunk now runs all of a group's k blocks (up to 2048 of k): progress as often as when it
-    // ran one.
+    // A chunk runs all of a group's k blocks (up to 2048 of k): progress between its row tiles.
     if (ir > 0) ::bigmac::util::ComputeProgress();
     const int rows = std::min(kGemmMr, mc - ir);
     for (int pc = packed.k_begin; pc < packed.k_end; pc += kGemmKc) {
@@ -467,20 +465,22 @@ void ForEach(bool team, bool dynamic, int count, const F& f) {
   }
 }
 
+// nc columns of B in whole panels, as PackB lays them out.
+int64_t PaddedColumns(int nc) { return int64_t{(nc + kGemmNr - 1) / kGemmNr} * kGemmNr; }
+
 // How many of k's rows B is packed for at a time with nc columns: whole k blocks, as many as
 // fit kGemmPackedB floats, at least one; one with A transposed (RunRows: there the k blocks are
 // outside the chunk's rows, and one block of B stays in L2 while all the chunks pass it).
 int PackedKRows(bool trans_a, int k, int nc) {
   if (nc <= 0) return 0;
   if (trans_a) return std::min(k, kGemmKc);
-  const int64_t padded_nc = (nc + kGemmNr - 1) / kGemmNr * kGemmNr;
-  const int64_t blocks = std::max<int64_t>(1, kGemmPackedB / (padded_nc * kGemmKc));
+  const int64_t blocks = std::max<int64_t>(1, kGemmPackedB / (PaddedColumns(nc) * kGemmKc));
   return static_cast<int>(std::min<int64_t>(k, blocks * kGemmKc));
 }
 
 // The floats B's packing takes with nc columns.
 int64_t PackedBFloats(bool trans_a, int k, int nc) {
-  return int64_t{PackedKRows(trans_a, k, nc)} * ((nc + kGemmNr - 1) / kGemmNr * kGemmNr);
+  return PackedKRows(trans_a, k, nc) * PaddedColumns(nc);
 }
 
 // The whole product, by one thread or by the team that calls it together (`team`). For each
@@ -491,11 +491,10 @@ void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
   const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
   for (int jc = 0; jc < pr.n; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, pr.n - jc);
-    const int panels = (nc + kGemmNr - 1) / kGemmNr;
+    const int panels = static_cast<int>(PaddedColumns(nc) / kGemmNr);
     const int group_rows = PackedKRows(pr.trans_a, pr.k, nc);
     for (int k_begin = 0; k_begin < pr.k; k_begin += group_rows) {
-      const PackedB packed{bp, k_begin, std::min(pr.k, k_begin + group_rows),
-                           int64_t{panels} * kGemmNr};
+      const PackedB packed{bp, k_begin, std::min(pr.k, k_begin + group_rows), PaddedColumns(nc)};
       const int blocks = (packed.k_end - k_begin + kGemmKc - 1) / kGemmKc;
       const int pieces = (panels + kPackPanels - 1) / kPackPanels;  // per k block
       ForEach(team, false, blocks * pieces, [&](int item) {
