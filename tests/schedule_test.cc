@@ -57,15 +57,25 @@ TEST(Simulator, BubbleMatchesTheory) {
   for (int p = 2; p <= 8; ++p) {
     for (int m = p; m <= 32; m += p) {
       const double classic = double(p - 1) / (m + p - 1);
+      // Each stage's input gradient sent before its weight gradients: the fill is (p-1) F as
+      // before, the drain (p-1) BI instead of (p-1) B.
+      const double early = 2.0 * (p - 1) / (3 * m + 2 * (p - 1));
       for (Kind kind : {Kind::kGpipe, Kind::k1F1B}) {
+        const SimResult whole = Simulate(BuildAllActions({kind, p, m, 1, false}), 1, Costs{});
+        EXPECT_NEAR(whole.bubble_fraction, classic, 1e-9)
+            << KindName(kind) << " p=" << p << " m=" << m;
         const SimResult r = Simulate(BuildAllActions({kind, p, m, 1}), 1, Costs{});
-        EXPECT_NEAR(r.bubble_fraction, classic, 1e-9) << KindName(kind) << " p=" << p << " m=" << m;
+        EXPECT_NEAR(r.bubble_fraction, early, 1e-9) << KindName(kind) << " p=" << p << " m=" << m;
       }
       // Interleaving with v chunks divides the fill and drain by v (Narayanan et al. 2021).
       const SimResult inter =
-          Simulate(BuildAllActions({Kind::kInterleaved1F1B, p, m, 2}), 2, Costs{});
+          Simulate(BuildAllActions({Kind::kInterleaved1F1B, p, m, 2, false}), 2, Costs{});
       EXPECT_NEAR(inter.bubble_fraction, double(p - 1) / (2 * m + p - 1), 1e-9)
           << "interleaved p=" << p << " m=" << m;
+      const SimResult inter_early =
+          Simulate(BuildAllActions({Kind::kInterleaved1F1B, p, m, 2}), 2, Costs{});
+      EXPECT_NEAR(inter_early.bubble_fraction, double(p - 1) / (3 * m + p - 1), 1e-9)
+          << "interleaved, early gradients, p=" << p << " m=" << m;
       // ZB-H1 with F = BI = W: the bubble is (p-1)(F+BI-W) = p-1 units against 3m of work
       // (Qi et al. 2024), a third of 1F1B's.
       const SimResult zb = Simulate(BuildAllActions({Kind::kZeroBubbleH1, p, m, 1}), 1, Costs{});
@@ -97,7 +107,7 @@ TEST(Simulator, PeakBytesPerRankAndStage) {
   Costs costs;
   costs.stage_activation_bytes.assign(p, 100);
   costs.stage_deferred_bytes.assign(p, 100);
-  const SimResult one = Simulate(BuildAllActions({Kind::k1F1B, p, m, 1}), 1, costs);
+  const SimResult one = Simulate(BuildAllActions({Kind::k1F1B, p, m, 1, false}), 1, costs);
   for (int r = 0; r < p; ++r) {
     EXPECT_EQ(one.peak_bytes[r], 100.0 * (p - r)) << "rank " << r;
     EXPECT_EQ(one.stage_bytes_at_peak[r], one.peak_bytes[r]);
@@ -115,7 +125,7 @@ TEST(Simulator, PeakBytesPerRankAndStage) {
   Costs transient;
   transient.stage_activation_bytes.assign(p, 100);
   transient.stage_backward_peak_bytes.assign(p, 30);
-  const SimResult with = Simulate(BuildAllActions({Kind::k1F1B, p, m, 1}), 1, transient);
+  const SimResult with = Simulate(BuildAllActions({Kind::k1F1B, p, m, 1, false}), 1, transient);
   for (int r = 0; r < p; ++r) {
     EXPECT_EQ(with.peak_bytes[r], 100.0 * (p - r) + 30) << "rank " << r;
     EXPECT_EQ(with.stage_bytes_at_peak[r], with.peak_bytes[r]);
@@ -163,12 +173,23 @@ TEST(Simulator, ReportsUnmatchedSends) {
 }
 
 TEST(Schedule, OneFOneBListForTheLastRankAlternates) {
-  const ScheduleSpec spec{Kind::k1F1B, 2, 3, 1};
-  std::vector<Action> last = BuildRankActions(spec, 1);
-  for (const Action& a : BuildStepTail(spec, 1)) last.push_back(a);
-  std::string text;
-  for (const Action& a : last) text += ShortName(a) + " ";
-  EXPECT_EQ(text,
+  auto text_of = [](const ScheduleSpec& spec, int rank) {
+    std::vector<Action> list = BuildRankActions(spec, rank);
+    for (const Action& a : BuildStepTail(spec, rank)) list.push_back(a);
+    std::string text;
+    for (const Action& a : list) text += ShortName(a) + " ";
+    return text;
+  };
+  // The gradient leaves between the input and the weight gradients...
+  EXPECT_EQ(text_of({Kind::k1F1B, 2, 3, 1}, 1),
+            "RecvAct0@s1<r0 F0@s1 BI0@s1 SendGrad0@s1>r0 W0@s1 RecvAct1@s1<r0 F1@s1 BI1@s1 "
+            "SendGrad1@s1>r0 W1@s1 RecvAct2@s1<r0 F2@s1 BI2@s1 SendGrad2@s1>r0 W2@s1 ReduceTied "
+            "ReduceDp OptimizerStep ");
+  // ...while the first stage, which sends none, keeps its backward whole.
+  EXPECT_EQ(text_of({Kind::k1F1B, 2, 2, 1}, 0),
+            "F0@s0 SendAct0@s0>r1 F1@s0 SendAct1@s0>r1 RecvGrad0@s0<r1 B0@s0 RecvGrad1@s0<r1 "
+            "B1@s0 ReduceTied ReduceDp OptimizerStep ");
+  EXPECT_EQ(text_of({Kind::k1F1B, 2, 3, 1, /*send_grad_before_weights=*/false}, 1),
             "RecvAct0@s1<r0 F0@s1 B0@s1 SendGrad0@s1>r0 RecvAct1@s1<r0 F1@s1 B1@s1 SendGrad1@s1>r0 "
             "RecvAct2@s1<r0 F2@s1 B2@s1 SendGrad2@s1>r0 ReduceTied ReduceDp OptimizerStep ");
 }
@@ -340,14 +361,19 @@ TEST(ForwardOnly, EveryLayoutRunsWithoutDeadlock) {
 }
 
 TEST(Trace, IsChromeJsonWithOneTrackPerRank) {
-  const SimResult r = Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1}), 1, Costs{});
+  const SimResult r = Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1, false}), 1, Costs{});
   const std::string trace = ChromeTrace(r, "1f1b");
   EXPECT_NE(trace.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(trace.find("\"rank 1\""), std::string::npos);
   EXPECT_NE(trace.find("\"F1@s1\""), std::string::npos);
   const std::string grid = FormatGrid(r, 2);
   EXPECT_EQ(grid, "rank 0 | F0 F1 .  .  B0 B0 .  B1 B1\nrank 1 | .  F0 B0 B0 F1 B1 B1 .  . \n")
-      << grid;
+      << grid;  // The gradient sent before the weight gradients: rank 0 starts each backward a unit
+                // earlier,
+  // and the flush ends after 8 units instead of 9.
+  const std::string early =
+      FormatGrid(Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1}), 1, Costs{}), 2);
+  EXPECT_EQ(early, "rank 0 | F0 F1 .  B0 B0 .  B1 B1\nrank 1 | .  F0 b0 W0 F1 b1 W1 . \n") << early;
 }
 
 // The dp all-reduce after the flush: serial, it follows each rank's last computation; overlapped,
@@ -366,7 +392,7 @@ TEST(Simulator, PredictsTheDataParallelAllReduceSerialAndOverlapped) {
   EXPECT_DOUBLE_EQ(p.overlap_end[0], 7.25);  // 0.75 each at 5 and 6, then the tail at 6.75
   EXPECT_DOUBLE_EQ(p.serial_end[0], 8);
   // 1f1b, p = 2, m = 2: rank 0's B1 is [7,9], rank 1's [5,7] (the grid of the Trace test).
-  const SimResult two = Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1}), 1, Costs{});
+  const SimResult two = Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1, false}), 1, Costs{});
   p = PredictDpReduce(two, {{3.0, 3.0}, {}, 3});
   EXPECT_DOUBLE_EQ(p.serial_end[1], 10);
   EXPECT_NEAR(p.overlap_end[1], 8 + 2.0 / 3, 1e-12);
@@ -383,9 +409,10 @@ TEST(Schedule, TheLargestAcceptedScheduleHasTheExpectedActionCounts) {
     const int p = 1024, m = 1024;
     const std::vector<std::vector<Action>> all = BuildAllActions({kind, p, m, 1});
     ASSERT_EQ(all.size(), size_t(p));
-    const int computes = kind == Kind::kZeroBubbleH1 ? 3 : 2;
     size_t total = 0;
     for (int r = 0; r < p; ++r) {
+      // BI and W on every stage that sends a gradient (all but the first), or under ZB-H1.
+      const int computes = kind == Kind::kZeroBubbleH1 || r > 0 ? 3 : 2;
       std::map<Op, int> count;
       for (const Action& a : all[r]) ++count[a.op];
       const int neighbours = (r > 0) + (r < p - 1);
@@ -473,8 +500,8 @@ TEST(Schedule, ZeroBubbleMatchesTheReferenceConstruction) {
 TEST(Trace, TheGridOfAHugePipelineIsOneLineAndTheTraceHasEveryAction) {
   const SimResult result = Simulate(BuildAllActions({Kind::k1F1B, 65, 65, 1}), 1, Costs{});
   EXPECT_EQ(FormatGrid(result, 65),
-            "grid: not drawn for 65 ranks x 387 columns (at most 64 x 1024); the trace has every "
-            "action\n");
+            "grid: not drawn for 65 ranks x 323 columns (at most 64 x 1024); the trace has every "
+            "action\n");  // 3m + 2(p-1) units: the drain is (p-1) BI
   const std::string trace = ChromeTrace(result, "1f1b");
   auto count = [&trace](const std::string& text) {
     size_t n = 0;
@@ -482,7 +509,9 @@ TEST(Trace, TheGridOfAHugePipelineIsOneLineAndTheTraceHasEveryAction) {
     return n;
   };
   EXPECT_EQ(count("\"cat\":\"Forward\""), size_t(65) * 65);
-  EXPECT_EQ(count("\"cat\":\"Backward\""), size_t(65) * 65);
+  EXPECT_EQ(count("\"cat\":\"Backward\""), size_t(65));  // the first stage sends no gradient
+  EXPECT_EQ(count("\"cat\":\"BackwardInput\""), size_t(64) * 65);
+  EXPECT_EQ(count("\"cat\":\"BackwardWeight\""), size_t(64) * 65);
 }
 
 }  // namespace

@@ -301,7 +301,8 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
     tokenizer_id_ = manifest->Id();
 
   const schedule::ScheduleSpec spec{resolved.schedule, comm.pp().size(), microbatches_,
-                                    cfg_.parallel().virtual_stages()};
+                                    cfg_.parallel().virtual_stages(),
+                                    !train_.activation_checkpointing()};
   if (faults_.mismatch_rank == comm.world().rank()) {
     executor_ = std::make_unique<Executor>(
         model_.get(), &comm, spec, cfg_.model().hidden_size(),

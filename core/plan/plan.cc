@@ -212,7 +212,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       plan.stages.push_back(stage);
     }
     const schedule::SimResult sim =
-        schedule::Simulate(schedule::BuildAllActions({kind, pp, m, v}), v, costs);
+        schedule::Simulate(schedule::BuildAllActions({kind, pp, m, v, !ckpt}), v, costs);
     for (StagePlan& stage : plan.stages) {
       const int rank = stage.range.pp_rank;
       // The rank's in-flight count covers all its chunks; spread evenly over them for the table.

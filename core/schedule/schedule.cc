@@ -297,6 +297,12 @@ std::vector<Action> ToActions(const ScheduleSpec& spec, const std::vector<Comput
       case Op::kBackward:
       case Op::kBackwardInput:
         if (!last) actions.push_back({Op::kRecvGrad, c.microbatch, c.stage, rank_of(c.stage + 1)});
+        if (!first && c.op == Op::kBackward && spec.send_grad_before_weights) {
+          actions.push_back({Op::kBackwardInput, c.microbatch, c.stage, -1});
+          actions.push_back({Op::kSendGrad, c.microbatch, c.stage, rank_of(c.stage - 1)});
+          actions.push_back({Op::kBackwardWeight, c.microbatch, c.stage, -1});
+          break;
+        }
         actions.push_back({c.op, c.microbatch, c.stage, -1});
         if (!first) actions.push_back({Op::kSendGrad, c.microbatch, c.stage, rank_of(c.stage - 1)});
         break;

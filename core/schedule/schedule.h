@@ -68,6 +68,12 @@ struct ScheduleSpec {
   int pp = 1;
   int microbatches = 1;    // per pipeline flush
   int virtual_stages = 1;  // chunks per rank (interleaved only)
+  // A Backward whose input gradient goes to an earlier stage runs as BackwardInput, SendGrad,
+  // BackwardWeight, so that the earlier stage does not wait for this one's weight gradients: the
+  // drain shortens by pp - 1 weight gradients (1F1B at pp = 2 with 8 micro-batches: 27 -> 26
+  // units of F). The same gradients in the same order. False keeps Backward whole, as activation
+  // checkpointing needs: split, the stage would hold every recomputed layer until the weights.
+  bool send_grad_before_weights = true;
 };
 
 // The actions of pp rank `rank` for one pipeline flush (no per-step action). Stage s lives on rank

@@ -102,12 +102,16 @@ std::map<int, std::vector<Span>> Spans(const nlohmann::json& trace, const std::s
 // Per rank: how many all-reduce buckets started inside a backward span (before it finished).
 std::map<int, int> BucketsStartedInsideABackward(const nlohmann::json& trace) {
   const auto buckets = Spans(trace, "dp_reduce");
-  const auto backwards = Spans(trace, "backward");
+  // A stage that sends its input gradient computes the weight gradients after it: there the
+  // buckets fill during the backward_weight spans.
+  std::map<int, std::vector<Span>> backwards = Spans(trace, "backward");
+  for (const auto& [rank, spans] : Spans(trace, "backward_weight"))
+    backwards[rank].insert(backwards[rank].end(), spans.begin(), spans.end());
   std::map<int, int> inside;
   for (const auto& [rank, spans] : buckets) {
     inside[rank] = 0;
     for (const Span& bucket : spans) {
-      for (const Span& backward : backwards.count(rank) ? backwards.at(rank) : std::vector<Span>{})
+      for (const Span& backward : backwards[rank])
         if (backward.start < bucket.start && bucket.start < backward.end) {
           ++inside[rank];
           break;
