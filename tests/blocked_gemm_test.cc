@@ -220,6 +220,47 @@ TEST_P(BlockedGemm, BitsDoNotDependOnThreads) {
   omp_set_num_threads(threads_before);
 }
 
+// B packed once (BlockedPackB) and multiplied by A in full or by its first columns: the bits of
+// BlockedSgemm with the plain B, in both of A's layouts, with B transposed or not, alpha and beta,
+// edges of panels and tiles, k up to kGemmKc, two column blocks, on one thread and several.
+TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
+  const Case cases[] = {
+      {false, true, 32, 256, 64, 0.125f, 0.0f},        // the attention's scores against its keys
+      {false, true, 7, 37, 9, 1.0f, 0.5f},             // edges everywhere
+      {true, false, 50, 300, kGemmKc, 2.0f, 1.0f},     // A transposed, a whole k block
+      {false, false, 13, 4096 + 40, 100, 1.0f, 0.0f},  // two column blocks
+      {false, true, 2048, 384, 128, 1.0f, 0.0f},       // enough work for the team
+  };
+  const int threads_before = omp_get_max_threads();
+  for (const Case& cs : cases) {
+    const Operands o = Make(cs, 21);
+    // A 64-byte aligned buffer, marked past the packed floats to catch a write beyond them.
+    const int64_t floats = BlockedPackedBFloats(cs.k, cs.n);
+    std::vector<float> storage(floats + 32, 7.0f);
+    const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+    float* packed = storage.data() + (64 - address % 64) % 64 / 4;
+    BlockedPackB(cs.tb, cs.k, cs.n, o.b.data(), o.ldb, packed);
+    EXPECT_EQ(packed[floats], 7.0f) << "packed past BlockedPackedBFloats";
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      // All columns, then a leading part of them (whole panels, and a cut inside one).
+      for (const int n : {cs.n, cs.n / 2, 16}) {
+        if (n > cs.n) continue;
+        std::vector<float> plain = o.c, once = o.c;
+        BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, n, cs.k, cs.alpha, o.a.data(), o.lda,
+                     o.b.data(), o.ldb, cs.beta, plain.data(), o.ldc);
+        BlockedSgemmPackedB(GetParam(), cs.ta, cs.m, n, cs.k, cs.alpha, o.a.data(), o.lda, packed,
+                            cs.beta, once.data(), o.ldc);
+        ASSERT_NE(plain, o.c);
+        EXPECT_EQ(std::memcmp(plain.data(), once.data(), plain.size() * 4), 0)
+            << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << n << " of " << cs.n
+            << " k=" << cs.k << " threads=" << threads;
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, BlockedGemm,
                          ::testing::Values(GemmKernel::kAvx2, GemmKernel::kAvx512),
                          [](const ::testing::TestParamInfo<GemmKernel>& info) {

@@ -384,13 +384,14 @@ void RunWideTile(Fold fold, int panels, int kc, const float* ap, const float* b_
 // B's k blocks [k_begin, k_end), packed one after another: block pc (kc rows) at
 // bp + (pc - k_begin) * padded_nc, its panel j at + j * kc.
 struct PackedB {
-  float* bp;
+  const float* bp;
   int k_begin, k_end;
   int64_t padded_nc;
-  float* Block(int pc, int col) const {
+  int64_t Offset(int pc, int col) const {
     const int kc = std::min(kGemmKc, k_end - pc);
-    return bp + int64_t{pc - k_begin} * padded_nc + int64_t{col} * kc;
+    return int64_t{pc - k_begin} * padded_nc + int64_t{col} * kc;
   }
+  const float* Block(int pc, int col) const { return bp + Offset(pc, col); }
 };
 
 // One row tile of C (rows of it, c_row at column jc) folded with the tile of A times k block pc
@@ -486,23 +487,27 @@ int64_t PackedBFloats(bool trans_a, int k, int nc) {
 // The whole product, by one thread or by the team that calls it together (`team`). For each
 // column block and group of k blocks the threads pack B's panels into the shared bp, then take
 // chunks of rows as they come free, which keeps both cores busy when one of them is slowed (on a
-// shared host it often is).
-void Run(const Problem& pr, bool team, int chunk_rows, float* bp) {
+// shared host it often is). With `prepacked` (BlockedPackB's panels; k <= kGemmKc) B is not
+// packed: column block jc reads its panels from prepacked + jc * k.
+void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const float* prepacked) {
   const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
   for (int jc = 0; jc < pr.n; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, pr.n - jc);
     const int panels = static_cast<int>(PaddedColumns(nc) / kGemmNr);
     const int group_rows = PackedKRows(pr.trans_a, pr.k, nc);
     for (int k_begin = 0; k_begin < pr.k; k_begin += group_rows) {
-      const PackedB packed{bp, k_begin, std::min(pr.k, k_begin + group_rows), PaddedColumns(nc)};
+      const PackedB packed{prepacked ? prepacked + int64_t{jc} * pr.k : bp, k_begin,
+                           std::min(pr.k, k_begin + group_rows), PaddedColumns(nc)};
       const int blocks = (packed.k_end - k_begin + kGemmKc - 1) / kGemmKc;
       const int pieces = (panels + kPackPanels - 1) / kPackPanels;  // per k block
-      ForEach(team, false, blocks * pieces, [&](int item) {
-        const int pc = k_begin + item / pieces * kGemmKc;
-        const int j = item % pieces * kPackPanels * kGemmNr;
-        PackB(pr.trans_b, pr.b, pr.ldb, pc, std::min(kGemmKc, pr.k - pc), jc + j,
-              std::min(kPackPanels * kGemmNr, nc - j), packed.Block(pc, j));
-      });
+      if (!prepacked) {
+        ForEach(team, false, blocks * pieces, [&](int item) {
+          const int pc = k_begin + item / pieces * kGemmKc;
+          const int j = item % pieces * kPackPanels * kGemmNr;
+          PackB(pr.trans_b, pr.b, pr.ldb, pc, std::min(kGemmKc, pr.k - pc), jc + j,
+                std::min(kPackPanels * kGemmNr, nc - j), bp + packed.Offset(pc, j));
+        });
+      }
       ForEach(team, true, chunks, [&](int chunk) {
         ::bigmac::util::ComputeProgress();  // messages in flight move on while the rows compute
         const int begin = chunk * chunk_rows;
@@ -548,8 +553,12 @@ int BlockedSgemmThreads(int m, int n, int k, int available) {
   return available;
 }
 
-void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+namespace {
+
+// BlockedSgemm, with B given packed (`prepacked`, k <= kGemmKc) or not (null).
+void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+           const float* a, int lda, const float* b, int ldb, const float* prepacked, float beta,
+           float* c, int ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {  // as BLAS: A and B are not read
     ScaleOnly(m, n, beta, c, ldc);
@@ -559,14 +568,43 @@ void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, i
   const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
   // B's packed block is shared by the team: the calling thread's buffer.
   // (Column blocks are kGemmNc wide but the last, so two sizes at most.)
-  float* bp = b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
-                                    PackedBFloats(trans_a, k, n % kGemmNc)));
+  float* bp = prepacked ? nullptr
+                        : b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
+                                                PackedBFloats(trans_a, k, n % kGemmNc)));
   if (threads == 1) {
-    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp);
+    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp, prepacked);
     return;
   }
 #pragma omp parallel num_threads(threads)
-  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp);
+  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp, prepacked);
+}
+
+}  // namespace
+
+void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, beta, c, ldc);
+}
+
+int64_t BlockedPackedBFloats(int k, int n) { return int64_t{k} * PaddedColumns(n); }
+
+void BlockedPackB(bool trans_b, int k, int n, const float* b, int ldb, float* out) {
+  if (k <= 0 || k > kGemmKc) {
+    std::fprintf(stderr, "bigmac: BlockedPackB with k = %d (1 to %d)\n", k, kGemmKc);
+    std::abort();
+  }
+  for (int j = 0; j < n; j += kPackPanels * kGemmNr)
+    PackB(trans_b, b, ldb, 0, k, j, std::min(kPackPanels * kGemmNr, n - j), out + int64_t{j} * k);
+}
+
+void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, float alpha,
+                         const float* a, int lda, const float* packed_b, float beta, float* c,
+                         int ldc) {
+  if (k > kGemmKc) {
+    std::fprintf(stderr, "bigmac: BlockedSgemmPackedB with k = %d (at most %d)\n", k, kGemmKc);
+    std::abort();
+  }
+  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, packed_b, beta, c, ldc);
 }
 
 }  // namespace bigmac::sdk::cpu::internal

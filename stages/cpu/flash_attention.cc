@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/util/compute_progress.h"
@@ -55,6 +56,56 @@ struct QkvLayout {
   int64_t Value(int g) const { return v_offset + int64_t{g} * hs; }
 };
 
+// One head's keys (or values), t x hs with row stride ld, as the B of the products that read them
+// transposed (S = Q K^T, dP = dO V^T), packed once per head for all its query blocks: a block
+// reads the first kend columns. Packing them per block cost as much as the block's products
+// (bench/NOTES.md, lever 17). Doubles, another float GEMM library and heads over kGemmKc take the
+// GEMM with the plain matrix. One per thread; Pack, then Times as often as needed.
+template <typename T>
+class TransposedOperand {
+ public:
+  TransposedOperand(int t, int hs) : t_(t), hs_(hs) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (internal::CanPackBOnce(hs)) storage_.resize(internal::PackedBOnceFloats(hs, t) + 16);
+    }
+  }
+  TransposedOperand(const TransposedOperand&) = delete;
+  TransposedOperand& operator=(const TransposedOperand&) = delete;
+
+  // x stays valid and unchanged while Times reads it, and while this object lives (the query
+  // heads of a group pack the same keys: the second Pack of them does nothing).
+  void Pack(const T* x, int ld) {
+    if (x == x_ && ld == ld_) return;
+    x_ = x;
+    ld_ = ld;
+    if constexpr (std::is_same_v<T, float>) {
+      if (!storage_.empty()) internal::PackBOnce(true, hs_, t_, x, ld, Packed());
+    }
+  }
+
+  // c (rows x kend, row stride ldc) = alpha a x[0, kend)^T, a rows x hs with row stride lda.
+  void Times(int rows, int kend, T alpha, const T* a, int lda, T* c, int ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!storage_.empty()) {
+        internal::SgemmPackedB(rows, kend, hs_, alpha, a, lda, Packed(), 0.0f, c, ldc);
+        return;
+      }
+    }
+    Gemm(CblasNoTrans, CblasTrans, rows, kend, hs_, alpha, a, lda, x_, ld_, T(0), c, ldc);
+  }
+
+ private:
+  float* Packed() {  // the first 64-byte boundary in storage_
+    const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
+    return storage_.data() + (64 - address % 64) % 64 / sizeof(float);
+  }
+
+  int t_, hs_;
+  const T* x_ = nullptr;
+  int ld_ = 0;
+  std::vector<float> storage_;  // empty: no packing
+};
+
 }  // namespace
 
 template <typename T>
@@ -68,6 +119,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
 #pragma omp parallel
   {
     std::vector<T> p(int64_t{std::min(t, kQueryBlock)} * t);  // this thread's score block
+    TransposedOperand<T> keys(t, hs);
 #pragma omp for collapse(2) schedule(static)
     for (int bi = 0; bi < b; ++bi) {
       for (int hi = 0; hi < h; ++hi) {
@@ -77,12 +129,12 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
         const T* v = row0 + L.Value(hi / L.group);
         T* o = out + int64_t{bi} * t * c + hi * hs;
         T* l = lse + (int64_t{bi} * h + hi) * t;
+        keys.Pack(k, ld);
         for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
           ::bigmac::util::ComputeProgress();  // messages in flight move on meanwhile
           const int rows = std::min(kQueryBlock, t - i0);
           const int kend = i0 + rows;  // keys 0 .. kend-1 are visible to some row of the block
-          Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * L.width, ld, k, ld, T(0),
-               p.data(), kend);
+          keys.Times(rows, kend, scale, q + i0 * L.width, ld, p.data(), kend);
           for (int r = 0; r < rows; ++r) {
             const int visible = i0 + r + 1;
             T* row = p.data() + int64_t{r} * kend;
@@ -109,7 +161,8 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
 #pragma omp parallel
   {
     const int64_t block = int64_t{std::min(t, kQueryBlock)} * t;
-    std::vector<T> p(block), ds(block);  // this thread's P, then dP -> dS
+    std::vector<T> p(block), ds(block);               // this thread's P, then dP -> dS
+    TransposedOperand<T> keys(t, hs), values(t, hs);  // the group's, for all its query heads
     // One iteration per (batch, kv head): the group's query heads add into its dK and dV one after
     // the other, in head order, so no two threads write the same dK/dV and the sums' order is
     // fixed.
@@ -126,6 +179,8 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
           std::fill(dk + ti * L.width, dk + ti * L.width + hs, T(0));
           std::fill(dv + ti * L.width, dv + ti * L.width + hs, T(0));
         }
+        keys.Pack(k, ld);
+        values.Pack(v, ld);
         for (int hi = g * L.group; hi < (g + 1) * L.group; ++hi) {
           const T* q = row0 + L.Query(hi);
           T* dq = drow0 + L.Query(hi);
@@ -136,8 +191,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
             const int rows = std::min(kQueryBlock, t - i0);
             const int kend = i0 + rows;
             // P = exp(scale Q K^T - lse), zero above the diagonal.
-            Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, scale, q + i0 * L.width, ld, k, ld, T(0),
-                 p.data(), kend);
+            keys.Times(rows, kend, scale, q + i0 * L.width, ld, p.data(), kend);
             for (int r = 0; r < rows; ++r) {
               const int visible = i0 + r + 1;
               T* row = p.data() + int64_t{r} * kend;
@@ -150,8 +204,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
             const T* dyb = dy + int64_t{i0} * c;
             Gemm(CblasTrans, CblasNoTrans, kend, hs, rows, T(1), p.data(), kend, dyb, c, T(1), dv,
                  ld);
-            Gemm(CblasNoTrans, CblasTrans, rows, kend, hs, T(1), dyb, c, v, ld, T(0), ds.data(),
-                 kend);
+            values.Times(rows, kend, T(1), dyb, c, ds.data(), kend);
             // Softmax backward through the scale: dS = P * (dP - rowsum(dP * P)) * scale.
             for (int r = 0; r < rows; ++r) {
               const int visible = i0 + r + 1;
