@@ -4,7 +4,9 @@
 // of the gradients, so that two builds can be compared for time and bits.
 //
 //   attention_speed [b t c h kv_heads repeats]   (default 4 256 512 8 8 20; OMP_NUM_THREADS)
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -23,8 +25,10 @@ int main(int argc, char** argv) {
   const int h = argc > 1 ? std::atoi(argv[4]) : 8;
   const int kv = argc > 1 ? std::atoi(argv[5]) : 8;
   const int repeats = argc > 1 ? std::atoi(argv[6]) : 20;
-  if (b <= 0 || t <= 0 || h <= 0 || kv <= 0 || c % h != 0 || h % kv != 0 || repeats <= 0) {
-    std::fprintf(stderr, "attention_speed: need b, t, h, kv_heads, repeats > 0, h | c, kv | h\n");
+  if (b <= 0 || t <= 0 || c <= 0 || h <= 0 || kv <= 0 || c % h != 0 || h % kv != 0 ||
+      repeats <= 0) {
+    std::fprintf(stderr,
+                 "attention_speed: need b, t, c, h, kv_heads, repeats > 0, h | c, kv | h\n");
     return 2;
   }
   const int64_t width = c + 2 * int64_t{kv} * (c / h);

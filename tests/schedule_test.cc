@@ -368,8 +368,8 @@ TEST(Trace, IsChromeJsonWithOneTrackPerRank) {
   EXPECT_NE(trace.find("\"F1@s1\""), std::string::npos);
   const std::string grid = FormatGrid(r, 2);
   EXPECT_EQ(grid, "rank 0 | F0 F1 .  .  B0 B0 .  B1 B1\nrank 1 | .  F0 B0 B0 F1 B1 B1 .  . \n")
-      << grid;  // The gradient sent before the weight gradients: rank 0 starts each backward a unit
-                // earlier,
+      << grid;
+  // The gradient sent before the weight gradients: rank 0 starts each backward a unit earlier,
   // and the flush ends after 8 units instead of 9.
   const std::string early =
       FormatGrid(Simulate(BuildAllActions({Kind::k1F1B, 2, 2, 1}), 1, Costs{}), 2);

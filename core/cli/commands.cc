@@ -365,7 +365,8 @@ int RunSchedule(const ScheduleOptions& options) {
     PrintProblems("bigmac: invalid schedule", problems);
     return kExitConfig;
   }
-  const schedule::ScheduleSpec spec{kind, options.pp, options.microbatches, options.virtual_stages};
+  const schedule::ScheduleSpec spec{kind, options.pp, options.microbatches, options.virtual_stages,
+                                    !options.whole_backward};
   schedule::Costs costs;
   const int stages = options.pp * options.virtual_stages;
   const bool measured = !options.forward_ms.empty() || !options.backward_ms.empty();

@@ -79,6 +79,9 @@ struct ScheduleOptions {
   int pp = 4;
   int microbatches = 8;
   int virtual_stages = 1;
+  // Backward whole on every stage, as under train.activation_checkpointing (otherwise a stage that
+  // sends a gradient sends it before its weight gradients: ScheduleSpec::send_grad_before_weights).
+  bool whole_backward = false;
   std::string trace;       // empty: runs/schedule/schedule_<kind>_pp<P>_m<M>.json (replaced freely)
   bool overwrite = false;  // replace an existing --trace file the user named
   // Measured or estimated milliseconds per micro-batch, per stage (one value: every stage);

@@ -274,6 +274,9 @@ int main(int argc, char** argv) {
       ->add_option("--virtual", schedule_options.virtual_stages,
                    "chunks per rank (interleaved_1f1b)")
       ->check(CLI::Range(1, kMaxVirtualStages));
+  schedule->add_flag("--whole-backward", schedule_options.whole_backward,
+                     "keep each backward whole, as train.activation_checkpointing does (by default "
+                     "a stage sends its input gradient before computing its weight gradients)");
   schedule->add_option("--trace", schedule_options.trace,
                        "trace file (default runs/schedule/schedule_<kind>_pp<P>_m<M>.json)");
   schedule->add_flag("--overwrite", schedule_options.overwrite,

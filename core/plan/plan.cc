@@ -217,7 +217,7 @@ std::vector<PolicyPlan> PlanPolicies(const config::ResolvedConfig& config,
       const int rank = stage.range.pp_rank;
       // The rank's in-flight count covers all its chunks; spread evenly over them for the table.
       // The memory is what the stage held at its rank's simulated peak: each chunk's own count,
-      // and under zb_h1 what waits for the weight gradients (LayerCost::deferred_bytes).
+      // and where the backward is split what waits for the weight gradients (deferred_bytes).
       stage.in_flight = (sim.max_in_flight[rank] + v - 1) / v;
       const double held_mib = sim.stage_bytes_at_peak[stage.range.stage] / kMiB;
       // The head's copy of wte is memory, not a parameter it owns.

@@ -40,8 +40,8 @@ struct StagePlan {
   // slices); replicas split the layers (docs/checkpoint.md). An upper bound.
   double checkpoint_snapshot_mib = 0;
   // parameters x 8 B (value, gradient) + the optimizer state as configured + the activations
-  // (and, under zb_h1, what waits for the weight gradients) the stage holds at its rank's
-  // simulated peak
+  // (and, where the backward is split, what waits for the weight gradients) the stage holds at
+  // its rank's simulated peak
   double total_mib = 0;
   double forward_ms = 0;
   double backward_ms = 0;

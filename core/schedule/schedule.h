@@ -14,8 +14,9 @@ namespace bigmac::schedule {
 enum class Op {
   kForward,         // run a stage's layers forward for one micro-batch
   kBackward,        // BackwardInput then BackwardWeight
-  kBackwardInput,   // input gradients only (zero-bubble)
-  kBackwardWeight,  // the deferred weight gradients (zero-bubble)
+  kBackwardInput,   // input gradients only (zb_h1; a stage that sends them,
+                    // send_grad_before_weights)
+  kBackwardWeight,  // the weight gradients, after BackwardInput
   kSendAct,         // activation to the next stage
   kRecvAct,         // activation from the previous stage
   kSendGrad,        // input gradient to the previous stage

@@ -14,16 +14,16 @@ namespace bigmac::schedule {
 struct Costs {
   double forward = 1;
   double backward = 2;        // input + weight gradients
-  double backward_input = 1;  // zero-bubble split
+  double backward_input = 1;  // the split backward (zb_h1, send_grad_before_weights)
   double backward_weight = 1;
   double transfer = 0;  // send -> matching receive
   // Optional per-stage durations (indexed by global stage), overriding the uniform ones above:
-  // a forward and a full backward of one micro-batch through that stage. The zero-bubble split
-  // gives each backward half.
+  // a forward and a full backward of one micro-batch through that stage. A split backward gives
+  // each half.
   std::vector<double> stage_forward;
   std::vector<double> stage_backward;
   // Optional bytes each (micro-batch, stage) holds, by global stage: from its forward to its
-  // backward (activation), and from the zero-bubble split's BackwardInput to its BackwardWeight
+  // backward (activation), and from a split backward's BackwardInput to its BackwardWeight
   // (deferred). Given, the simulation reports each rank's peak of their sum.
   std::vector<double> stage_activation_bytes;
   std::vector<double> stage_deferred_bytes;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -589,8 +590,9 @@ void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, i
 int64_t BlockedPackedBFloats(int k, int n) { return int64_t{k} * PaddedColumns(n); }
 
 void BlockedPackB(bool trans_b, int k, int n, const float* b, int ldb, float* out) {
-  if (k <= 0 || k > kGemmKc) {
-    std::fprintf(stderr, "bigmac: BlockedPackB with k = %d (1 to %d)\n", k, kGemmKc);
+  if (k <= 0 || k > kGemmKc || reinterpret_cast<std::uintptr_t>(out) % 64 != 0) {
+    std::fprintf(stderr, "bigmac: BlockedPackB with k = %d (1 to %d) into %p (64-byte aligned)\n",
+                 k, kGemmKc, static_cast<void*>(out));
     std::abort();
   }
   for (int j = 0; j < n; j += kPackPanels * kGemmNr)

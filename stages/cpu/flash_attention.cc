@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -66,7 +67,9 @@ class TransposedOperand {
  public:
   TransposedOperand(int t, int hs) : t_(t), hs_(hs) {
     if constexpr (std::is_same_v<T, float>) {
-      if (internal::CanPackBOnce(hs)) storage_.resize(internal::PackedBOnceFloats(hs, t) + 16);
+      // Uninitialised: Pack writes every float the products read.
+      if (internal::CanPackBOnce(hs))
+        storage_.reset(new float[internal::PackedBOnceFloats(hs, t) + 16]);
     }
   }
   TransposedOperand(const TransposedOperand&) = delete;
@@ -79,14 +82,14 @@ class TransposedOperand {
     x_ = x;
     ld_ = ld;
     if constexpr (std::is_same_v<T, float>) {
-      if (!storage_.empty()) internal::PackBOnce(true, hs_, t_, x, ld, Packed());
+      if (storage_) internal::PackBOnce(true, hs_, t_, x, ld, Packed());
     }
   }
 
   // c (rows x kend, row stride ldc) = alpha a x[0, kend)^T, a rows x hs with row stride lda.
   void Times(int rows, int kend, T alpha, const T* a, int lda, T* c, int ldc) {
     if constexpr (std::is_same_v<T, float>) {
-      if (!storage_.empty()) {
+      if (storage_) {
         internal::SgemmPackedB(rows, kend, hs_, alpha, a, lda, Packed(), 0.0f, c, ldc);
         return;
       }
@@ -96,14 +99,14 @@ class TransposedOperand {
 
  private:
   float* Packed() {  // the first 64-byte boundary in storage_
-    const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
-    return storage_.data() + (64 - address % 64) % 64 / sizeof(float);
+    const auto address = reinterpret_cast<std::uintptr_t>(storage_.get());
+    return storage_.get() + (64 - address % 64) % 64 / sizeof(float);
   }
 
   int t_, hs_;
   const T* x_ = nullptr;
   int ld_ = 0;
-  std::vector<float> storage_;  // empty: no packing
+  std::unique_ptr<float[]> storage_;  // null: no packing
 };
 
 }  // namespace
