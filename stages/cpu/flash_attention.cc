@@ -59,9 +59,9 @@ struct QkvLayout {
 
 // One head's keys (or values), t x hs with row stride ld, as the B of the products that read them
 // transposed (S = Q K^T, dP = dO V^T), packed once per head for all its query blocks: a block
-// reads the first kend columns. Packing them per block cost as much as the block's products
-// (bench/NOTES.md, lever 17). Doubles, another float GEMM library and heads over kGemmKc take the
-// GEMM with the plain matrix. One per thread; Pack, then Times as often as needed.
+// reads the first kend columns. Packed again for every block, they made the attention 3-6%
+// slower (bench/NOTES.md, lever 17). Doubles, another float GEMM library and heads over kGemmKc
+// take the GEMM with the plain matrix. One per thread; Pack, then Times as often as needed.
 template <typename T>
 class TransposedOperand {
  public:
