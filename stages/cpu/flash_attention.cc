@@ -19,13 +19,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "core/util/compute_progress.h"
+#include "core/util/host_memory.h"
 #include "core/util/simd.h"
 #include "plugins/sdk/cpu_kernels.h"
+#include "stages/cpu/blocked_gemm.h"
 #include "stages/cpu/math.h"
 
 namespace bigmac::sdk::cpu {
@@ -67,9 +70,12 @@ class TransposedOperand {
  public:
   TransposedOperand(int t, int hs) : t_(t), hs_(hs) {
     if constexpr (std::is_same_v<T, float>) {
-      // Uninitialised: Pack writes every float the products read.
-      if (internal::CanPackBOnce(hs))
-        storage_.reset(new float[internal::PackedBOnceFloats(hs, t) + 16]);
+      // 64-byte aligned, uninitialised: Pack writes every float the products read. Without
+      // memory for it (null), the products take the plain GEMM.
+      if (internal::CanPackBOnce(hs)) {
+        packed_.reset(static_cast<float*>(::bigmac::util::AllocateHost(
+            internal::BlockedPackedBFloats(hs, t) * int64_t{sizeof(float)})));
+      }
     }
   }
   TransposedOperand(const TransposedOperand&) = delete;
@@ -82,15 +88,15 @@ class TransposedOperand {
     x_ = x;
     ld_ = ld;
     if constexpr (std::is_same_v<T, float>) {
-      if (storage_) internal::PackBOnce(true, hs_, t_, x, ld, Packed());
+      if (packed_) internal::BlockedPackB(true, hs_, t_, x, ld, packed_.get());
     }
   }
 
   // c (rows x kend, row stride ldc) = alpha a x[0, kend)^T, a rows x hs with row stride lda.
   void Times(int rows, int kend, T alpha, const T* a, int lda, T* c, int ldc) {
     if constexpr (std::is_same_v<T, float>) {
-      if (storage_) {
-        internal::SgemmPackedB(rows, kend, hs_, alpha, a, lda, Packed(), 0.0f, c, ldc);
+      if (packed_) {
+        internal::SgemmPackedB(rows, kend, hs_, alpha, a, lda, packed_.get(), 0.0f, c, ldc);
         return;
       }
     }
@@ -98,15 +104,14 @@ class TransposedOperand {
   }
 
  private:
-  float* Packed() {  // the first 64-byte boundary in storage_
-    const auto address = reinterpret_cast<std::uintptr_t>(storage_.get());
-    return storage_.get() + (64 - address % 64) % 64 / sizeof(float);
-  }
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
 
   int t_, hs_;
   const T* x_ = nullptr;
   int ld_ = 0;
-  std::unique_ptr<float[]> storage_;  // null: no packing
+  std::unique_ptr<float, Free> packed_;  // null: no packing
 };
 
 }  // namespace

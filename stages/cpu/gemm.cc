@@ -97,12 +97,6 @@ namespace internal {
 
 bool CanPackBOnce(int k) { return Chosen().blocked && k > 0 && k <= kGemmKc; }
 
-int64_t PackedBOnceFloats(int k, int n) { return BlockedPackedBFloats(k, n); }
-
-void PackBOnce(bool trans_b, int k, int n, const float* b, int ldb, float* out) {
-  BlockedPackB(trans_b, k, n, b, ldb, out);
-}
-
 void SgemmPackedB(int m, int n, int k, float alpha, const float* a, int lda, const float* packed_b,
                   float beta, float* c, int ldc) {
   BlockedSgemmPackedB(Chosen().kernel, false, m, n, k, alpha, a, lda, packed_b, beta, c, ldc);

@@ -17,13 +17,10 @@ namespace bigmac::sdk::cpu::internal {
 void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
-// B packed once for several float products that read it or its first columns, when the chosen
-// library is BigMac's GEMM and k <= kGemmKc (CanPackBOnce; blocked_gemm.h, BlockedPackB): then
-// PackBOnce fills PackedBOnceFloats(k, n) floats (64-byte aligned) and SgemmPackedB multiplies
-// by them, with the bits of SgemmRowMajor on the plain B.
+// B packed once (blocked_gemm.h, BlockedPackB) for several float products: possible when the
+// chosen library is BigMac's GEMM and 0 < k <= kGemmKc (CanPackBOnce). SgemmPackedB multiplies by
+// such a B with the chosen micro-kernel, with the bits of SgemmRowMajor on the plain B.
 bool CanPackBOnce(int k);
-int64_t PackedBOnceFloats(int k, int n);
-void PackBOnce(bool trans_b, int k, int n, const float* b, int ldb, float* out);
 void SgemmPackedB(int m, int n, int k, float alpha, const float* a, int lda, const float* packed_b,
                   float beta, float* c, int ldc);
 
