@@ -21,6 +21,7 @@ RunRecord Record(std::vector<double> step_ms, std::vector<double> loss, double p
     k.peak_mib = rank == 2 ? 100 * peak_share : 10;
     k.forward_ms = rank == 3 ? 30 : 10;
     k.backward_ms = rank == 3 ? 60 : 20;
+    k.busy_ms = k.forward_ms + k.backward_ms;
     k.activation_mib = 1;
     k.parameter_mib = 5;
     r.ranks.push_back(k);
@@ -91,6 +92,17 @@ TEST(Judge, NamesTheBottleneckAndTheFix) {
   heavy.ranks[3].activation_mib = 50;
   EXPECT_NE(Judge(heavy, heavy, "spread_first").bottleneck.find("lower train.micro_batch_size"),
             std::string::npos);
+}
+
+// Ranks that share cores stretch each other's wall-clock spans: the bottleneck follows the busy
+// time (CPU or device time), not forward_ms + backward_ms.
+TEST(Judge, TheBottleneckFollowsBusyTimeNotWallClock) {
+  RunRecord preempted = Record(Flat(20, 100), Flat(12, 5));
+  preempted.ranks[1].forward_ms = 300;  // waited for a core, computed little
+  const Verdict v = Judge(preempted, preempted, "last");
+  EXPECT_NE(v.bottleneck.find("pp rank 3 (world rank 3) computes 90.0 ms per step"),
+            std::string::npos)
+      << v.bottleneck;
 }
 
 }  // namespace

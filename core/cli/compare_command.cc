@@ -162,6 +162,8 @@ int RunCompare(const CompareOptions& options) {
     for (const std::string& set : side.sets) command += " --set " + util::ShellQuote(set);
     command +=
         " --set train.max_steps=" + std::to_string(options.steps) +
+        // Traced steps time a GPU's work with events: the bottleneck's busy time on a device.
+        " --set train.trace_steps=" + std::to_string(options.steps) +
         " --set train.output_dir=" + util::ShellQuote(dir) +
         " --set train.log_interval=1000000 --set train.eval_interval=0 --set train.eval_batches=1"
         " --set 'checkpoint.dir=\"\"'";

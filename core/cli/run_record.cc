@@ -22,7 +22,7 @@ plan::RunRecord ReadRunRecord(const std::string& name, const std::string& dir,
   plan::RunRecord record;
   record.name = name;
   std::map<int, plan::RankRecord> ranks;
-  std::map<int, std::vector<double>> forward, backward, wait;
+  std::map<int, std::vector<double>> forward, backward, wait, busy;
   // The child run's own output, still read through the checked opener, and bounded.
   const std::string metrics_path = dir + "/metrics.jsonl";
   std::string text;
@@ -48,12 +48,14 @@ plan::RunRecord ReadRunRecord(const std::string& name, const std::string& dir,
       forward[rank].push_back(r["forward_ms"].get<double>());
       backward[rank].push_back(r["backward_ms"].get<double>());
       wait[rank].push_back(r["wait_ms"].get<double>());
+      busy[rank].push_back(r["busy_ms"].get<double>());
     }
   }
   for (plan::RankRecord r : ReadMemoryLines(output)) {
     r.forward_ms = plan::Mean(forward[r.rank]);
     r.backward_ms = plan::Mean(backward[r.rank]);
     r.wait_ms = plan::Mean(wait[r.rank]);
+    r.busy_ms = plan::Mean(busy[r.rank]);
     record.ranks.push_back(r);
   }
   return record;

@@ -129,6 +129,7 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
     size_t end = i + 1;
     std::string name = schedule::ShortName(actions[i]);
     std::string category = Category(actions[i].op);
+    double compute_cpu_ms = 0;
     if (IsCommunication(actions[i].op)) {
       // Adjacent communication with the same neighbour goes out as one exchange.
       while (end < actions.size() && IsCommunication(actions[end].op) &&
@@ -147,15 +148,19 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
       ExpectNextReceives(actions, i, &expected_until, batch);
       const bool timed = record && device_spans_ && device_spans_->enabled();
       const device::Event device_start = timed ? device_spans_->Mark() : device::Event{};
+      const double cpu_start_ms = metrics::Timeline::ProcessCpuMs();
       RunCompute(actions[i], batch, optimizer_step, keep);
+      compute_cpu_ms = metrics::Timeline::ProcessCpuMs() - cpu_start_ms;
       if (timed) {
         device_spans_->Add(name, "device_compute", metrics::Timeline::kDeviceComputeTrack,
                            device_start, device_spans_->Mark());
       }
       comm_->Progress();  // sends and dp reductions in flight move on between computations
     }
-    if (timeline_ && record)
+    if (timeline_ && record) {
       timeline_->Record(name, category, start, metrics::Timeline::Clock::now());
+      if (compute_cpu_ms > 0) timeline_->Add("compute_cpu", compute_cpu_ms);
+    }
     i = end;
   }
 }

@@ -264,35 +264,39 @@ nlohmann::json RunReport::RankRecord(const StepOutcome& outcome) const {
   const auto& w = view_.timeline.window_ms();
   auto get = [&w](const char* key) { return w.count(key) ? w.at(key) : 0.0; };
   const double backward_ms = get("backward") + get("backward_input") + get("backward_weight");
-  return {{"rank", view_.comm.world().rank()},
-          {"pp", view_.comm.pp().rank()},
-          {"host", host_},
-          {"forward_ms", get("forward")},
-          {"backward_ms", backward_ms},
-          // What the straggler report compares: the computations' time, on the device's own clock
-          // where the host's would time only their enqueueing.
-          {"compute_ms",
-           view_.device->has_timed_events() ? get("device_compute") : get("forward") + backward_ms},
-          {"work", work_},
-          {"wait_ms", get("wait")},
-          {"allreduce_ms", get("allreduce")},
-          // The dp all-reduce's buckets, how many started during the last flush (overlapped with
-          // its backward), and their time in flight (overlapping other spans).
-          {"dp_buckets", dp.buckets().size()},
-          {"dp_reduce_bytes", dp.bytes()},
-          {"dp_tied_bytes", dp.tied_bytes()},
-          {"dp_buckets_overlapped", dp.started_early()},
-          {"dp_reduce_inflight_ms", get("dp_reduce")},
-          // On an asynchronous device: the time its streams spent in the actions' work and in the
-          // transport's operations (the host's forward/backward time is enqueueing).
-          {"device_compute_ms", get("device_compute")},
-          {"device_comm_ms", get("device_comm")},
-          {"peak_bytes", view_.device->allocator().peak_bytes()},
-          {"rss_bytes", ResidentBytes()},
-          {"activation_bytes_sent", outcome.activation_bytes},
-          // Tensor parallelism: this rank's all-reduce payload and time during the step.
-          {"tp_allreduce_bytes", outcome.tp_bytes},
-          {"tp_allreduce_ms", outcome.tp_ms}};
+  return {
+      {"rank", view_.comm.world().rank()},
+      {"pp", view_.comm.pp().rank()},
+      {"host", host_},
+      {"forward_ms", get("forward")},
+      {"backward_ms", backward_ms},
+      // What the straggler report compares: the computations' time, on the device's own clock
+      // where the host's would time only their enqueueing.
+      {"compute_ms",
+       view_.device->has_timed_events() ? get("device_compute") : get("forward") + backward_ms},
+      // What compare's bottleneck compares: the computations' cost, on a clock that does not
+      // count the time a rank waits for a core it shares (process CPU time), or the device's.
+      {"busy_ms", view_.device->has_timed_events() ? get("device_compute") : get("compute_cpu")},
+      {"work", work_},
+      {"wait_ms", get("wait")},
+      {"allreduce_ms", get("allreduce")},
+      // The dp all-reduce's buckets, how many started during the last flush (overlapped with
+      // its backward), and their time in flight (overlapping other spans).
+      {"dp_buckets", dp.buckets().size()},
+      {"dp_reduce_bytes", dp.bytes()},
+      {"dp_tied_bytes", dp.tied_bytes()},
+      {"dp_buckets_overlapped", dp.started_early()},
+      {"dp_reduce_inflight_ms", get("dp_reduce")},
+      // On an asynchronous device: the time its streams spent in the actions' work and in the
+      // transport's operations (the host's forward/backward time is enqueueing).
+      {"device_compute_ms", get("device_compute")},
+      {"device_comm_ms", get("device_comm")},
+      {"peak_bytes", view_.device->allocator().peak_bytes()},
+      {"rss_bytes", ResidentBytes()},
+      {"activation_bytes_sent", outcome.activation_bytes},
+      // Tensor parallelism: this rank's all-reduce payload and time during the step.
+      {"tp_allreduce_bytes", outcome.tp_bytes},
+      {"tp_allreduce_ms", outcome.tp_ms}};
 }
 
 void RunReport::Metrics(int step, const StepOutcome& outcome, std::optional<double> val_loss) {

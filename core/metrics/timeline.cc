@@ -1,5 +1,7 @@
 #include "core/metrics/timeline.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <limits>
 #include <set>
@@ -17,6 +19,17 @@ void Timeline::Record(const std::string& name, const std::string& category, Cloc
   const double start_us =
       std::chrono::duration<double, std::micro>(start.time_since_epoch()).count();
   spans_.push_back({name, category, start_us, duration_ms * 1000.0, track});
+}
+
+void Timeline::Add(const std::string& category, double duration_ms) {
+  window_ms_[category] += duration_ms;
+  total_ms_[category] += duration_ms;
+}
+
+double Timeline::ProcessCpuMs() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return now.tv_sec * 1e3 + now.tv_nsec * 1e-6;
 }
 
 void Timeline::RecordMessage(const std::string& name, Clock::time_point start,

@@ -39,6 +39,14 @@ class Timeline {
   void RecordMessage(const std::string& name, Clock::time_point start, Clock::time_point end,
                      bool in_compute);
   void set_recording(bool on) { recording_ = on; }
+  // Adds `duration_ms` to a category's totals without a span: the computations' CPU time
+  // ("compute_cpu"), which overlaps the spans and has no place of its own in the trace.
+  void Add(const std::string& category, double duration_ms);
+
+  // CPU time of the whole process, every thread (the OpenMP workers too), in milliseconds. A
+  // computation's CPU time is its cost to the host and, unlike its wall-clock span, does not grow
+  // while the rank waits for a core it shares with other ranks.
+  static double ProcessCpuMs();
 
   // Milliseconds per category since the last ResetWindow (per step) and since the start.
   const std::map<std::string, double>& window_ms() const { return window_ms_; }

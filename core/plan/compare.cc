@@ -9,8 +9,6 @@
 namespace bigmac::plan {
 using util::Format;
 
-namespace {}  // namespace
-
 double Mean(const std::vector<double>& values) {
   if (values.empty()) return 0;
   double sum = 0;
@@ -92,14 +90,12 @@ Verdict Judge(const RunRecord& baseline, const RunRecord& candidate,
   for (const RankRecord& r : candidate.ranks) {
     if (r.dp != 0) continue;  // one replica is enough
     ++stages;
-    total_compute += r.forward_ms + r.backward_ms;
-    if (!slowest || r.forward_ms + r.backward_ms > slowest->forward_ms + slowest->backward_ms)
-      slowest = &r;
+    total_compute += r.busy_ms;
+    if (!slowest || r.busy_ms > slowest->busy_ms) slowest = &r;
   }
   if (slowest && stages > 1) {
     const double mean_compute = total_compute / stages;
-    const double ratio =
-        (slowest->forward_ms + slowest->backward_ms) / std::max(mean_compute, 1e-9);
+    const double ratio = slowest->busy_ms / std::max(mean_compute, 1e-9);
     // Seed 2: parameter shares that differ a lot across stages while the peaks stay close mean the
     // activations are the limit; so does a bottleneck whose activations outweigh its parameters.
     double param_lo = 1e300, param_hi = 0, peak_lo = 1e300, peak_hi = 0;
@@ -136,7 +132,7 @@ Verdict Judge(const RunRecord& baseline, const RunRecord& candidate,
     verdict.bottleneck = Format(
         "pp rank %d (world rank %d) computes %.1f ms per step, %.2fx the mean; it is bound by %s "
         "(activations %.1f MiB vs parameters %.1f MiB); suggestion: %s",
-        slowest->pp, slowest->rank, slowest->forward_ms + slowest->backward_ms, ratio,
+        slowest->pp, slowest->rank, slowest->busy_ms, ratio,
         activation_bound ? "activations" : "parameters", slowest->activation_mib,
         slowest->parameter_mib, fix.c_str());
   } else {
