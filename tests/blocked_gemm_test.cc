@@ -299,10 +299,11 @@ TEST(BlockedGemmKernels, Avx512GivesTheAvx2Bits) {
   }
 }
 
-TEST(BlockedGemm, ChunksAreWholeTilesAboutEightPerThread) {
-  EXPECT_EQ(BlockedSgemmChunkRows(2048, 2), 132);  // 16 chunks, the last of 68 rows
-  EXPECT_EQ(BlockedSgemmChunkRows(1536, 2), 96);
-  EXPECT_EQ(BlockedSgemmChunkRows(384, 2), 24);
+TEST(BlockedGemm, ChunksAreWholeTilesAbout64PerThread) {
+  EXPECT_EQ(BlockedSgemmChunkRows(2048, 2), 18);  // 114 chunks, the last of 14 rows
+  EXPECT_EQ(BlockedSgemmChunkRows(1536, 2), 12);
+  EXPECT_EQ(BlockedSgemmChunkRows(384, 2), kGemmMr);
+  EXPECT_EQ(BlockedSgemmChunkRows(10000, 2), 84);        // 79 rows, rounded up to whole tiles
   EXPECT_EQ(BlockedSgemmChunkRows(100000, 2), kGemmMc);  // capped at A's packed block
   EXPECT_EQ(BlockedSgemmChunkRows(5, 2), kGemmMr);
   for (int m : {1, 7, 100, 384, 5000}) {

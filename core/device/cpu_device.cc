@@ -1,5 +1,7 @@
 // CpuDevice: host memory, and the engine's elementwise operations as OpenMP loops (static
 // schedules, no cross-thread reductions: bitwise reproducible run to run).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -88,21 +90,52 @@ auto ForFloat(DType dtype, const char* what, F f) {
   Unsupported(what, dtype);
 }
 
+// f(offset, bytes) over [0, bytes), split among the OpenMP threads from 1 MiB up. A large copy or
+// fill on one thread left the others idle (the gradients' zeroing, the blocks' residual copies:
+// bench/NOTES.md, lever 18). Inside a parallel region, or with one thread, f runs once.
+template <typename F>
+void SplitBytes(int64_t bytes, const F& f) {
+  constexpr int64_t kMinBytes = int64_t{1} << 20;
+  if (bytes < kMinBytes || omp_in_parallel() || omp_get_max_threads() == 1) {
+    f(0, bytes);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads();
+    const int64_t per = (bytes / threads + 63) / 64 * 64;  // whole cache lines
+    const int64_t begin = std::min(bytes, per * omp_get_thread_num());
+    const int64_t end = omp_get_thread_num() == threads - 1 ? bytes : std::min(bytes, begin + per);
+    if (begin < end) f(begin, end - begin);
+  }
+}
+
+void Fill0(void* data, int64_t bytes) {
+  SplitBytes(bytes,
+             [data](int64_t at, int64_t n) { std::memset(static_cast<char*>(data) + at, 0, n); });
+}
+
+void CopyBytes(void* to, const void* from, int64_t bytes) {
+  SplitBytes(bytes, [to, from](int64_t at, int64_t n) {
+    std::memcpy(static_cast<char*>(to) + at, static_cast<const char*>(from) + at, n);
+  });
+}
+
 class CpuDevice : public Device {
  public:
   CpuDevice(int index, int64_t capacity) : Device("cpu:" + std::to_string(index), capacity) {}
 
   Backend backend() const override { return Backend::kCpu; }
 
-  void Memset(void* data, int64_t bytes) override { std::memset(data, 0, bytes); }
+  void Memset(void* data, int64_t bytes) override { Fill0(data, bytes); }
   void CopyHostToDevice(void* data, const void* host, int64_t bytes) override {
-    std::memcpy(data, host, bytes);
+    CopyBytes(data, host, bytes);
   }
   void CopyDeviceToHost(void* host, const void* data, int64_t bytes) override {
-    std::memcpy(host, data, bytes);
+    CopyBytes(host, data, bytes);
   }
   void CopyDeviceToDevice(void* to, const void* from, int64_t bytes) override {
-    std::memcpy(to, from, bytes);
+    CopyBytes(to, from, bytes);
   }
 
   Stream compute_stream() override { return {}; }
@@ -113,7 +146,7 @@ class CpuDevice : public Device {
 
   void Convert(void* to, DType to_dtype, const void* from, DType from_dtype, int64_t n) override {
     if (to_dtype == from_dtype) {
-      std::memcpy(to, from, n * memory::DTypeSize(to_dtype));
+      CopyBytes(to, from, n * memory::DTypeSize(to_dtype));
     } else if (to_dtype == DType::kBF16 && from_dtype == DType::kF32) {
       RoundToBf16(static_cast<BFloat16*>(to), static_cast<const float*>(from), n);
     } else if (to_dtype == DType::kF32 && from_dtype == DType::kBF16) {

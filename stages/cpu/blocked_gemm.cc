@@ -541,9 +541,12 @@ const char* GemmKernelName(GemmKernel kernel) {
 }
 
 int BlockedSgemmChunkRows(int m, int threads) {
-  // About eight chunks per thread, so that the last one to finish idles the others little; whole
-  // row tiles, at most kGemmMc rows (a transposed A's packed block).
-  const int per = (m + 8 * threads - 1) / (8 * threads);
+  // About 64 chunks per thread, so that the last one to finish idles the others little: with 8,
+  // the threads spent 3.6% of the llama_20m step waiting in libgomp, with 64 2.1% (bench/NOTES.md,
+  // lever 18). A chunk costs an atomic increment; a row tile's A is packed per tile either way.
+  // Whole row tiles, at most kGemmMc rows (a transposed A's packed block).
+  constexpr int kChunksPerThread = 64;
+  const int per = (m + kChunksPerThread * threads - 1) / (kChunksPerThread * threads);
   const int rows = (per + kGemmMr - 1) / kGemmMr * kGemmMr;
   return std::clamp(rows, kGemmMr, kGemmMc);
 }

@@ -70,7 +70,7 @@ void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, f
                          int ldc);
 
 // The rows of C in one chunk of work (pure; tested): threads pack B together, then take chunks
-// of rows as they come free. About eight chunks per thread, whole micro-tiles, at most kGemmMc.
+// of rows as they come free. About 64 chunks per thread, whole micro-tiles, at most kGemmMc.
 int BlockedSgemmChunkRows(int m, int threads);
 
 // How many threads a product of this size uses at most `available` (pure): one below about a
