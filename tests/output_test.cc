@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/util/output_file.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
@@ -121,6 +122,38 @@ TEST(FullDisk, RunOutputsAreWholeOrMarkedIncompleteAndTheRunExits8) {
 
 // Commands that write one file: nothing is left at the path (or the earlier file is kept), and
 // the exit code is 8 with the path and the OS's reason.
+// The stream's buffer passes every byte, in order, across its 1 MiB pieces: single characters,
+// short strings and writes larger than the buffer.
+TEST(OutputFileBuffer, StreamsEveryByteInOrder) {
+  const std::string path = TempDir() + "/streamed.txt";
+  fs::remove(path);
+  std::string problem;
+  std::unique_ptr<util::OutputFile> file = util::OutputFile::Open(path, &problem);
+  ASSERT_TRUE(file) << problem;
+  std::string expected;
+  {
+    util::OutputFileBuffer buffer(file.get());
+    std::ostream out(&buffer);
+    uint32_t state = 12345;
+    for (int piece = 0; piece < 4000; ++piece) {
+      state = state * 1664525u + 1013904223u;
+      const size_t size = piece % 97 == 0 ? (size_t{3} << 19) + state % 1000 : state % 3000;
+      std::string text(size, 'a' + static_cast<char>(state % 26));
+      if (piece % 5 == 0) {
+        out << 'x';
+        expected += 'x';
+      }
+      out << text;
+      expected += text;
+    }
+    out.flush();
+  }
+  ASSERT_GT(expected.size(), size_t{30} << 20);
+  ASSERT_EQ(file->Commit(), "");
+  EXPECT_TRUE(ReadFile(path) == expected) << "the file differs from what was streamed";
+  fs::remove(path);
+}
+
 TEST(FullDisk, WholeFileOutputsLeaveNothingOrTheEarlierFile) {
   SmallFilesystem disk("full_files", 256, 16);
   REQUIRE_MOUNT(disk);

@@ -95,6 +95,28 @@ void OutputFile::Write(std::string_view bytes) {
   written_ += bytes.size();
 }
 
+OutputFileBuffer::OutputFileBuffer(OutputFile* file) : file_(file), buffer_(size_t{1} << 20) {
+  setp(buffer_.data(), buffer_.data() + buffer_.size());
+}
+
+void OutputFileBuffer::WriteBuffered() {
+  if (pptr() > pbase()) file_->Write(std::string_view(pbase(), pptr() - pbase()));
+  setp(buffer_.data(), buffer_.data() + buffer_.size());
+}
+
+OutputFileBuffer::int_type OutputFileBuffer::overflow(int_type c) {
+  WriteBuffered();
+  if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+  *pptr() = traits_type::to_char_type(c);
+  pbump(1);
+  return c;
+}
+
+int OutputFileBuffer::sync() {
+  WriteBuffered();
+  return 0;
+}
+
 std::string OutputFile::Commit() {
   // A full disk can show first at fsync or close (delayed allocation, NFS): both are checked.
   if (problem_.empty() && fsync(fd_) != 0) Fail("fsync failed", errno);

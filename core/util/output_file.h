@@ -62,25 +62,25 @@ class OutputFile {
 };
 
 // A std::streambuf over an OutputFile, for writers that stream into a std::ostream (the
-// schedule's trace). Does not own the file; failures show in the file's Commit.
+// schedule's trace), writing in pieces of 1 MiB (unbuffered, the trace of `bigmac schedule --pp
+// 1024 --microbatches 1024` took some 55 million write calls, 37 s in the kernel). Does not own the
+// file, which must outlive it; flush the stream before the file's Commit (what is still buffered
+// when it is destroyed is dropped). Failures show in the file's Commit.
 class OutputFileBuffer : public std::streambuf {
  public:
-  explicit OutputFileBuffer(OutputFile* file) : file_(file) {}
+  explicit OutputFileBuffer(OutputFile* file);
+  OutputFileBuffer(const OutputFileBuffer&) = delete;
+  OutputFileBuffer& operator=(const OutputFileBuffer&) = delete;
 
  protected:
-  std::streamsize xsputn(const char* data, std::streamsize size) override {
-    file_->Write(std::string_view(data, static_cast<size_t>(size)));
-    return size;
-  }
-  int_type overflow(int_type c) override {
-    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
-    const char byte = traits_type::to_char_type(c);
-    file_->Write(std::string_view(&byte, 1));
-    return c;
-  }
+  int_type overflow(int_type c) override;
+  int sync() override;
 
  private:
+  void WriteBuffered();
+
   OutputFile* file_;
+  std::vector<char> buffer_;
 };
 
 // Writes `contents` to `path` whole or not at all (OutputFile): "" or the problem.
