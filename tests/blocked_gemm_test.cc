@@ -117,17 +117,18 @@ TEST_P(BlockedGemm, MatchesADoubleReferenceInEveryLayout) {
   }
 }
 
-// B is packed as many k blocks at a time as fit kGemmPackedB floats: one at a time for a whole
-// column block (4096 columns), two at a time for the 2048 after it (groups [0, 512) and
-// [512, 600)), all three for a narrow one; and exactly kGemmNc columns leave no second block.
-// The chunks of rows fold each group into C before the next is packed.
+// B is packed as many k blocks at a time as fit kGemmPackedB floats: two at a time for a whole
+// column block (4096 columns: groups [0, 512), [512, 1024) and [1024, 1112)), four at a time
+// for the 2048 after it (groups [0, 1024) and [1024, 1112)), all five for a narrow one; and
+// exactly kGemmNc columns leave no second block. The chunks of rows fold each group into C
+// before the next is packed.
 TEST_P(BlockedGemm, MatchesTheReferenceWhenBIsPackedInGroupsOfKBlocks) {
-  static_assert(int64_t{kGemmNc} * 2 * kGemmKc > kGemmPackedB, "one k block per group at 4096");
-  static_assert(int64_t{2048} * 2 * kGemmKc == kGemmPackedB, "two k blocks per group at 2048");
+  static_assert(int64_t{kGemmNc} * 2 * kGemmKc == kGemmPackedB, "two k blocks per group at 4096");
+  static_assert(int64_t{2048} * 4 * kGemmKc == kGemmPackedB, "four k blocks per group at 2048");
   uint32_t seed = 900;
   for (const int n : {kGemmNc + 2048, kGemmNc + 24, kGemmNc}) {
     for (int layout = 0; layout < 4; ++layout) {
-      const Case cs{bool(layout & 1),         bool(layout & 2), 13, n, 2 * kGemmKc + 88, 0.5f,
+      const Case cs{bool(layout & 1),         bool(layout & 2), 13, n, 4 * kGemmKc + 88, 0.5f,
                     layout < 2 ? 0.0f : -1.0f};
       ExpectMatchesReference(GetParam(), cs, seed++);
     }

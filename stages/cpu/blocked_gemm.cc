@@ -419,7 +419,7 @@ void RunPanels(const Problem& pr, int pc, const float* ap, int rows, const Packe
 // packed in `packed`. The packed B streams from L2 or L3 past a packed tile of A in L1.
 // - A untransposed: row tiles outside, then the group's k blocks, then column panels, so a tile's
 //   rows of C stay in L2 from one k block to the next (with the k blocks outside, C went out to
-//   memory between them; a group holds several k blocks up to 2048 columns, one at 4096). The
+//   memory between them; a group holds four k blocks at 2048 columns, two at 4096). The
 //   tile of A is packed just before it runs: read in place, its six rows lda apart fell into one
 //   L1 set when lda was a multiple of 1024 floats (the 20M model's k = 2048 shapes ran 6% slower).
 // - A transposed (the weight gradients): one k block at a time (PackedKRows), which stays in L2

@@ -29,7 +29,10 @@ inline constexpr int kGemmNr = 16;
 inline constexpr int kGemmKc = 256;
 inline constexpr int kGemmMc = 144;
 inline constexpr int kGemmNc = 4096;
-inline constexpr int64_t kGemmPackedB = int64_t{1} << 20;
+// 8 MB of B at a time, which L3 holds: llama_20m's gate_up (k 512 x 3072 columns, 6 MB) then runs
+// both its k blocks per row tile (with 4 MB, its C went out to memory between them: 6% more CPU
+// time per step, bench/NOTES.md lever 18).
+inline constexpr int64_t kGemmPackedB = int64_t{1} << 21;
 
 // The micro-kernels. kAvx2: 6 x 16 tiles with AVX2 and FMA. kAvx512: 6 x 64 tiles with
 // AVX-512F (the edges that are not whole 16-column panels, and tiles of fewer than 6 rows, by the
