@@ -83,7 +83,9 @@ TEST(Judge, LossMustFollowTheBaseline) {
 TEST(Judge, NamesTheBottleneckAndTheFix) {
   const Verdict v =
       Judge(Record(Flat(20, 100), Flat(12, 5)), Record(Flat(20, 100), Flat(12, 5)), "last");
-  EXPECT_NE(v.bottleneck.find("pp rank 3 (world rank 3) computes 90.0 ms per step, 2.00x the mean"),
+  EXPECT_NE(v.bottleneck.find(
+                "pp rank 3 (world rank 3) is busy 90.0 ms per step (CPU or device time), 2.00x "
+                "the mean"),
             std::string::npos)
       << v.bottleneck;
   EXPECT_NE(v.bottleneck.find("bound by parameters"), std::string::npos);
@@ -100,7 +102,7 @@ TEST(Judge, TheBottleneckFollowsBusyTimeNotWallClock) {
   RunRecord preempted = Record(Flat(20, 100), Flat(12, 5));
   preempted.ranks[1].forward_ms = 300;  // waited for a core, computed little
   const Verdict v = Judge(preempted, preempted, "last");
-  EXPECT_NE(v.bottleneck.find("pp rank 3 (world rank 3) computes 90.0 ms per step"),
+  EXPECT_NE(v.bottleneck.find("pp rank 3 (world rank 3) is busy 90.0 ms per step"),
             std::string::npos)
       << v.bottleneck;
 }

@@ -6,9 +6,12 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <ostream>
 #include <sstream>
 #include <string>
 
@@ -120,8 +123,6 @@ TEST(FullDisk, RunOutputsAreWholeOrMarkedIncompleteAndTheRunExits8) {
   }
 }
 
-// Commands that write one file: nothing is left at the path (or the earlier file is kept), and
-// the exit code is 8 with the path and the OS's reason.
 // The stream's buffer passes every byte, in order, across its 1 MiB pieces: single characters,
 // short strings and writes larger than the buffer.
 TEST(OutputFileBuffer, StreamsEveryByteInOrder) {
@@ -154,6 +155,8 @@ TEST(OutputFileBuffer, StreamsEveryByteInOrder) {
   fs::remove(path);
 }
 
+// Commands that write one file: nothing is left at the path (or the earlier file is kept), and
+// the exit code is 8 with the path and the OS's reason.
 TEST(FullDisk, WholeFileOutputsLeaveNothingOrTheEarlierFile) {
   SmallFilesystem disk("full_files", 256, 16);
   REQUIRE_MOUNT(disk);

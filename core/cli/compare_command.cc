@@ -162,8 +162,6 @@ int RunCompare(const CompareOptions& options) {
     for (const std::string& set : side.sets) command += " --set " + util::ShellQuote(set);
     command +=
         " --set train.max_steps=" + std::to_string(options.steps) +
-        // Traced steps time a GPU's work with events: the bottleneck's busy time on a device.
-        " --set train.trace_steps=" + std::to_string(options.steps) +
         " --set train.output_dir=" + util::ShellQuote(dir) +
         " --set train.log_interval=1000000 --set train.eval_interval=0 --set train.eval_batches=1"
         " --set 'checkpoint.dir=\"\"'";
@@ -220,8 +218,8 @@ int RunCompare(const CompareOptions& options) {
     for (int s = 0; s < 2; ++s) {
       for (const auto& k : records[s].ranks) {
         if (k.pp == stage && k.dp == 0) {
-          cells[s] = Format("fwd %.1f / bwd %.1f / wait %.1f ms, peak %.1f MiB", k.forward_ms,
-                            k.backward_ms, k.wait_ms, k.peak_mib);
+          cells[s] = Format("fwd %.1f / bwd %.1f / wait %.1f ms, busy %.1f ms, peak %.1f MiB",
+                            k.forward_ms, k.backward_ms, k.wait_ms, k.busy_ms, k.peak_mib);
           any = true;
         }
       }

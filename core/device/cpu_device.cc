@@ -92,7 +92,9 @@ auto ForFloat(DType dtype, const char* what, F f) {
 
 // f(offset, bytes) over [0, bytes), split among the OpenMP threads from 1 MiB up. A large copy or
 // fill on one thread left the others idle (the gradients' zeroing, the blocks' residual copies:
-// bench/NOTES.md, lever 18). Inside a parallel region, or with one thread, f runs once.
+// bench/NOTES.md, lever 18). Inside a parallel region, or with one thread, f runs once. Called
+// from the rank's thread, whose OpenMP thread count the trainer set (from another std::thread
+// the team would take OpenMP's default size).
 template <typename F>
 void SplitBytes(int64_t bytes, const F& f) {
   constexpr int64_t kMinBytes = int64_t{1} << 20;

@@ -148,9 +148,13 @@ void Executor::Run(const std::vector<Action>& actions, const Batch& batch,
       ExpectNextReceives(actions, i, &expected_until, batch);
       const bool timed = record && device_spans_ && device_spans_->enabled();
       const device::Event device_start = timed ? device_spans_->Mark() : device::Event{};
-      const double cpu_start_ms = metrics::Timeline::ProcessCpuMs();
+      // On the host's clock only: the forward and backward computations' CPU time (compare's
+      // bottleneck, which waits, the optimizer and a device's enqueueing would blur).
+      const bool cpu_timed =
+          record && timeline_ && !timed && schedule::Info(actions[i].op).computes;
+      const double cpu_start_ms = cpu_timed ? metrics::Timeline::ThreadCpuMs() : 0;
       RunCompute(actions[i], batch, optimizer_step, keep);
-      compute_cpu_ms = metrics::Timeline::ProcessCpuMs() - cpu_start_ms;
+      if (cpu_timed) compute_cpu_ms = metrics::Timeline::ThreadCpuMs() - cpu_start_ms;
       if (timed) {
         device_spans_->Add(name, "device_compute", metrics::Timeline::kDeviceComputeTrack,
                            device_start, device_spans_->Mark());

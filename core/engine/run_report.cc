@@ -274,8 +274,10 @@ nlohmann::json RunReport::RankRecord(const StepOutcome& outcome) const {
       // where the host's would time only their enqueueing.
       {"compute_ms",
        view_.device->has_timed_events() ? get("device_compute") : get("forward") + backward_ms},
-      // What compare's bottleneck compares: the computations' cost, on a clock that does not
-      // count the time a rank waits for a core it shares (process CPU time), or the device's.
+      // What compare's bottleneck compares: the computations' cost on a clock that does not
+      // count the time a rank waits for a core it shares (its thread's CPU time in forward and
+      // backward), or the device's. The straggler report keeps compute_ms, wall clock: a rank
+      // slowed by a neighbour on its cores slows the job all the same.
       {"busy_ms", view_.device->has_timed_events() ? get("device_compute") : get("compute_cpu")},
       {"work", work_},
       {"wait_ms", get("wait")},

@@ -26,9 +26,9 @@ void Timeline::Add(const std::string& category, double duration_ms) {
   total_ms_[category] += duration_ms;
 }
 
-double Timeline::ProcessCpuMs() {
+double Timeline::ThreadCpuMs() {
   timespec now{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return now.tv_sec * 1e3 + now.tv_nsec * 1e-6;
 }
 

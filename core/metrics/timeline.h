@@ -29,7 +29,7 @@ class Timeline {
   // Categories: "forward", "backward", "backward_input", "backward_weight", "wait" (receives),
   // "send", "tied", "allreduce" (the ReduceDp action: waiting for the dp sum), "optimizer",
   // "eval"; on the communication track "dp_reduce" (a bucket in flight); on the device tracks
-  // "device_compute" and "device_comm".
+  // "device_compute" and "device_comm". Totals only (Add): "compute_cpu".
   void Record(const std::string& name, const std::string& category, Clock::time_point start,
               Clock::time_point end, int track = kActionTrack);
   // A message in flight (comm::MessageSpan), kept while recording and counted in no category: an
@@ -39,14 +39,15 @@ class Timeline {
   void RecordMessage(const std::string& name, Clock::time_point start, Clock::time_point end,
                      bool in_compute);
   void set_recording(bool on) { recording_ = on; }
-  // Adds `duration_ms` to a category's totals without a span: the computations' CPU time
-  // ("compute_cpu"), which overlaps the spans and has no place of its own in the trace.
+  // Adds `duration_ms` to a category's totals without a span: the forward and backward
+  // computations' CPU time ("compute_cpu"), which overlaps their spans and has no place of its own
+  // in the trace.
   void Add(const std::string& category, double duration_ms);
 
-  // CPU time of the whole process, every thread (the OpenMP workers too), in milliseconds. A
-  // computation's CPU time is its cost to the host and, unlike its wall-clock span, does not grow
-  // while the rank waits for a core it shares with other ranks.
-  static double ProcessCpuMs();
+  // The calling thread's CPU time in milliseconds. The rank's thread runs every computation (and
+  // its share of their parallel loops), so over a computation this is its wall-clock span less
+  // the time the rank waited for a core it shares with other ranks.
+  static double ThreadCpuMs();
 
   // Milliseconds per category since the last ResetWindow (per step) and since the start.
   const std::map<std::string, double>& window_ms() const { return window_ms_; }

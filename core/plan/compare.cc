@@ -130,7 +130,8 @@ Verdict Judge(const RunRecord& baseline, const RunRecord& candidate,
     if (candidate_policy == "balanced" && !activation_bound)
       fix = "more stages, or a smaller micro-batch";
     verdict.bottleneck = Format(
-        "pp rank %d (world rank %d) computes %.1f ms per step, %.2fx the mean; it is bound by %s "
+        "pp rank %d (world rank %d) is busy %.1f ms per step (CPU or device time), %.2fx the mean; "
+        "it is bound by %s "
         "(activations %.1f MiB vs parameters %.1f MiB); suggestion: %s",
         slowest->pp, slowest->rank, slowest->busy_ms, ratio,
         activation_bound ? "activations" : "parameters", slowest->activation_mib,

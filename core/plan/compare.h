@@ -18,8 +18,9 @@ struct RankRecord {
   double forward_ms = 0;     // mean per step
   double backward_ms = 0;
   double wait_ms = 0;
-  // The computations' cost per step: process CPU time on the CPU, the device's time on a GPU.
-  // Unlike forward_ms + backward_ms (wall clock) it does not grow while the rank waits for a core.
+  // The computations' cost per step: the rank's thread's CPU time in forward and backward on the
+  // CPU, the device's time on a GPU. Unlike forward_ms + backward_ms (wall clock) it does not grow
+  // while the rank waits for a core it shares.
   double busy_ms = 0;
 };
 

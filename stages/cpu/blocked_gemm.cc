@@ -442,7 +442,7 @@ void RunRows(const Problem& pr, int row_begin, int row_end, int jc, int nc, cons
     return;
   }
   for (int ir = 0; ir < mc; ir += kGemmMr) {
-    // A chunk runs all of a group's k blocks (up to 2048 of k): progress between its row tiles.
+    // A chunk runs all of a group's k blocks (up to 4096 of k): progress between its row tiles.
     if (ir > 0) ::bigmac::util::ComputeProgress();
     const int rows = std::min(kGemmMr, mc - ir);
     for (int pc = packed.k_begin; pc < packed.k_end; pc += kGemmKc) {
@@ -543,7 +543,8 @@ const char* GemmKernelName(GemmKernel kernel) {
 int BlockedSgemmChunkRows(int m, int threads) {
   // About 64 chunks per thread, so that the last one to finish idles the others little: with 8,
   // the threads spent 3.6% of the llama_20m step waiting in libgomp, with 64 2.1% (bench/NOTES.md,
-  // lever 18). A chunk costs an atomic increment; a row tile's A is packed per tile either way.
+  // lever 18). A chunk costs an atomic increment; A is packed per row tile (or, transposed, per
+  // chunk: the same floats in all).
   // Whole row tiles, at most kGemmMc rows (a transposed A's packed block).
   constexpr int kChunksPerThread = 64;
   const int per = (m + kChunksPerThread * threads - 1) / (kChunksPerThread * threads);

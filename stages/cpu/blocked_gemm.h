@@ -29,7 +29,8 @@ inline constexpr int kGemmNr = 16;
 inline constexpr int kGemmKc = 256;
 inline constexpr int kGemmMc = 144;
 inline constexpr int kGemmNc = 4096;
-// 8 MB of B at a time, which L3 holds: llama_20m's gate_up (k 512 x 3072 columns, 6 MB) then runs
+// 8 MB of B at a time (each rank's, in an L3 that ranks on one host share; measured with one
+// rank on a 32 MB L3): llama_20m's gate_up (k 512 x 3072 columns, 6 MB) then runs
 // both its k blocks per row tile (with 4 MB, its C went out to memory between them: 6% more CPU
 // time per step, bench/NOTES.md lever 18).
 inline constexpr int64_t kGemmPackedB = int64_t{1} << 21;
