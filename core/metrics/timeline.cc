@@ -13,8 +13,7 @@ namespace bigmac::metrics {
 void Timeline::Record(const std::string& name, const std::string& category, Clock::time_point start,
                       Clock::time_point end, int track) {
   const double duration_ms = std::chrono::duration<double, std::milli>(end - start).count();
-  window_ms_[category] += duration_ms;
-  total_ms_[category] += duration_ms;
+  Add(category, duration_ms);
   if (!recording_) return;
   const double start_us =
       std::chrono::duration<double, std::micro>(start.time_since_epoch()).count();
