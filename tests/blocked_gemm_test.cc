@@ -221,6 +221,71 @@ TEST_P(BlockedGemm, BitsDoNotDependOnThreads) {
   omp_set_num_threads(threads_before);
 }
 
+// What an epilogue saw: each element of C's copy at the moment the epilogue got it, and how often.
+struct Seen {
+  const Operands* o;
+  std::vector<float> value;
+  std::vector<int> times;
+};
+
+void Record(const void* context, float* c, int64_t ldc, int row0, int col0, int rows, int cols) {
+  auto* seen = static_cast<Seen*>(const_cast<void*>(context));
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) {
+      const size_t at = size_t(row0 + r) * seen->o->ldc + col0 + j;
+#pragma omp atomic
+      seen->times[at] += 1;
+      seen->value[at] = c[r * ldc + j];
+      c[r * ldc + j] = -2.0f * c[r * ldc + j];  // what the epilogue writes stays
+    }
+  }
+}
+
+// The epilogue gets every element of C once, after its last fold (the value the GEMM without one
+// gives, bit for bit), and what it writes is C's final value: k in one block and in several,
+// B packed in groups of k blocks, two column blocks, both A layouts, edge tiles, k = 0, and one,
+// two and three threads.
+TEST_P(BlockedGemm, EpilogueSeesEachElementOnceAtItsFinalValue) {
+  const Case cases[] = {
+      {false, true, 64, 200, 100, 1.0f, 0.0f},    // one k block
+      {false, false, 50, 700, 600, 0.25f, 0.5f},  // several k blocks, alpha, beta
+      {false, false, 20, 4096 + 2048, 600, 1.0f,
+       1.0f},                                        // B in groups of k blocks, two column blocks
+      {true, false, 37, 300, 700, 1.0f, 1.0f},       // A transposed (the weight gradients)
+      {true, true, 20, 4096 + 20, 600, 1.0f, 0.0f},  // and two column blocks
+      {false, true, 13, 17, 0, 1.0f, 0.5f},          // k = 0: C = beta C, then the epilogue
+  };
+  const int threads_before = omp_get_max_threads();
+  for (const Case& cs : cases) {
+    const Operands o = Make(cs, 23);
+    std::vector<float> plain = o.c;
+    BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda,
+                 o.b.data(), o.ldb, cs.beta, plain.data(), o.ldc);
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      Seen seen{&o, std::vector<float>(o.c.size()), std::vector<int>(o.c.size(), 0)};
+      std::vector<float> c = o.c;
+      BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda,
+                   o.b.data(), o.ldb, cs.beta, c.data(), o.ldc, {Record, &seen});
+      for (int i = 0; i < cs.m; ++i) {
+        for (int j = 0; j < o.ldc; ++j) {
+          const size_t at = size_t(i) * o.ldc + j;
+          if (j >= cs.n) {
+            ASSERT_EQ(seen.times[at], 0) << "the epilogue got the padding past n";
+            continue;
+          }
+          ASSERT_EQ(seen.times[at], 1)
+              << "C(" << i << ", " << j << ") of m=" << cs.m << " n=" << cs.n << " k=" << cs.k
+              << " at " << threads << " threads";
+          ASSERT_EQ(seen.value[at], plain[at]) << "C(" << i << ", " << j << ") before its end";
+          ASSERT_EQ(c[at], -2.0f * plain[at]) << "the epilogue's write was lost";
+        }
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
+}
+
 // B packed once (BlockedPackB) and multiplied by A in full or by its first columns: the bits of
 // BlockedSgemm with the plain B, in both of A's layouts, with B transposed or not, alpha and beta,
 // edges of panels and tiles, k up to kGemmKc, two column blocks, on one thread and several.

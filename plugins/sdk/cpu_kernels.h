@@ -106,6 +106,17 @@ void GeluForward(T* out, const T* inp, int64_t n);
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
 
+// The MLP's GEMM and GELU in one: MatmulForward into out, then GeluForward(act, out); and
+// MatmulBackwardInput, then GeluBackward through pre (the GELU's input) into dinp. The same bits
+// as the two calls. With BigMac's GEMM the GELU runs on each block of the product as it is
+// finished, still in cache, instead of in a pass over memory of its own.
+template <typename T>
+void MatmulGeluForward(T* out, T* act, const T* inp, const T* w, const T* bias, int n, int c,
+                       int oc);
+template <typename T>
+void MatmulGeluBackwardInput(T* dinp, const T* dout, const T* w, const T* pre, int n, int c,
+                             int oc);
+
 template <typename T>
 void Add(T* out, const T* a, const T* b, int64_t n);
 template <typename T>

@@ -348,6 +348,7 @@ struct Problem {
   float beta;
   float* c;
   int64_t ldc;
+  GemmEpilogue epilogue;
 };
 
 void RunTile(Fold fold, int kc, const float* ap, const float* b_panel, const Problem& pr, float* c,
@@ -395,10 +396,11 @@ struct PackedB {
   const float* Block(int pc, int col) const { return bp + Offset(pc, col); }
 };
 
-// One row tile of C (rows of it, c_row at column jc) folded with the tile of A times k block pc
-// of the packed B, all nc columns.
-void RunPanels(const Problem& pr, int pc, const float* ap, int rows, const PackedB& packed, int nc,
-               float* c_row) {
+// One row tile of C (`rows` rows from `row`, columns [jc, jc + nc)) folded with the tile of A
+// times k block pc of the packed B; after the last k block, the epilogue on the tile.
+void RunPanels(const Problem& pr, int pc, const float* ap, int row, int rows, const PackedB& packed,
+               int jc, int nc) {
+  float* c_row = pr.c + row * pr.ldc + jc;
   const int kc = std::min(kGemmKc, pr.k - pc);
   const Fold fold =
       pc > 0 ? Fold::kAccumulate : (pr.beta == 0.0f ? Fold::kOverwrite : Fold::kScale);
@@ -412,6 +414,9 @@ void RunPanels(const Problem& pr, int pc, const float* ap, int rows, const Packe
   }
   for (; jr < nc; jr += kGemmNr) {  // the AVX2 tiles: edges, or every tile
     RunTile(fold, kc, ap, packed.Block(pc, jr), pr, c_row + jr, rows, std::min(kGemmNr, nc - jr));
+  }
+  if (pr.epilogue.apply && pc + kc == pr.k) {
+    pr.epilogue.apply(pr.epilogue.context, c_row, pr.ldc, row, jc, rows, nc);
   }
 }
 
@@ -435,8 +440,8 @@ void RunRows(const Problem& pr, int row_begin, int row_end, int jc, int nc, cons
       const int kc = std::min(kGemmKc, pr.k - pc);
       PackA(true, pr.a, pr.lda, row_begin, mc, pc, kc, ap);
       for (int ir = 0; ir < mc; ir += kGemmMr) {
-        RunPanels(pr, pc, ap + int64_t{ir} * kc, std::min(kGemmMr, mc - ir), packed, nc,
-                  pr.c + (row_begin + ir) * pr.ldc + jc);
+        RunPanels(pr, pc, ap + int64_t{ir} * kc, row_begin + ir, std::min(kGemmMr, mc - ir), packed,
+                  jc, nc);
       }
     }
     return;
@@ -447,7 +452,7 @@ void RunRows(const Problem& pr, int row_begin, int row_end, int jc, int nc, cons
     const int rows = std::min(kGemmMr, mc - ir);
     for (int pc = packed.k_begin; pc < packed.k_end; pc += kGemmKc) {
       PackA(false, pr.a, pr.lda, row_begin + ir, rows, pc, std::min(kGemmKc, pr.k - pc), ap);
-      RunPanels(pr, pc, ap, rows, packed, nc, pr.c + (row_begin + ir) * pr.ldc + jc);
+      RunPanels(pr, pc, ap, row_begin + ir, rows, packed, jc, nc);
     }
   }
 }
@@ -563,13 +568,15 @@ namespace {
 // BlockedSgemm, with B given packed (`prepacked`, k <= kGemmKc) or not (null).
 void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
            const float* a, int lda, const float* b, int ldb, const float* prepacked, float beta,
-           float* c, int ldc) {
+           float* c, int ldc, const GemmEpilogue& epilogue) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {  // as BLAS: A and B are not read
     ScaleOnly(m, n, beta, c, ldc);
+    if (epilogue.apply) epilogue.apply(epilogue.context, c, ldc, 0, 0, m, n);
     return;
   }
-  const Problem problem{kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+  const Problem problem{kernel, trans_a, trans_b, m,    n, k,   alpha,   a,
+                        lda,    b,       ldb,     beta, c, ldc, epilogue};
   const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
   // B's packed block is shared by the team: the calling thread's buffer.
   // (Column blocks are kGemmNc wide but the last, so two sizes at most.)
@@ -587,8 +594,9 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
 }  // namespace
 
 void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, beta, c, ldc);
+                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc,
+                  const GemmEpilogue& epilogue) {
+  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, beta, c, ldc, epilogue);
 }
 
 int64_t BlockedPackedBFloats(int k, int n) { return int64_t{k} * PaddedColumns(n); }
@@ -610,7 +618,7 @@ void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, f
     std::fprintf(stderr, "bigmac: BlockedSgemmPackedB with k = %d (at most %d)\n", k, kGemmKc);
     std::abort();
   }
-  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, packed_b, beta, c, ldc);
+  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, packed_b, beta, c, ldc, {});
 }
 
 }  // namespace bigmac::sdk::cpu::internal

@@ -53,12 +53,23 @@ const char* GemmKernelName(GemmKernel kernel);
 // kAvx512 kernel really took them).
 int64_t WideTilesRun();
 
+// An elementwise step fused into the GEMM (the MLP's GELU): `apply` runs once on every element of
+// C, after its last fold, on the thread that computed it, block by block while the block is still
+// in cache. It gets rows x cols of C at `c` (row stride ldc), whose first element is
+// C[row0][col0], and `context` as given. An empty one (apply null) does nothing.
+struct GemmEpilogue {
+  void (*apply)(const void* context, float* c, int64_t ldc, int row0, int col0, int rows,
+                int cols) = nullptr;
+  const void* context = nullptr;
+};
+
 // Row-major C = alpha op(A) op(B) + beta C with op(A) m x k and op(B) k x n (m, n, k >= 0). With
 // beta == 0, C is only written (it may hold NaN); with alpha == 0 or k == 0, A and B are not read.
-// Uses the OpenMP threads when called outside a parallel region and the product is large enough;
-// one thread inside one. Needs BlockedSgemmSupported(kernel).
+// Then `epilogue` on all of C. Uses the OpenMP threads when called outside a parallel region and
+// the product is large enough; one thread inside one. Needs BlockedSgemmSupported(kernel).
 void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
+                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc,
+                  const GemmEpilogue& epilogue = {});
 
 // B packed once for several products that read it, or the first columns of it (the attention's
 // keys: one pack per head serves all its query blocks). op(B) is k x n with 1 <= k <= kGemmKc

@@ -102,12 +102,11 @@ void SgemmPackedB(int m, int n, int k, float alpha, const float* a, int lda, con
   BlockedSgemmPackedB(Chosen().kernel, false, m, n, k, alpha, a, lda, packed_b, beta, c, ldc);
 }
 
-void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                   int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  if (Chosen().blocked) {
-    BlockedSgemm(Chosen().kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
+namespace {
+
+// Another library's float GEMM (OpenBLAS or oneDNN), as FloatGemmLibrary() names it.
+void LibrarySgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   const DnnlSgemm dnnl = Chosen().dnnl_sgemm;
   if (!dnnl) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -128,6 +127,22 @@ void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                  static_cast<int>(status));
     std::abort();
   }
+}
+
+}  // namespace
+
+bool GemmFusesEpilogue() { return Chosen().blocked; }
+
+void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc,
+                   const GemmEpilogue& epilogue) {
+  if (Chosen().blocked) {
+    BlockedSgemm(Chosen().kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                 epilogue);
+    return;
+  }
+  LibrarySgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (epilogue.apply && m > 0 && n > 0) epilogue.apply(epilogue.context, c, ldc, 0, 0, m, n);
 }
 
 }  // namespace internal

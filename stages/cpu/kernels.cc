@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,13 @@ std::pair<int, int> ThreadColumns(int columns) {
   return {begin, std::min(columns, begin + per)};
 }
 
+// Every row of out (n x oc) set to bias.
+template <typename T>
+void FillRows(T* out, const T* bias, int n, int oc) {
+#pragma omp parallel for schedule(static)
+  for (int row = 0; row < n; ++row) std::memcpy(out + int64_t{row} * oc, bias, sizeof(T) * oc);
+}
+
 }  // namespace
 
 template <typename T>
@@ -43,8 +51,7 @@ BIGMAC_SIMD_CLONES void MatmulForward(T* out, const T* inp, const T* w, const T*
   // The bias goes in first and the GEMM accumulates onto it (beta = 1), as llm.c's fused matmul
   // does: one write pass over out instead of the GEMM's zeroing pass plus a read-modify-write
   // pass for the bias (bench/NOTES.md, lever 12).
-#pragma omp parallel for schedule(static)
-  for (int row = 0; row < n; ++row) std::memcpy(out + int64_t{row} * oc, bias, sizeof(T) * oc);
+  FillRows(out, bias, n, oc);
   Gemm(CblasNoTrans, CblasTrans, n, oc, c, T(1), inp, c, w, c, T(1), out, oc);
 }
 
@@ -285,31 +292,101 @@ BIGMAC_SIMD_CLONES void AttentionBackward(T* dqkv, const T* dout, const T* qkv, 
   }
 }
 
+namespace {
+
 // GELU (tanh approximation) as x * sigmoid(2u), u = k (x + 0.044715 x^3): 0.5 (1 + tanh(u)) is
-// sigmoid(2u), which costs one exp and one division (tanh through exp cost two of each).
+// sigmoid(2u), which costs one exp and one division (tanh through exp cost two of each). The one
+// formula of the separate kernels and of the GEMM epilogues below, inlined into each loop.
 template <typename T>
-BIGMAC_SIMD_CLONES void GeluForward(T* out, const T* inp, int64_t n) {
+inline T Gelu(T x) {
   const T k = std::sqrt(T(2) / T(M_PI));
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    const T u = k * (x + T(kGeluCubic) * x * x * x);
-    out[i] = x / (T(1) + Exp(T(-2) * u));
+  const T u = k * (x + T(kGeluCubic) * x * x * x);
+  return x / (T(1) + Exp(T(-2) * u));
+}
+
+// d GELU / dx at x: d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx, du/dx = k (1 + 3 * 0.044715 x^2).
+template <typename T>
+inline T GeluGrad(T x) {
+  const T k = std::sqrt(T(2) / T(M_PI));
+  const T u = k * (x + T(kGeluCubic) * x * x * x);
+  const T s = T(1) / (T(1) + Exp(T(-2) * u));
+  return s + T(2) * x * s * (T(1) - s) * k * (T(1) + T(3 * kGeluCubic) * x * x);
+}
+
+// The epilogues' rows: act = GELU(c), or c = GELU'(pre) c, `cols` columns at a time.
+BIGMAC_SIMD_CLONES void GeluRow(float* act, const float* c, int cols) {
+#pragma omp simd
+  for (int j = 0; j < cols; ++j) act[j] = Gelu(c[j]);
+}
+BIGMAC_SIMD_CLONES void GeluGradRow(float* c, const float* pre, int cols) {
+#pragma omp simd
+  for (int j = 0; j < cols; ++j) c[j] = GeluGrad(pre[j]) * c[j];
+}
+
+// The epilogues' second matrix, with C's columns: the forward writes act, the backward reads pre.
+struct GeluContext {
+  float* act;
+  const float* pre;
+  int64_t ld;
+};
+
+void GeluEpilogue(const void* context, float* c, int64_t ldc, int row0, int col0, int rows,
+                  int cols) {
+  const auto* g = static_cast<const GeluContext*>(context);
+  for (int r = 0; r < rows; ++r) GeluRow(g->act + (row0 + r) * g->ld + col0, c + r * ldc, cols);
+}
+
+void GeluGradEpilogue(const void* context, float* c, int64_t ldc, int row0, int col0, int rows,
+                      int cols) {
+  const auto* g = static_cast<const GeluContext*>(context);
+  for (int r = 0; r < rows; ++r) {
+    GeluGradRow(c + r * ldc, g->pre + (row0 + r) * g->ld + col0, cols);
   }
 }
 
-// d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx, du/dx = k (1 + 3 * 0.044715 x^2).
+}  // namespace
+
+template <typename T>
+BIGMAC_SIMD_CLONES void GeluForward(T* out, const T* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = Gelu(inp[i]);
+}
+
 template <typename T>
 BIGMAC_SIMD_CLONES void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
-  const T k = std::sqrt(T(2) / T(M_PI));
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    const T u = k * (x + T(kGeluCubic) * x * x * x);
-    const T s = T(1) / (T(1) + Exp(T(-2) * u));
-    const T grad = s + T(2) * x * s * (T(1) - s) * k * (T(1) + T(3 * kGeluCubic) * x * x);
-    dinp[i] = grad * dout[i];
+  for (int64_t i = 0; i < n; ++i) dinp[i] = GeluGrad(inp[i]) * dout[i];
+}
+
+template <typename T>
+void MatmulGeluForward(T* out, T* act, const T* inp, const T* w, const T* bias, int n, int c,
+                       int oc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (internal::GemmFusesEpilogue()) {
+      const GeluContext context{act, nullptr, oc};
+      if (bias) FillRows(out, bias, n, oc);
+      internal::SgemmRowMajor(false, true, n, oc, c, 1.0f, inp, c, w, c, bias ? 1.0f : 0.0f, out,
+                              oc, {GeluEpilogue, &context});
+      return;
+    }
   }
+  MatmulForward(out, inp, w, bias, n, c, oc);
+  GeluForward(act, out, int64_t{n} * oc);
+}
+
+template <typename T>
+void MatmulGeluBackwardInput(T* dinp, const T* dout, const T* w, const T* pre, int n, int c,
+                             int oc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (internal::GemmFusesEpilogue()) {
+      const GeluContext context{nullptr, pre, c};
+      internal::SgemmRowMajor(false, false, n, c, oc, 1.0f, dout, oc, w, c, 0.0f, dinp, c,
+                              {GeluGradEpilogue, &context});
+      return;
+    }
+  }
+  MatmulBackwardInput(dinp, dout, w, n, c, oc);
+  GeluBackward(dinp, pre, dinp, int64_t{n} * c);
 }
 
 // silu(g) = g sigmoid(g); d silu / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
@@ -506,6 +583,8 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
   template void RopeBackward<T>(T*, const T*, const T*, int, int, int, int, int64_t);           \
   template void GeluForward<T>(T*, const T*, int64_t);                                          \
   template void GeluBackward<T>(T*, const T*, const T*, int64_t);                               \
+  template void MatmulGeluForward<T>(T*, T*, const T*, const T*, const T*, int, int, int);      \
+  template void MatmulGeluBackwardInput<T>(T*, const T*, const T*, const T*, int, int, int);    \
   template void Add<T>(T*, const T*, const T*, int64_t);                                        \
   template void AddInPlace<T>(T*, const T*, int64_t);                                           \
   template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \

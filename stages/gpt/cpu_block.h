@@ -42,11 +42,9 @@ class CpuBlockBody : public CheckpointedBlock<T> {
     // The gradients made with NewForOverwrite are whole outputs of their kernels (no "+=").
     // MLP: y = res2 + proj(gelu(fc(ln2(res2)))); fc2 row-parallel (g's backward: dy as is), fc
     // column-parallel (f's backward: a sum over the group).
-    Tensor dfch_gelu = this->NewForOverwrite({n, fl});
-    sdk::cpu::MatmulBackwardInput(Base::D(dfch_gelu), Base::D(dy), this->W(kFcProjWeight), n, fl,
-                                  c);
     Tensor dfch = this->NewForOverwrite({n, fl});
-    sdk::cpu::GeluBackward(Base::D(dfch), Base::D(s[kFch]), Base::D(dfch_gelu), int64_t{n} * fl);
+    sdk::cpu::MatmulGeluBackwardInput(Base::D(dfch), Base::D(dy), this->W(kFcProjWeight),
+                                      Base::D(s[kFch]), n, fl, c);
     s[kFch] = Tensor();
     Tensor dln2 = this->NewForOverwrite({n, c});
     sdk::cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(kFcWeight), n, c, fl);
@@ -156,9 +154,8 @@ class CpuBlockBody : public CheckpointedBlock<T> {
     sdk::cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
     sdk::cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]),
                                Base::D(s[kRes2]), this->W(kLn2Weight), this->W(kLn2Bias), n, c);
-    sdk::cpu::MatmulForward(Base::D(s[kFch]), Base::D(s[kLn2]), this->W(kFcWeight),
-                            this->W(kFcBias), n, c, fl);
-    sdk::cpu::GeluForward(Base::D(s[kFchGelu]), Base::D(s[kFch]), int64_t{n} * fl);
+    sdk::cpu::MatmulGeluForward(Base::D(s[kFch]), Base::D(s[kFchGelu]), Base::D(s[kLn2]),
+                                this->W(kFcWeight), this->W(kFcBias), n, c, fl);
   }
 
   void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) override {
