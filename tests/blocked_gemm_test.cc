@@ -228,8 +228,8 @@ struct Seen {
   std::vector<int> times;
 };
 
-void Record(const void* context, float* c, int64_t ldc, int row0, int col0, int rows, int cols) {
-  auto* seen = static_cast<Seen*>(const_cast<void*>(context));
+void Record(void* context, float* c, int64_t ldc, int row0, int col0, int rows, int cols) {
+  auto* seen = static_cast<Seen*>(context);
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < cols; ++j) {
       const size_t at = size_t(row0 + r) * seen->o->ldc + col0 + j;
@@ -243,17 +243,17 @@ void Record(const void* context, float* c, int64_t ldc, int row0, int col0, int 
 
 // The epilogue gets every element of C once, after its last fold (the value the GEMM without one
 // gives, bit for bit), and what it writes is C's final value: k in one block and in several,
-// B packed in groups of k blocks, two column blocks, both A layouts, edge tiles, k = 0, and one,
-// two and three threads.
+// B packed in groups of k blocks, two column blocks, both A layouts, edge tiles, k = 0 and
+// alpha = 0, at one, two and three threads and inside a parallel region.
 TEST_P(BlockedGemm, EpilogueSeesEachElementOnceAtItsFinalValue) {
   const Case cases[] = {
-      {false, true, 64, 200, 100, 1.0f, 0.0f},    // one k block
-      {false, false, 50, 700, 600, 0.25f, 0.5f},  // several k blocks, alpha, beta
-      {false, false, 20, 4096 + 2048, 600, 1.0f,
-       1.0f},                                        // B in groups of k blocks, two column blocks
-      {true, false, 37, 300, 700, 1.0f, 1.0f},       // A transposed (the weight gradients)
-      {true, true, 20, 4096 + 20, 600, 1.0f, 0.0f},  // and two column blocks
-      {false, true, 13, 17, 0, 1.0f, 0.5f},          // k = 0: C = beta C, then the epilogue
+      {false, true, 64, 200, 100, 1.0f, 0.0f},           // one k block
+      {false, false, 50, 700, 600, 0.25f, 0.5f},         // several k blocks, alpha, beta
+      {false, false, 20, 4096 + 2048, 600, 1.0f, 1.0f},  // k in groups, two column blocks
+      {true, false, 37, 300, 700, 1.0f, 1.0f},           // A transposed (the weight gradients)
+      {true, true, 20, 4096 + 20, 600, 1.0f, 0.0f},      // and two column blocks
+      {false, true, 13, 17, 0, 1.0f, 0.5f},              // k = 0: C = beta C, then the epilogue
+      {false, false, 13, 40, 30, 0.0f, 0.5f},            // alpha = 0 likewise
   };
   const int threads_before = omp_get_max_threads();
   for (const Case& cs : cases) {
@@ -280,6 +280,21 @@ TEST_P(BlockedGemm, EpilogueSeesEachElementOnceAtItsFinalValue) {
           ASSERT_EQ(seen.value[at], plain[at]) << "C(" << i << ", " << j << ") before its end";
           ASSERT_EQ(c[at], -2.0f * plain[at]) << "the epilogue's write was lost";
         }
+      }
+    }
+    std::vector<float> nested = o.c;
+    Seen seen{&o, std::vector<float>(o.c.size()), std::vector<int>(o.c.size(), 0)};
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda,
+                   o.b.data(), o.ldb, cs.beta, nested.data(), o.ldc, {Record, &seen});
+    }
+    for (int i = 0; i < cs.m; ++i) {
+      for (int j = 0; j < cs.n; ++j) {
+        const size_t at = size_t(i) * o.ldc + j;
+        ASSERT_EQ(seen.times[at], 1) << "inside a parallel region, C(" << i << ", " << j << ")";
+        ASSERT_EQ(nested[at], -2.0f * plain[at]) << "inside a parallel region";
       }
     }
   }

@@ -3,12 +3,15 @@
 // MatmulBackwardInput then GeluBackward), in float, where BigMac's GEMM runs the GELU block by
 // block as its epilogue, and in double, where they are the two calls; with and without a bias,
 // on shapes with edge tiles and several k blocks, at one thread and two (float's bits do not
-// depend on the thread count; double's GEMM, OpenBLAS's, rounds by it).
+// depend on the thread count; double's GEMM, OpenBLAS's, rounds by it). Built twice: with
+// BigMac's GEMM (fused), and as gelu_matmul_openblas_test with OpenBLAS (the two calls).
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "plugins/sdk/cpu_kernels.h"
@@ -18,6 +21,21 @@ namespace bigmac::sdk::cpu {
 namespace {
 
 using testutil::Random;
+
+#ifdef BIGMAC_TEST_GEMM_LIBRARY
+// Set before main, so before the first GEMM chooses its library (stages/cpu/gemm.cc).
+const bool library_set = setenv("BIGMAC_CPU_GEMM", BIGMAC_TEST_GEMM_LIBRARY, 1) == 0;
+#endif
+
+TEST(MatmulGeluLibrary, RunsTheLibraryThisBinaryIsFor) {
+#ifdef BIGMAC_TEST_GEMM_LIBRARY
+  ASSERT_TRUE(library_set);
+  EXPECT_STREQ(FloatGemmLibrary(), BIGMAC_TEST_GEMM_LIBRARY);
+#else
+  // CI's CPUs have AVX2 and FMA, where BigMac's GEMM is the default and fuses the GELU.
+  EXPECT_EQ(std::string(FloatGemmLibrary()).rfind("bigmac", 0), 0u) << FloatGemmLibrary();
+#endif
+}
 
 struct Shape {
   int n, c, oc;

@@ -56,7 +56,10 @@ BlockShape BlockShapeOf(const ModelDims& dims) {
   shape.replicated_activations = 4 * c + 4;
   shape.sliced_deferred = 12 * c;         // attention output C, gelu 4C, dfc 4C, dqkv 3C
   shape.replicated_deferred = 8 * c + 4;  // x, ln1, res2, ln2, dy, dln2, dres2, dln1; statistics
-  shape.sliced_backward_temporaries = 5 * c;  // dfch_gelu 4C, datty C
+  // dfch_gelu 4C, datty C. The CPU block makes no dfch_gelu (MatmulGeluBackwardInput writes GELU's
+  // input gradient directly), so there the plan is high by 4C / tp per token of one block; kept
+  // for the CUDA block, which makes it.
+  shape.sliced_backward_temporaries = 5 * c;
   return shape;
 }
 

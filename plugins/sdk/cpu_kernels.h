@@ -109,7 +109,8 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
 // The MLP's GEMM and GELU in one: MatmulForward into out, then GeluForward(act, out); and
 // MatmulBackwardInput, then GeluBackward through pre (the GELU's input) into dinp. The same bits
 // as the two calls. With BigMac's GEMM the GELU runs on each block of the product as it is
-// finished, still in cache, instead of in a pass over memory of its own.
+// finished, still in cache, instead of in a pass over memory of its own. out and act are
+// distinct; dinp aliases neither dout nor pre.
 template <typename T>
 void MatmulGeluForward(T* out, T* act, const T* inp, const T* w, const T* bias, int n, int c,
                        int oc);

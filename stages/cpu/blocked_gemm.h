@@ -58,9 +58,9 @@ int64_t WideTilesRun();
 // in cache. It gets rows x cols of C at `c` (row stride ldc), whose first element is
 // C[row0][col0], and `context` as given. An empty one (apply null) does nothing.
 struct GemmEpilogue {
-  void (*apply)(const void* context, float* c, int64_t ldc, int row0, int col0, int rows,
+  void (*apply)(void* context, float* c, int64_t ldc, int row0, int col0, int rows,
                 int cols) = nullptr;
-  const void* context = nullptr;
+  void* context = nullptr;  // the caller's; outlives the GEMM call
 };
 
 // Row-major C = alpha op(A) op(B) + beta C with op(A) m x k and op(B) k x n (m, n, k >= 0). With

@@ -14,16 +14,16 @@
 
 namespace bigmac::sdk::cpu::internal {
 
-// Row-major C = alpha op(A) op(B) + beta C, then `epilogue` on every element of C. Floats go to
-// the library FloatGemmLibrary() names (gemm.cc: BigMac's blocked GEMM by default, which runs the
-// epilogue block by block as it finishes C; another library's C gets it in one pass on this
-// thread after the product); doubles (the gradient checks) to OpenBLAS.
+// Row-major C = alpha op(A) op(B) + beta C. Floats go to the library FloatGemmLibrary() names
+// (gemm.cc: BigMac's blocked GEMM by default); doubles (the gradient checks) to OpenBLAS. An
+// epilogue (blocked_gemm.h) needs BigMac's GEMM, GemmFusesEpilogue(); with another library it
+// aborts.
 void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc,
                    const GemmEpilogue& epilogue = {});
 
-// Whether SgemmRowMajor fuses its epilogue into the product (BigMac's GEMM is the chosen one).
-// Kernels with an epilogue run it as a parallel pass of their own when it does not.
+// Whether SgemmRowMajor takes an epilogue (BigMac's GEMM is the chosen one). Kernels with an
+// epilogue run it as a parallel pass of their own when it does not.
 bool GemmFusesEpilogue();
 
 // B packed once (blocked_gemm.h, BlockedPackB) for several float products: possible when the
