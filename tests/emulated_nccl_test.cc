@@ -28,9 +28,12 @@
 #include <vector>
 
 #include "core/device/cuda/emulation/runtime.h"
+#include "tests/testing/numeric.h"
 
 namespace bigmac::device::cuda::emulation {
 namespace {
+
+using ::bigmac::testutil::BitwiseEqual;
 
 // ---------------------------------------------------------------------------------------------
 // Rank processes
@@ -264,11 +267,6 @@ uint64_t Hash(const std::vector<T>& values) {
     hash *= 1099511628211ULL;
   }
   return hash;
-}
-
-template <typename T>
-bool BitwiseEqual(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // A blocking communicator of `nranks`, its id made by rank 0.

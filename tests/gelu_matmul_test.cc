@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@
 namespace bigmac::sdk::cpu {
 namespace {
 
+using testutil::BitwiseEqual;
 using testutil::Random;
 
 #ifdef BIGMAC_TEST_GEMM_LIBRARY
@@ -42,11 +42,6 @@ struct Shape {
 };
 // Rows that are not whole micro-tiles, columns that are not whole panels, k of several blocks.
 const Shape kShapes[] = {{64, 48, 192}, {37, 300, 70}, {130, 600, 1030}};
-
-template <typename T>
-bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 template <typename T>
 class MatmulGelu : public ::testing::Test {};
@@ -72,10 +67,10 @@ TYPED_TEST(MatmulGelu, ForwardGivesTheSeparateKernelsBits) {
         std::vector<T> fused_out(out.size(), T(7)), fused_act(out.size(), T(7));
         MatmulGeluForward(fused_out.data(), fused_act.data(), inp.data(), w.data(), b, s.n, s.c,
                           s.oc);
-        EXPECT_TRUE(SameBits(fused_out, out))
+        EXPECT_TRUE(BitwiseEqual(fused_out, out))
             << "n=" << s.n << " c=" << s.c << " oc=" << s.oc << " bias=" << with_bias
             << " threads=" << threads << ": the product differs";
-        EXPECT_TRUE(SameBits(fused_act, act))
+        EXPECT_TRUE(BitwiseEqual(fused_act, act))
             << "n=" << s.n << " c=" << s.c << " oc=" << s.oc << " bias=" << with_bias
             << " threads=" << threads << ": the GELU differs";
       }
@@ -99,7 +94,7 @@ TYPED_TEST(MatmulGelu, BackwardInputGivesTheSeparateKernelsBits) {
       GeluBackward(dinp.data(), pre.data(), product.data(), int64_t{s.n} * s.c);
       std::vector<T> fused(dinp.size(), T(7));
       MatmulGeluBackwardInput(fused.data(), dout.data(), w.data(), pre.data(), s.n, s.c, s.oc);
-      EXPECT_TRUE(SameBits(fused, dinp))
+      EXPECT_TRUE(BitwiseEqual(fused, dinp))
           << "n=" << s.n << " c=" << s.c << " oc=" << s.oc << " threads=" << threads;
     }
   }

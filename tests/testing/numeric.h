@@ -1,10 +1,12 @@
 #ifndef BIGMAC_TESTS_TESTING_NUMERIC_H_
 #define BIGMAC_TESTS_TESTING_NUMERIC_H_
 
-// Seeded random vectors and a scaled error for the kernel tests. Header-only, stateless.
+// Seeded random vectors, a scaled error and bitwise equality for the kernel tests. Header-only,
+// stateless.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -67,6 +69,12 @@ inline std::string FiniteDifferenceMismatches(std::vector<double>* x,
     }
   }
   return mismatches;
+}
+
+// Whether a and b hold the same values bit for bit (NaNs included).
+template <typename T>
+bool BitwiseEqual(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 }  // namespace bigmac::testutil
