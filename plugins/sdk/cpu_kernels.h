@@ -99,6 +99,16 @@ template <typename T>
 void SwigluForward(T* h, const T* gate_up, int n, int width);
 template <typename T>
 void SwigluBackward(T* dgate_up, const T* dh, const T* gate_up, int n, int width);
+// The MLP's GEMMs and SwiGLU in one, as MatmulGeluForward below: gate_up = inp w^T (w holds
+// 2 width rows of c, no bias), then SwigluForward into h; and dh = dout w (w: oc x width, the
+// down projection), then SwigluBackward into dgate_up. The same bits as the separate calls; with
+// BigMac's GEMM the SwiGLU runs on each block of the product while it is in cache. No argument
+// aliases another.
+template <typename T>
+void MatmulSwigluForward(T* gate_up, T* h, const T* inp, const T* w, int n, int c, int width);
+template <typename T>
+void MatmulSwigluBackwardInput(T* dh, T* dgate_up, const T* dout, const T* w, const T* gate_up,
+                               int n, int width, int oc);
 
 // GELU, tanh approximation (GPT-2).
 template <typename T>

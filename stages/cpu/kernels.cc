@@ -351,6 +351,58 @@ void GeluGradEpilogue(void* context, float* c, int64_t ldc, int row0, int col0, 
   }
 }
 
+// SwiGLU's rows, the one formula of the separate kernels and of the epilogues:
+// h = silu(g) u with silu(g) = g sigmoid(g); d silu / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
+template <typename T>
+BIGMAC_SIMD_CLONES void SwigluRow(T* h, const T* gate, const T* up, int cols) {
+#pragma omp simd
+  for (int j = 0; j < cols; ++j) h[j] = gate[j] / (T(1) + Exp(-gate[j])) * up[j];
+}
+template <typename T>
+BIGMAC_SIMD_CLONES void SwigluGradRow(T* dgate, T* dup, const T* dh, const T* gate, const T* up,
+                                      int cols) {
+#pragma omp simd
+  for (int j = 0; j < cols; ++j) {
+    const T sig = T(1) / (T(1) + Exp(-gate[j]));
+    dgate[j] = dh[j] * up[j] * sig * (T(1) + gate[j] * (T(1) - sig));
+    dup[j] = dh[j] * gate[j] * sig;
+  }
+}
+
+// The SwiGLU epilogues' matrices (rows of 2 width gate/up values, of width h values).
+struct SwigluContext {
+  float* h;              // forward: written
+  const float* gate_up;  // backward: read (the forward's product)
+  float* dgate_up;       // backward: written
+  int width;
+};
+
+// The forward's C is gate_up. Its column blocks finish in order, all rows of one before the next
+// (blocked_gemm.h), so when a block's up columns are final their gate columns, in this block or
+// an earlier one, are too: h for those columns, from C while it is in cache.
+void SwigluEpilogue(void* context, float* c, int64_t ldc, int row0, int col0, int rows, int cols) {
+  const auto* g = static_cast<const SwigluContext*>(context);
+  const int begin = std::max(col0, g->width);  // the block's up columns
+  const int end = col0 + cols;
+  if (begin >= end) return;
+  for (int r = 0; r < rows; ++r) {
+    const float* up = c + r * ldc + (begin - col0);
+    SwigluRow(g->h + int64_t{row0 + r} * g->width + (begin - g->width), up - g->width, up,
+              end - begin);
+  }
+}
+
+// The backward's C is dh: the gradient of gate_up for the block's columns, while dh is in cache.
+void SwigluGradEpilogue(void* context, float* c, int64_t ldc, int row0, int col0, int rows,
+                        int cols) {
+  const auto* g = static_cast<const SwigluContext*>(context);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t row = int64_t{row0 + r} * 2 * g->width + col0;
+    SwigluGradRow(g->dgate_up + row, g->dgate_up + row + g->width, c + r * ldc, g->gate_up + row,
+                  g->gate_up + row + g->width, cols);
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -396,16 +448,12 @@ void MatmulGeluBackwardInput(T* dinp, const T* dout, const T* w, const T* pre, i
   GeluBackward(dinp, pre, dinp, int64_t{n} * c);
 }
 
-// silu(g) = g sigmoid(g); d silu / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
 template <typename T>
 BIGMAC_SIMD_CLONES void SwigluForward(T* h, const T* gate_up, int n, int width) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* gate = gate_up + int64_t{row} * 2 * width;
-    const T* up = gate + width;
-    T* out = h + int64_t{row} * width;
-#pragma omp simd
-    for (int i = 0; i < width; ++i) out[i] = gate[i] / (T(1) + Exp(-gate[i])) * up[i];
+    SwigluRow(h + int64_t{row} * width, gate, gate + width, width);
   }
 }
 
@@ -415,17 +463,38 @@ BIGMAC_SIMD_CLONES void SwigluBackward(T* dgate_up, const T* dh, const T* gate_u
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* gate = gate_up + int64_t{row} * 2 * width;
-    const T* up = gate + width;
-    const T* d = dh + int64_t{row} * width;
     T* dgate = dgate_up + int64_t{row} * 2 * width;
-    T* dup = dgate + width;
-#pragma omp simd
-    for (int i = 0; i < width; ++i) {
-      const T sig = T(1) / (T(1) + Exp(-gate[i]));
-      dgate[i] = d[i] * up[i] * sig * (T(1) + gate[i] * (T(1) - sig));
-      dup[i] = d[i] * gate[i] * sig;
+    SwigluGradRow(dgate, dgate + width, dh + int64_t{row} * width, gate, gate + width, width);
+  }
+}
+
+template <typename T>
+void MatmulSwigluForward(T* gate_up, T* h, const T* inp, const T* w, int n, int c, int width) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (internal::GemmFusesEpilogue()) {
+      SwigluContext context{h, gate_up, nullptr, width};
+      internal::SgemmRowMajor(false, true, n, 2 * width, c, 1.0f, inp, c, w, c, 0.0f, gate_up,
+                              2 * width, {SwigluEpilogue, &context});
+      return;
     }
   }
+  MatmulForward(gate_up, inp, w, static_cast<const T*>(nullptr), n, c, 2 * width);
+  SwigluForward(h, gate_up, n, width);
+}
+
+template <typename T>
+void MatmulSwigluBackwardInput(T* dh, T* dgate_up, const T* dout, const T* w, const T* gate_up,
+                               int n, int width, int oc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (internal::GemmFusesEpilogue()) {
+      SwigluContext context{nullptr, gate_up, dgate_up, width};
+      internal::SgemmRowMajor(false, false, n, width, oc, 1.0f, dout, oc, w, width, 0.0f, dh, width,
+                              {SwigluGradEpilogue, &context});
+      return;
+    }
+  }
+  MatmulBackwardInput(dh, dout, w, n, width, oc);
+  SwigluBackward(dgate_up, dh, gate_up, n, width);
 }
 
 template <typename T>
@@ -569,34 +638,36 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
   }
 }
 
-#define BIGMAC_INSTANTIATE(T)                                                                   \
-  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);              \
-  template void MatmulBackwardInput<T>(T*, const T*, const T*, int, int, int);                  \
-  template void MatmulBackwardWeight<T>(T*, T*, const T*, const T*, int, int, int);             \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);        \
-  template void LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, const T*, \
-                                          int, int);                                            \
-  template void LayerNormBackwardWeight<T>(T*, T*, const T*, const T*, const T*, const T*, int, \
-                                           int);                                                \
-  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                      \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);     \
-  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, double);                \
-  template void RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, int, int);  \
-  template void RmsNormBackwardWeight<T>(T*, const T*, const T*, const T*, int, int);           \
-  template void SwigluForward<T>(T*, const T*, int, int);                                       \
-  template void SwigluBackward<T>(T*, const T*, const T*, int, int);                            \
-  template void RopeTable<T>(T*, T*, int, int, double);                                         \
-  template void RopeForward<T>(T*, const T*, const T*, int, int, int, int, int64_t);            \
-  template void RopeBackward<T>(T*, const T*, const T*, int, int, int, int, int64_t);           \
-  template void GeluForward<T>(T*, const T*, int64_t);                                          \
-  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                               \
-  template void MatmulGeluForward<T>(T*, T*, const T*, const T*, const T*, int, int, int);      \
-  template void MatmulGeluBackwardInput<T>(T*, const T*, const T*, const T*, int, int, int);    \
-  template void Add<T>(T*, const T*, const T*, int64_t);                                        \
-  template void AddInPlace<T>(T*, const T*, int64_t);                                           \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \
-  template void EmbeddingBackwardWeight<T>(T*, T*, const T*, const int32_t*, int, int, int);    \
-  template double CrossEntropyLossSum<T>(const T*, const int32_t*, int, int);                   \
+#define BIGMAC_INSTANTIATE(T)                                                                      \
+  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);                 \
+  template void MatmulBackwardInput<T>(T*, const T*, const T*, int, int, int);                     \
+  template void MatmulBackwardWeight<T>(T*, T*, const T*, const T*, int, int, int);                \
+  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);           \
+  template void LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, const T*,    \
+                                          int, int);                                               \
+  template void LayerNormBackwardWeight<T>(T*, T*, const T*, const T*, const T*, const T*, int,    \
+                                           int);                                                   \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                         \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
+  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, double);                   \
+  template void RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, int, int);     \
+  template void RmsNormBackwardWeight<T>(T*, const T*, const T*, const T*, int, int);              \
+  template void SwigluForward<T>(T*, const T*, int, int);                                          \
+  template void SwigluBackward<T>(T*, const T*, const T*, int, int);                               \
+  template void MatmulSwigluForward<T>(T*, T*, const T*, const T*, int, int, int);                 \
+  template void MatmulSwigluBackwardInput<T>(T*, T*, const T*, const T*, const T*, int, int, int); \
+  template void RopeTable<T>(T*, T*, int, int, double);                                            \
+  template void RopeForward<T>(T*, const T*, const T*, int, int, int, int, int64_t);               \
+  template void RopeBackward<T>(T*, const T*, const T*, int, int, int, int, int64_t);              \
+  template void GeluForward<T>(T*, const T*, int64_t);                                             \
+  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                  \
+  template void MatmulGeluForward<T>(T*, T*, const T*, const T*, const T*, int, int, int);         \
+  template void MatmulGeluBackwardInput<T>(T*, const T*, const T*, const T*, int, int, int);       \
+  template void Add<T>(T*, const T*, const T*, int64_t);                                           \
+  template void AddInPlace<T>(T*, const T*, int64_t);                                              \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);        \
+  template void EmbeddingBackwardWeight<T>(T*, T*, const T*, const int32_t*, int, int, int);       \
+  template double CrossEntropyLossSum<T>(const T*, const int32_t*, int, int);                      \
   template void CrossEntropyBackward<T>(T*, const T*, const int32_t*, int, int, double);
 
 BIGMAC_INSTANTIATE(float)

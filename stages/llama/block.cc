@@ -75,9 +75,10 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
     // MLP: y = res2 + down(swiglu(gate_up(norm2(res2)))); down row-parallel (g's backward: dy as
     // is), gate_up column-parallel (f's backward: a sum over the group).
     Tensor dswiglu = this->NewForOverwrite({n, il_});
-    cpu::MatmulBackwardInput(Base::D(dswiglu), Base::D(dy), this->W(kDownWeight), n, il_, c);
     Tensor dgate_up = this->NewForOverwrite({n, 2 * il_});
-    cpu::SwigluBackward(Base::D(dgate_up), Base::D(dswiglu), Base::D(s[kGateUp]), n, il_);
+    cpu::MatmulSwigluBackwardInput(Base::D(dswiglu), Base::D(dgate_up), Base::D(dy),
+                                   this->W(kDownWeight), Base::D(s[kGateUp]), n, il_, c);
+    dswiglu = Tensor();
     s[kGateUp] = Tensor();
     Tensor dnorm2 = this->NewForOverwrite({n, c});
     cpu::MatmulBackwardInput(Base::D(dnorm2), Base::D(dgate_up), this->W(kGateUpWeight), n, c,
@@ -206,9 +207,8 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
     cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
     cpu::RmsNormForward(Base::D(s[kNorm2]), Base::D(s[kRstd2]), Base::D(s[kRes2]),
                         this->W(kMlpNormWeight), n, c, eps);
-    cpu::MatmulForward<T>(Base::D(s[kGateUp]), Base::D(s[kNorm2]), this->W(kGateUpWeight), nullptr,
-                          n, c, 2 * il_);
-    cpu::SwigluForward(Base::D(s[kSwiglu]), Base::D(s[kGateUp]), n, il_);
+    cpu::MatmulSwigluForward(Base::D(s[kGateUp]), Base::D(s[kSwiglu]), Base::D(s[kNorm2]),
+                             this->W(kGateUpWeight), n, c, il_);
   }
 
   void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) override {
