@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/config/loader.h"
 #include "core/config/resolve.h"
@@ -70,7 +72,7 @@ TEST(LearningRate, WarmupThenCosine) {
   EXPECT_NEAR(optim::LearningRate(s, 110), 0.1, 1e-12);
 }
 
-TEST(Clipping, GlobalNormAndScale) {
+TEST(Clipping, GlobalNorm) {
   const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 20);
   layer::Param a, b;
   a.grad = Tensor(cpu.get(), {2}, DType::kF32);
@@ -79,8 +81,35 @@ TEST(Clipping, GlobalNormAndScale) {
   a.grad.data<float>()[1] = 0;
   b.grad.data<float>()[0] = 4;
   EXPECT_DOUBLE_EQ(optim::GlobalGradNorm({&a, &b}), 5.0);
-  optim::ScaleGradients({&a, &b}, 0.2);
-  EXPECT_NEAR(optim::GlobalGradNorm({&a, &b}), 1.0, 1e-6);
+}
+
+// The clip's factor applied as AdamW reads the gradients gives the bits of scaling them first
+// (what the trainer did before the two were one pass), and leaves the gradients as they were.
+TEST(Clipping, ScaleInsideAdamWGivesTheBitsOfScalingFirst) {
+  const std::unique_ptr<device::Device> cpu = device::MakeCpuDevice(0, 1 << 24);
+  constexpr int64_t kN = 1003;  // not a whole number of vectors
+  constexpr double kScale = 0.37;
+  layer::Param fused, first;
+  for (layer::Param* p : {&fused, &first}) {
+    p->value = Tensor(cpu.get(), {kN}, DType::kF32);
+    p->grad = Tensor(cpu.get(), {kN}, DType::kF32);
+    for (int64_t i = 0; i < kN; ++i) {
+      p->value.data<float>()[i] = std::sin(0.37 * double(i));
+      p->grad.data<float>()[i] = std::cos(1.3 * double(i)) * 3;
+    }
+  }
+  const std::vector<float> grads(fused.grad.data<float>(), fused.grad.data<float>() + kN);
+  optim::AdamW fused_adamw({0.9, 0.95, 1e-8, 0.1}), first_adamw({0.9, 0.95, 1e-8, 0.1});
+  for (int step = 1; step <= 3; ++step) {
+    const float factor = static_cast<float>(kScale);
+    for (int64_t i = 0; i < kN; ++i) first.grad.data<float>()[i] = grads[i] * factor;
+    first_adamw.Step({&first}, 1e-2, step);
+    fused_adamw.Step({&fused}, 1e-2, step, kScale);
+  }
+  EXPECT_EQ(0, std::memcmp(fused.value.raw(), first.value.raw(), kN * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(fused_adamw.SecondMoment(&fused)->raw(),
+                           first_adamw.SecondMoment(&first)->raw(), kN * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(fused.grad.raw(), grads.data(), kN * sizeof(float)));
 }
 
 // ---------------------------------------------------------------- model-level properties

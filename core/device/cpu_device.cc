@@ -20,15 +20,18 @@ using memory::BFloat16;
 // the step's scalars rounded to T once, so the loop vectorises fully.
 template <typename T>
 BIGMAC_SIMD_CLONES void AdamWTyped(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1,
-                                   double b2, double eps, double wd, double bias1, double bias2) {
+                                   double b2, double eps, double wd, double bias1, double bias2,
+                                   double grad_scale) {
   const T beta1 = static_cast<T>(b1), one_minus_beta1 = static_cast<T>(1 - b1);
   const T beta2 = static_cast<T>(b2), one_minus_beta2 = static_cast<T>(1 - b2);
   const T inv_bias1 = static_cast<T>(1 / bias1), inv_bias2 = static_cast<T>(1 / bias2);
   const T step = static_cast<T>(lr), decay = static_cast<T>(wd), epsilon = static_cast<T>(eps);
+  const T scale = static_cast<T>(grad_scale);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    m[i] = beta1 * m[i] + one_minus_beta1 * g[i];
-    v[i] = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
+    const T grad = g[i] * scale;  // exact when scale is 1
+    m[i] = beta1 * m[i] + one_minus_beta1 * grad;
+    v[i] = beta2 * v[i] + one_minus_beta2 * grad * grad;
     const T m_hat = m[i] * inv_bias1;
     const T v_hat = v[i] * inv_bias2;
     p[i] = p[i] - step * (m_hat / (std::sqrt(v_hat) + epsilon) + decay * p[i]);
@@ -171,15 +174,6 @@ class CpuDevice : public Device {
     });
   }
 
-  void Scale(void* data, DType dtype, int64_t n, double factor) override {
-    ForFloat(dtype, "Scale", [&](auto zero) {
-      using T = decltype(zero);
-      T* g = static_cast<T*>(data);
-      const T f = static_cast<T>(factor);
-      for (int64_t i = 0; i < n; ++i) g[i] *= f;
-    });
-  }
-
   double SumSquares(const void* data, DType dtype, int64_t n) override {
     return ForFloat(dtype, "SumSquares", [&](auto zero) {
       return SumSquaresTyped(static_cast<const decltype(zero)*>(data), n);
@@ -204,7 +198,7 @@ class CpuDevice : public Device {
       using T = decltype(zero);
       AdamWTyped(static_cast<T*>(a.p), static_cast<const T*>(a.g), static_cast<T*>(a.m),
                  static_cast<T*>(a.v), a.n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                 a.bias_correction1, a.bias_correction2);
+                 a.bias_correction1, a.bias_correction2, a.grad_scale);
     });
     if (a.compute_bf16) Convert(a.compute_bf16, DType::kBF16, a.p, a.dtype, a.n);
   }

@@ -60,6 +60,9 @@ struct AdamWArgs {
   void* compute_bf16 = nullptr;
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   double bias_correction1 = 1, bias_correction2 = 1;
+  // g is read as g * grad_scale, rounded to dtype (grad_scale rounded to dtype once): the bits a
+  // separate scaling pass would leave in g (the gradient clip, without a pass over g of its own).
+  double grad_scale = 1;
 };
 
 class Device {
@@ -131,8 +134,6 @@ class Device {
   virtual void Convert(void* to, DType to_dtype, const void* from, DType from_dtype, int64_t n) = 0;
   // into += from, elementwise (f32 or f64).
   virtual void AddInto(void* into, const void* from, DType dtype, int64_t n) = 0;
-  // data *= factor (factor rounded to dtype once).
-  virtual void Scale(void* data, DType dtype, int64_t n, double factor) = 0;
   // sum of squares, accumulated in double in element order (deterministic); returns to the host.
   virtual double SumSquares(const void* data, DType dtype, int64_t n) = 0;
   // SumSquares of every region, the same values, with one wait for the device for all of them

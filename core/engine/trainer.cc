@@ -222,10 +222,10 @@ void Trainer::OptimizerStep(int step, StepOutcome* outcome) {
     executor_->SendTiedWeight();
     return;
   }
-  if (cfg_.optim().grad_clip() > 0 && outcome->norm > cfg_.optim().grad_clip()) {
-    optim::ScaleGradients(params_, cfg_.optim().grad_clip() / outcome->norm);
-  }
-  adamw_.Step(params_, outcome->lr, step + 1);  // under ZeRO-1: this rank's slices
+  // The clip scales the gradients as AdamW reads them (no pass over them of its own).
+  const bool clip = cfg_.optim().grad_clip() > 0 && outcome->norm > cfg_.optim().grad_clip();
+  adamw_.Step(params_, outcome->lr, step + 1,  // under ZeRO-1: this rank's slices
+              clip ? cfg_.optim().grad_clip() / outcome->norm : 1.0);
   if (zero_) zero_->AllGatherValues();
   executor_->SendTiedWeight();
 }

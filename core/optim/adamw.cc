@@ -17,7 +17,8 @@ void AdamW::InitState(const std::vector<layer::Param*>& params) {
   }
 }
 
-void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t step) {
+void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t step,
+                 double grad_scale) {
   const double bias1 = 1 - std::pow(options_.beta1, double(step));
   const double bias2 = 1 - std::pow(options_.beta2, double(step));
   InitState(params);
@@ -43,6 +44,7 @@ void AdamW::Step(const std::vector<layer::Param*>& params, double lr, int64_t st
     args.weight_decay = param->weight_decay ? options_.weight_decay : 0.0;
     args.bias_correction1 = bias1;
     args.bias_correction2 = bias2;
+    args.grad_scale = grad_scale;
     // The bf16 compute copy is written in the same pass (what RefreshComputeCopy would write).
     // (For a slice, the whole compute copy is refreshed after the all-gather: ZeroShards.)
     const bool fused_copy =
@@ -120,13 +122,6 @@ double GlobalGradNorm(const std::vector<layer::Param*>& params) {
   double sum = 0;
   for (double part : params.front()->grad.device()->SumSquaresEach(regions)) sum += part;
   return std::sqrt(sum);
-}
-
-void ScaleGradients(const std::vector<layer::Param*>& params, double factor) {
-  for (layer::Param* param : params) {
-    param->grad.device()->Scale(param->grad.raw(), param->grad.dtype(), param->grad.numel(),
-                                factor);
-  }
 }
 
 bool AllFinite(const memory::Tensor& tensor) {

@@ -28,8 +28,10 @@ class AdamW {
 
   // `step` is 1-based. Tied copies must not be passed (their owner is updated instead). Each
   // parameter's compute copy is refreshed from the updated master. The arithmetic runs on the
-  // parameters' device.
-  void Step(const std::vector<layer::Param*>& params, double lr, int64_t step);
+  // parameters' device. Each gradient is read as grad * grad_scale (the gradient clip's factor;
+  // device::AdamWArgs) and is left as it was.
+  void Step(const std::vector<layer::Param*>& params, double lr, int64_t step,
+            double grad_scale = 1);
 
   // Creates zero moments for every parameter that has none yet: the persistent buffers are then
   // allocated before the first step, which leaves the steps themselves to the allocator's cache.
@@ -79,7 +81,6 @@ double LearningRate(const LrSchedule& schedule, int64_t step);
 
 // sqrt(sum of squared gradients), accumulated in double in a fixed order.
 double GlobalGradNorm(const std::vector<layer::Param*>& params);
-void ScaleGradients(const std::vector<layer::Param*>& params, double factor);
 // Whether every gradient element is finite.
 bool AllFinite(const memory::Tensor& tensor);
 

@@ -65,14 +65,6 @@ __global__ void AddIntoKernel(T* into, const T* from, int64_t n) {
   }
 }
 
-template <typename T>
-__global__ void ScaleKernel(T* data, int64_t n, T factor) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    data[i] *= factor;
-  }
-}
-
 // Stage one: block b sums the squares of elements b*blockDim+t, then every gridDim*blockDim-th,
 // in double, and reduces its threads in a fixed tree into partial[b].
 template <typename T>
@@ -121,10 +113,10 @@ __global__ void NonFiniteKernel(const T* data, int64_t n, int* flag) {
 template <typename T>
 __global__ void AdamWKernel(T* p, const T* g, T* m, T* v, __nv_bfloat16* compute, int64_t n,
                             T beta1, T one_minus_beta1, T beta2, T one_minus_beta2, T inv_bias1,
-                            T inv_bias2, T step, T decay, T epsilon) {
+                            T inv_bias2, T step, T decay, T epsilon, T grad_scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const T grad = g[i];
+    const T grad = g[i] * grad_scale;  // exact when grad_scale is 1
     const T m_new = beta1 * m[i] + one_minus_beta1 * grad;
     const T v_new = beta2 * v[i] + one_minus_beta2 * grad * grad;
     m[i] = m_new;
@@ -398,16 +390,6 @@ class CudaDevice : public Device {
     });
   }
 
-  void Scale(void* data, DType dtype, int64_t n, double factor) override {
-    if (n == 0) return;
-    ForFloat(dtype, "Scale", [&](auto zero) {
-      using T = decltype(zero);
-      LaunchKernel("ScaleKernel", ScaleKernel<T>, GridFor(n), kThreads, 0, context_.stream,
-                   static_cast<T*>(data), n, static_cast<T>(factor));
-      CheckLaunch("ScaleKernel", SiteOf(context_, "scale"));
-    });
-  }
-
   double SumSquares(const void* data, DType dtype, int64_t n) override {
     return SumSquaresEach({{data, dtype, n}}).front();
   }
@@ -494,7 +476,8 @@ class CudaDevice : public Device {
                    static_cast<T>(a.beta1), static_cast<T>(1 - a.beta1), static_cast<T>(a.beta2),
                    static_cast<T>(1 - a.beta2), static_cast<T>(1 / a.bias_correction1),
                    static_cast<T>(1 / a.bias_correction2), static_cast<T>(a.lr),
-                   static_cast<T>(a.weight_decay), static_cast<T>(a.eps));
+                   static_cast<T>(a.weight_decay), static_cast<T>(a.eps),
+                   static_cast<T>(a.grad_scale));
       CheckLaunch("AdamWKernel", SiteOf(context_, "AdamW update"));
     });
   }
