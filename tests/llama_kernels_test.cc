@@ -5,10 +5,12 @@
 // for the same bits whatever the thread count; RoPE against Hugging Face's formula written out
 // (x * cos + rotate_half(x) * sin), by finite differences, and for leaving other columns alone;
 // RMSNorm and SwiGLU against their formulas written out and by finite differences, and for the
-// same bits whatever the thread count.
+// same bits whatever the thread count; RMSNorm's and LayerNorm's input gradient onto a residual
+// for the bits of copying it first.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -280,6 +282,32 @@ TEST(Swiglu, ForwardIsTheFormulaAndBackwardMatchesFiniteDifferences) {
     return j;
   };
   EXPECT_EQ(testutil::FiniteDifferenceMismatches(&gate_up, d, objective, 1e-8), "");
+}
+
+// A block's input gradient written onto its residual's (the residual argument) gives the bits of
+// copying the residual's gradient into dinp and accumulating (RMSNorm here, LayerNorm for GPT).
+TEST(NormBackwardInput, OntoAResidualGivesTheBitsOfCopyThenAccumulate) {
+  const int n = 37, c = 100;
+  const std::vector<float> x = Random<float>(int64_t{n} * c, 30, 2.0);
+  const std::vector<float> w = Random<float>(c, 31, 1.0);
+  const std::vector<float> dy = Random<float>(x.size(), 32, 1.0);
+  const std::vector<float> residual = Random<float>(x.size(), 33, 1.0);
+  std::vector<float> y(x.size()), mean(n), rstd(n);
+  RmsNormForward(y.data(), rstd.data(), x.data(), w.data(), n, c, 1e-5);
+  std::vector<float> copied = residual, onto(x.size(), 7.0f);
+  RmsNormBackwardInput(copied.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+  RmsNormBackwardInput(onto.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c,
+                       residual.data());
+  EXPECT_TRUE(testutil::BitwiseEqual(onto, copied)) << "RMSNorm";
+  const std::vector<float> b = Random<float>(c, 34, 0.5);
+  LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+  copied = residual;
+  std::fill(onto.begin(), onto.end(), 7.0f);
+  LayerNormBackwardInput(copied.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), n,
+                         c);
+  LayerNormBackwardInput(onto.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), n, c,
+                         residual.data());
+  EXPECT_TRUE(testutil::BitwiseEqual(onto, copied)) << "LayerNorm";
 }
 
 TEST(RmsNormAndSwiglu, FloatBitsDoNotDependOnTheThreadCount) {

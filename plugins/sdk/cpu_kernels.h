@@ -38,10 +38,12 @@ void MatmulBackwardWeight(T* dw, T* dbias, const T* dout, const T* inp, int n, i
 // out = (inp - mean) * rstd * w + b per row; keeps mean and rstd (N each).
 template <typename T>
 void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int n, int c);
-// dinp += gradient through the normalisation.
+// dinp = residual + the gradient through the normalisation; with residual null, dinp += it.
+// (A block's input gradient is its residual branch's plus this: written in one pass, without
+// copying the residual's gradient into dinp first.) residual may be dinp, and no other input.
 template <typename T>
 void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, const T* mean,
-                            const T* rstd, int n, int c);
+                            const T* rstd, int n, int c, const T* residual = nullptr);
 template <typename T>
 void LayerNormBackwardWeight(T* dw, T* db, const T* dout, const T* inp, const T* mean,
                              const T* rstd, int n, int c);
@@ -83,12 +85,12 @@ template <typename T>
 void RopeBackward(T* dx, const T* cos, const T* sin, int b, int t, int heads, int hs, int64_t ld);
 
 // RMSNorm (Llama): out = inp * rstd * w per row, rstd = 1 / sqrt(mean(inp^2) + eps), kept (N) for
-// the backward. BackwardInput accumulates into dinp (+=), as LayerNorm's does.
+// the backward. BackwardInput adds to residual or accumulates into dinp, as LayerNorm's does.
 template <typename T>
 void RmsNormForward(T* out, T* rstd, const T* inp, const T* w, int n, int c, double eps);
 template <typename T>
 void RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w, const T* rstd, int n,
-                          int c);
+                          int c, const T* residual = nullptr);
 template <typename T>
 void RmsNormBackwardWeight(T* dw, const T* dout, const T* inp, const T* rstd, int n, int c);
 

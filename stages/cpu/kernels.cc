@@ -116,12 +116,14 @@ BIGMAC_SIMD_CLONES void LayerNormForward(T* out, T* mean, T* rstd, const T* inp,
 
 template <typename T>
 BIGMAC_SIMD_CLONES void LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w,
-                                               const T* mean, const T* rstd, int n, int c) {
+                                               const T* mean, const T* rstd, int n, int c,
+                                               const T* residual) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* x = inp + int64_t{row} * c;
     const T* dy = dout + int64_t{row} * c;
     T* dx = dinp + int64_t{row} * c;
+    const T* r = residual ? residual + int64_t{row} * c : dx;
     const T m = mean[row];
     const T s = rstd[row];
     T dnorm_mean = 0;
@@ -138,7 +140,7 @@ BIGMAC_SIMD_CLONES void LayerNormBackwardInput(T* dinp, const T* dout, const T* 
     for (int i = 0; i < c; ++i) {
       const T norm = (x[i] - m) * s;
       const T dnorm = w[i] * dy[i];
-      dx[i] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+      dx[i] = r[i] + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
     }
   }
 }
@@ -194,18 +196,19 @@ BIGMAC_SIMD_CLONES void RmsNormForward(T* out, T* rstd, const T* inp, const T* w
 // dx_j = s w_j dy_j - x_j s^3 / C * sum_i(w_i dy_i x_i).
 template <typename T>
 BIGMAC_SIMD_CLONES void RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* w,
-                                             const T* rstd, int n, int c) {
+                                             const T* rstd, int n, int c, const T* residual) {
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < n; ++row) {
     const T* x = inp + int64_t{row} * c;
     const T* dy = dout + int64_t{row} * c;
     T* dx = dinp + int64_t{row} * c;
+    const T* r = residual ? residual + int64_t{row} * c : dx;
     const T s = rstd[row];
     T dot = 0;
 #pragma omp simd reduction(+ : dot)
     for (int i = 0; i < c; ++i) dot += w[i] * dy[i] * x[i];
     const T scale = s * s * s * dot / c;
-    for (int i = 0; i < c; ++i) dx[i] += s * w[i] * dy[i] - x[i] * scale;
+    for (int i = 0; i < c; ++i) dx[i] = r[i] + (s * w[i] * dy[i] - x[i] * scale);
   }
 }
 
@@ -644,13 +647,14 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
   template void MatmulBackwardWeight<T>(T*, T*, const T*, const T*, int, int, int);                \
   template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);           \
   template void LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, const T*,    \
-                                          int, int);                                               \
+                                          int, int, const T*);                                     \
   template void LayerNormBackwardWeight<T>(T*, T*, const T*, const T*, const T*, const T*, int,    \
                                            int);                                                   \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                         \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
   template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, double);                   \
-  template void RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, int, int);     \
+  template void RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*, int, int,      \
+                                        const T*);                                                 \
   template void RmsNormBackwardWeight<T>(T*, const T*, const T*, const T*, int, int);              \
   template void SwigluForward<T>(T*, const T*, int, int);                                          \
   template void SwigluBackward<T>(T*, const T*, const T*, int, int);                               \

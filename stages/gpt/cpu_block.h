@@ -49,10 +49,10 @@ class CpuBlockBody : public CheckpointedBlock<T> {
     Tensor dln2 = this->NewForOverwrite({n, c});
     sdk::cpu::MatmulBackwardInput(Base::D(dln2), Base::D(dfch), this->W(kFcWeight), n, c, fl);
     SumOverGroup(&dln2, "tp block: input gradient of mlp.fc (f)");
-    Tensor dres2 = dy.Clone();
+    Tensor dres2 = this->NewForOverwrite({n, c});  // dy + the gradient through ln2
     sdk::cpu::LayerNormBackwardInput(Base::D(dres2), Base::D(dln2), Base::D(s[kRes2]),
                                      this->W(kLn2Weight), Base::D(s[kLn2Mean]),
-                                     Base::D(s[kLn2Rstd]), n, c);
+                                     Base::D(s[kLn2Rstd]), n, c, Base::D(dy));
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))); proj row-parallel, qkv column-parallel by
     // heads.
     Tensor datty = this->NewForOverwrite({n, cl_});
@@ -65,10 +65,10 @@ class CpuBlockBody : public CheckpointedBlock<T> {
     Tensor dln1 = this->NewForOverwrite({n, c});
     sdk::cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(kQkvWeight), n, c, 3 * cl_);
     SumOverGroup(&dln1, "tp block: input gradient of attn.qkv (f)");
-    *dx = dres2.Clone();
+    *dx = this->NewForOverwrite({n, c});  // dres2 + the gradient through ln1
     sdk::cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]),
                                      this->W(kLn1Weight), Base::D(s[kLn1Mean]),
-                                     Base::D(s[kLn1Rstd]), n, c);
+                                     Base::D(s[kLn1Rstd]), n, c, Base::D(dres2));
     s.push_back(std::move(dfch));
     s.push_back(std::move(dln2));
     s.push_back(std::move(dres2));

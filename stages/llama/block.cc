@@ -84,9 +84,9 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
     cpu::MatmulBackwardInput(Base::D(dnorm2), Base::D(dgate_up), this->W(kGateUpWeight), n, c,
                              2 * il_);
     SumOverGroup(&dnorm2, "tp llama block: input gradient of mlp.gate_up_proj (f)");
-    Tensor dres2 = dy.Clone();
+    Tensor dres2 = this->NewForOverwrite({n, c});  // dy + the gradient through the norm
     cpu::RmsNormBackwardInput(Base::D(dres2), Base::D(dnorm2), Base::D(s[kRes2]),
-                              this->W(kMlpNormWeight), Base::D(s[kRstd2]), n, c);
+                              this->W(kMlpNormWeight), Base::D(s[kRstd2]), n, c, Base::D(dy));
     // Attention: res2 = x + o(attn(rope(qkv(norm1(x))))); o row-parallel, qkv column-parallel
     // by heads.
     Tensor datty = this->NewForOverwrite({n, cl()});
@@ -100,9 +100,9 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
     Tensor dnorm1 = this->NewForOverwrite({n, c});
     cpu::MatmulBackwardInput(Base::D(dnorm1), Base::D(dqkv), this->W(kQkvWeight), n, c, QkvWidth());
     SumOverGroup(&dnorm1, "tp llama block: input gradient of self_attn.qkv_proj (f)");
-    *dx = dres2.Clone();
+    *dx = this->NewForOverwrite({n, c});  // dres2 + the gradient through the norm
     cpu::RmsNormBackwardInput(Base::D(*dx), Base::D(dnorm1), Base::D(s[kX]),
-                              this->W(kAttnNormWeight), Base::D(s[kRstd1]), n, c);
+                              this->W(kAttnNormWeight), Base::D(s[kRstd1]), n, c, Base::D(dres2));
     s.push_back(std::move(dgate_up));
     s.push_back(std::move(dnorm2));
     s.push_back(std::move(dres2));
