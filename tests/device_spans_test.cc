@@ -52,6 +52,7 @@ class FakeTimedDevice : public Device {
   }
   void Convert(void*, DType, const void*, DType, int64_t) override {}
   void AddInto(void*, const void*, DType, int64_t) override {}
+  void Scale(void*, DType, int64_t, double) override {}
   double SumSquares(const void*, DType, int64_t) override { return 0; }
   bool AllFinite(const void*, DType, int64_t) override { return true; }
   void AdamWUpdate(const AdamWArgs&) override {}

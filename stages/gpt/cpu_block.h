@@ -65,7 +65,7 @@ class CpuBlockBody : public CheckpointedBlock<T> {
     Tensor dln1 = this->NewForOverwrite({n, c});
     sdk::cpu::MatmulBackwardInput(Base::D(dln1), Base::D(dqkv), this->W(kQkvWeight), n, c, 3 * cl_);
     SumOverGroup(&dln1, "tp block: input gradient of attn.qkv (f)");
-    *dx = this->NewForOverwrite({n, c});  // dres2 + the gradient through ln1
+    *dx = this->NewForOverwrite(dy.shape());  // dres2 + the gradient through ln1, shaped as x
     sdk::cpu::LayerNormBackwardInput(Base::D(*dx), Base::D(dln1), Base::D(s[kX]),
                                      this->W(kLn1Weight), Base::D(s[kLn1Mean]),
                                      Base::D(s[kLn1Rstd]), n, c, Base::D(dres2));

@@ -100,7 +100,7 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
     Tensor dnorm1 = this->NewForOverwrite({n, c});
     cpu::MatmulBackwardInput(Base::D(dnorm1), Base::D(dqkv), this->W(kQkvWeight), n, c, QkvWidth());
     SumOverGroup(&dnorm1, "tp llama block: input gradient of self_attn.qkv_proj (f)");
-    *dx = this->NewForOverwrite({n, c});  // dres2 + the gradient through the norm
+    *dx = this->NewForOverwrite(dy.shape());  // dres2 + the gradient through the norm, as x
     cpu::RmsNormBackwardInput(Base::D(*dx), Base::D(dnorm1), Base::D(s[kX]),
                               this->W(kAttnNormWeight), Base::D(s[kRstd1]), n, c, Base::D(dres2));
     s.push_back(std::move(dgate_up));
