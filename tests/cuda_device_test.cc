@@ -75,12 +75,14 @@ TEST_F(CudaDeviceTest, Bf16RoundingIsBitwiseTheCpus) {
   EXPECT_EQ(Host(back), Host(cpu_back));
 }
 
-TEST_F(CudaDeviceTest, AddAndSumOfSquaresMatchTheCpu) {
+TEST_F(CudaDeviceTest, AddScaleAndSumOfSquaresMatchTheCpu) {
   const std::vector<float> x = Random(kN, 2), y = Random(kN, 3);
   Tensor cx = On(cpu_.get(), x), cy = On(cpu_.get(), y);
   Tensor gx = On(gpu_.get(), x), gy = On(gpu_.get(), y);
   cpu_->AddInto(cx.raw(), cy.raw(), DType::kF32, kN);
   gpu_->AddInto(gx.raw(), gy.raw(), DType::kF32, kN);
+  cpu_->Scale(cx.raw(), DType::kF32, kN, 0.37);
+  gpu_->Scale(gx.raw(), DType::kF32, kN, 0.37);
   EXPECT_EQ(Host(gx), Host(cx));  // one rounding each: bitwise
   const double cpu_sum = cpu_->SumSquares(cx.raw(), DType::kF32, kN);
   const double gpu_sum = gpu_->SumSquares(gx.raw(), DType::kF32, kN);

@@ -102,9 +102,10 @@ TYPED_TEST(MatmulGelu, BackwardInputGivesTheSeparateKernelsBits) {
   omp_set_num_threads(threads_before);
 }
 
-// SwiGLU: n rows, k = c (forward) or oc (backward), width gate and width up columns. 2 x 2100 and
-// 4200 columns span two of the GEMM's column blocks (kGemmNc = 4096): the forward's second block
-// holds up columns whose gate columns finished in the first.
+// SwiGLU: n rows, k = c (forward) or oc (backward), width gate and width up columns. Widths of
+// 2100 and 4200 span several of the GEMM's column blocks (kGemmNc = 4096): the forward's 4200
+// columns two, its 8400 three, where up columns read gate columns finished one block earlier;
+// the backward's 4200 two. k = 520 is three k blocks, packed in two groups.
 struct SwigluShape {
   int n, k, width;
 };

@@ -174,6 +174,15 @@ class CpuDevice : public Device {
     });
   }
 
+  void Scale(void* data, DType dtype, int64_t n, double factor) override {
+    ForFloat(dtype, "Scale", [&](auto zero) {
+      using T = decltype(zero);
+      T* g = static_cast<T*>(data);
+      const T f = static_cast<T>(factor);
+      for (int64_t i = 0; i < n; ++i) g[i] *= f;
+    });
+  }
+
   double SumSquares(const void* data, DType dtype, int64_t n) override {
     return ForFloat(dtype, "SumSquares", [&](auto zero) {
       return SumSquaresTyped(static_cast<const decltype(zero)*>(data), n);

@@ -134,6 +134,9 @@ class Device {
   virtual void Convert(void* to, DType to_dtype, const void* from, DType from_dtype, int64_t n) = 0;
   // into += from, elementwise (f32 or f64).
   virtual void AddInto(void* into, const void* from, DType dtype, int64_t n) = 0;
+  // data *= factor (factor rounded to dtype once). The trainer's clip no longer calls it (AdamW
+  // applies the factor: AdamWArgs::grad_scale); kept for plugins, in its place in the interface.
+  virtual void Scale(void* data, DType dtype, int64_t n, double factor) = 0;
   // sum of squares, accumulated in double in element order (deterministic); returns to the host.
   virtual double SumSquares(const void* data, DType dtype, int64_t n) = 0;
   // SumSquares of every region, the same values, with one wait for the device for all of them

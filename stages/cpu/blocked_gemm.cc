@@ -514,6 +514,8 @@ void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const float* p
                 std::min(kPackPanels * kGemmNr, nc - j), bp + packed.Offset(pc, j));
         });
       }
+      // The worksharing loop's closing barrier is what finishes a column block in every row
+      // before the next one starts (GemmEpilogue's promise): no nowait here.
       ForEach(team, true, chunks, [&](int chunk) {
         ::bigmac::util::ComputeProgress();  // messages in flight move on while the rows compute
         const int begin = chunk * chunk_rows;

@@ -53,10 +53,13 @@ const char* GemmKernelName(GemmKernel kernel);
 // kAvx512 kernel really took them).
 int64_t WideTilesRun();
 
-// An elementwise step fused into the GEMM (the MLP's GELU): `apply` runs once on every element of
-// C, after its last fold, on the thread that computed it, block by block while the block is still
-// in cache. It gets rows x cols of C at `c` (row stride ldc), whose first element is
-// C[row0][col0], and `context` as given. An empty one (apply null) does nothing.
+// An elementwise step fused into the GEMM (the MLP's GELU, SwiGLU): `apply` runs once on every
+// element of C, after its last fold, on the thread that computed it, block by block while the
+// block is still in cache. It gets rows x cols of C at `c` (row stride ldc), whose first element
+// is C[row0][col0], and `context` as given. An empty one (apply null) does nothing. Column blocks
+// are finished in order: every row of the block holding column j is final before any thread
+// starts a later block, so an epilogue may read the earlier columns of its rows (SwiGLU's up
+// columns read their gate columns, up to a block to the left).
 struct GemmEpilogue {
   void (*apply)(void* context, float* c, int64_t ldc, int row0, int col0, int rows,
                 int cols) = nullptr;

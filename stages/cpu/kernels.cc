@@ -381,8 +381,8 @@ struct SwigluContext {
 };
 
 // The forward's C is gate_up. Its column blocks finish in order, all rows of one before the next
-// (blocked_gemm.h), so when a block's up columns are final their gate columns, in this block or
-// an earlier one, are too: h for those columns, from C while it is in cache.
+// (GemmEpilogue, blocked_gemm.h), so when a block's up columns are final their gate columns, in
+// this block or an earlier one, are too: h for those columns, from C while it is in cache.
 void SwigluEpilogue(void* context, float* c, int64_t ldc, int row0, int col0, int rows, int cols) {
   const auto* g = static_cast<const SwigluContext*>(context);
   const int begin = std::max(col0, g->width);  // the block's up columns

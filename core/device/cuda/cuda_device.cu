@@ -65,6 +65,14 @@ __global__ void AddIntoKernel(T* into, const T* from, int64_t n) {
   }
 }
 
+template <typename T>
+__global__ void ScaleKernel(T* data, int64_t n, T factor) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    data[i] *= factor;
+  }
+}
+
 // Stage one: block b sums the squares of elements b*blockDim+t, then every gridDim*blockDim-th,
 // in double, and reduces its threads in a fixed tree into partial[b].
 template <typename T>
@@ -387,6 +395,16 @@ class CudaDevice : public Device {
       LaunchKernel("AddIntoKernel", AddIntoKernel<T>, GridFor(n), kThreads, 0, context_.stream,
                    static_cast<T*>(into), static_cast<const T*>(from), n);
       CheckLaunch("AddIntoKernel", SiteOf(context_, "add"));
+    });
+  }
+
+  void Scale(void* data, DType dtype, int64_t n, double factor) override {
+    if (n == 0) return;
+    ForFloat(dtype, "Scale", [&](auto zero) {
+      using T = decltype(zero);
+      LaunchKernel("ScaleKernel", ScaleKernel<T>, GridFor(n), kThreads, 0, context_.stream,
+                   static_cast<T*>(data), n, static_cast<T>(factor));
+      CheckLaunch("ScaleKernel", SiteOf(context_, "scale"));
     });
   }
 
