@@ -301,9 +301,10 @@ TEST_P(BlockedGemm, EpilogueSeesEachElementOnceAtItsFinalValue) {
   omp_set_num_threads(threads_before);
 }
 
-// B packed once (BlockedPackB) and multiplied by A in full or by its first columns: the bits of
-// BlockedSgemm with the plain B, in both of A's layouts, with B transposed or not, alpha and beta,
-// edges of panels and tiles, k up to kGemmKc, two column blocks, on one thread and several.
+// B packed once (BlockedPackB) and multiplied by A in full, by its first columns or by its first
+// rows (the attention's causal prefixes): the bits of BlockedSgemm with the plain B, in both of A's
+// layouts, with B transposed or not, alpha and beta, edges of panels and tiles, k up to kGemmKc,
+// two column blocks, on one thread and several.
 TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
   const Case cases[] = {
       {false, true, 32, 256, 64, 0.125f, 0.0f},        // the attention's scores against its keys
@@ -324,18 +325,21 @@ TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
     EXPECT_EQ(packed[floats], 7.0f) << "packed past BlockedPackedBFloats";
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
-      // All columns, then a leading part of them (whole panels, and a cut inside one).
+      // All columns, then a leading part of them (whole panels, and a cut inside one); all
+      // rows, then a leading part of them.
       for (const int n : {cs.n, cs.n / 2, 16}) {
-        if (n > cs.n) continue;
-        std::vector<float> plain = o.c, once = o.c;
-        BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, n, cs.k, cs.alpha, o.a.data(), o.lda,
-                     o.b.data(), o.ldb, cs.beta, plain.data(), o.ldc);
-        BlockedSgemmPackedB(GetParam(), cs.ta, cs.m, n, cs.k, cs.alpha, o.a.data(), o.lda, packed,
-                            cs.beta, once.data(), o.ldc);
-        ASSERT_NE(plain, o.c);
-        EXPECT_EQ(std::memcmp(plain.data(), once.data(), plain.size() * 4), 0)
-            << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << n << " of " << cs.n
-            << " k=" << cs.k << " threads=" << threads;
+        for (const int k : {cs.k, (cs.k + 1) / 2, 1}) {
+          if (n > cs.n) continue;
+          std::vector<float> plain = o.c, once = o.c;
+          BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, n, k, cs.alpha, o.a.data(), o.lda,
+                       o.b.data(), o.ldb, cs.beta, plain.data(), o.ldc);
+          BlockedSgemmPackedB(GetParam(), cs.ta, cs.m, n, k, cs.alpha, o.a.data(), o.lda, packed,
+                              cs.beta, once.data(), o.ldc, cs.k);
+          ASSERT_NE(plain, o.c);
+          EXPECT_EQ(std::memcmp(plain.data(), once.data(), plain.size() * 4), 0)
+              << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << n << " of " << cs.n
+              << " k=" << k << " of " << cs.k << " threads=" << threads;
+        }
       }
     }
   }

@@ -19,8 +19,9 @@ namespace {
 struct Shape {
   int b, t, c, h;
 };
-// t = 70: query blocks of 32, 32 and 6 rows; t = 5: one partial block.
-const Shape kShapes[] = {{2, 70, 16, 2}, {1, 5, 8, 2}, {3, 33, 12, 3}};
+// t = 110: query blocks of 48, 48 and 14 rows; t = 5: one partial block; t = 300: keys and values
+// past what one GEMM k block packs (kGemmKc = 256), multiplied unpacked.
+const Shape kShapes[] = {{2, 110, 16, 2}, {1, 5, 8, 2}, {3, 33, 12, 3}, {1, 300, 8, 2}};
 
 using testutil::ScaledError;
 

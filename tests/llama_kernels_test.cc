@@ -29,7 +29,7 @@ struct GqaShape {
   int hs() const { return c / h; }
   int64_t width() const { return c + 2 * int64_t{kv} * hs(); }
 };
-// t = 70: query blocks of 32, 32 and 6 rows; kv = 1 is multi-query.
+// t = 70: query blocks of 48 and 22 rows; kv = 1 is multi-query.
 const GqaShape kGqaShapes[] = {{2, 70, 32, 4, 2}, {1, 33, 24, 6, 3}, {2, 5, 16, 4, 1}};
 
 // The multi-head qkv (B,T,3C) that GQA means: each query head's key and value are its group's.

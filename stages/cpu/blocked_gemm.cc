@@ -367,9 +367,8 @@ void RunTile(Fold fold, int kc, const float* ap, const float* b_panel, const Pro
 }
 
 void RunWideTile(Fold fold, int panels, int kc, const float* ap, const float* b_panel,
-                 const Problem& pr, float* c) {
+                 int64_t stride, const Problem& pr, float* c) {
   wide_tiles.fetch_add(1, std::memory_order_relaxed);
-  const int64_t stride = int64_t{kGemmNr} * kc;
   switch (fold) {
     case Fold::kOverwrite:
       WideTile<Fold::kOverwrite>(panels, kc, ap, b_panel, stride, pr.alpha, pr.beta, c, pr.ldc);
@@ -384,14 +383,17 @@ void RunWideTile(Fold fold, int panels, int kc, const float* ap, const float* b_
 }
 
 // B's k blocks [k_begin, k_end), packed one after another: block pc (kc rows) at
-// bp + (pc - k_begin) * padded_nc, its panel j at + j * kc.
+// bp + (pc - k_begin) * padded_nc, its panel j at + j * kc. A B that BlockedPackB packed for more
+// rows than the product reads (packed_k > 0: one block) has its panels packed_k rows apart.
 struct PackedB {
   const float* bp;
   int k_begin, k_end;
   int64_t padded_nc;
+  int packed_k = 0;
+  // Rows from one panel to the next in block pc.
+  int PanelRows(int pc) const { return packed_k > 0 ? packed_k : std::min(kGemmKc, k_end - pc); }
   int64_t Offset(int pc, int col) const {
-    const int kc = std::min(kGemmKc, k_end - pc);
-    return int64_t{pc - k_begin} * padded_nc + int64_t{col} * kc;
+    return int64_t{pc - k_begin} * padded_nc + int64_t{col} * PanelRows(pc);
   }
   const float* Block(int pc, int col) const { return bp + Offset(pc, col); }
 };
@@ -408,7 +410,8 @@ void RunPanels(const Problem& pr, int pc, const float* ap, int row, int rows, co
   if (pr.kernel == GemmKernel::kAvx512 && rows == kGemmMr) {
     while (nc - jr >= kGemmNr) {  // whole panels, up to kWidePanels at a time
       const int panels = std::min(kWidePanels, (nc - jr) / kGemmNr);
-      RunWideTile(fold, panels, kc, ap, packed.Block(pc, jr), pr, c_row + jr);
+      RunWideTile(fold, panels, kc, ap, packed.Block(pc, jr),
+                  int64_t{kGemmNr} * packed.PanelRows(pc), pr, c_row + jr);
       jr += panels * kGemmNr;
     }
   }
@@ -493,17 +496,20 @@ int64_t PackedBFloats(bool trans_a, int k, int nc) {
 // The whole product, by one thread or by the team that calls it together (`team`). For each
 // column block and group of k blocks the threads pack B's panels into the shared bp, then take
 // chunks of rows as they come free, which keeps both cores busy when one of them is slowed (on a
-// shared host it often is). With `prepacked` (BlockedPackB's panels; k <= kGemmKc) B is not
-// packed: column block jc reads its panels from prepacked + jc * k.
-void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const float* prepacked) {
+// shared host it often is). With `prepacked` (BlockedPackB's panels for packed_k >= k rows;
+// packed_k <= kGemmKc) B is not packed: column block jc reads its panels from
+// prepacked + jc * packed_k.
+void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const float* prepacked,
+         int packed_k) {
   const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
   for (int jc = 0; jc < pr.n; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, pr.n - jc);
     const int panels = static_cast<int>(PaddedColumns(nc) / kGemmNr);
     const int group_rows = PackedKRows(pr.trans_a, pr.k, nc);
     for (int k_begin = 0; k_begin < pr.k; k_begin += group_rows) {
-      const PackedB packed{prepacked ? prepacked + int64_t{jc} * pr.k : bp, k_begin,
-                           std::min(pr.k, k_begin + group_rows), PaddedColumns(nc)};
+      const PackedB packed{prepacked ? prepacked + int64_t{jc} * packed_k : bp, k_begin,
+                           std::min(pr.k, k_begin + group_rows), PaddedColumns(nc),
+                           prepacked ? packed_k : 0};
       const int blocks = (packed.k_end - k_begin + kGemmKc - 1) / kGemmKc;
       const int pieces = (panels + kPackPanels - 1) / kPackPanels;  // per k block
       if (!prepacked) {
@@ -567,10 +573,11 @@ int BlockedSgemmThreads(int m, int n, int k, int available) {
 
 namespace {
 
-// BlockedSgemm, with B given packed (`prepacked`, k <= kGemmKc) or not (null).
+// BlockedSgemm, with B given packed (`prepacked`, for packed_k rows, k <= packed_k <= kGemmKc) or
+// not (null).
 void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-           const float* a, int lda, const float* b, int ldb, const float* prepacked, float beta,
-           float* c, int ldc, const GemmEpilogue& epilogue) {
+           const float* a, int lda, const float* b, int ldb, const float* prepacked, int packed_k,
+           float beta, float* c, int ldc, const GemmEpilogue& epilogue) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {  // as BLAS: A and B are not read
     ScaleOnly(m, n, beta, c, ldc);
@@ -586,11 +593,12 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
                         : b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
                                                 PackedBFloats(trans_a, k, n % kGemmNc)));
   if (threads == 1) {
-    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp, prepacked);
+    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp, prepacked, packed_k);
     return;
   }
 #pragma omp parallel num_threads(threads)
-  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp, prepacked);
+  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp, prepacked,
+      packed_k);
 }
 
 }  // namespace
@@ -598,7 +606,8 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
 void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                   const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc,
                   const GemmEpilogue& epilogue) {
-  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, beta, c, ldc, epilogue);
+  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, 0, beta, c, ldc,
+        epilogue);
 }
 
 int64_t BlockedPackedBFloats(int k, int n) { return int64_t{k} * PaddedColumns(n); }
@@ -615,12 +624,16 @@ void BlockedPackB(bool trans_b, int k, int n, const float* b, int ldb, float* ou
 
 void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, float alpha,
                          const float* a, int lda, const float* packed_b, float beta, float* c,
-                         int ldc) {
-  if (k > kGemmKc) {
-    std::fprintf(stderr, "bigmac: BlockedSgemmPackedB with k = %d (at most %d)\n", k, kGemmKc);
+                         int ldc, int packed_k) {
+  if (packed_k == 0) packed_k = k;
+  if (k > packed_k || packed_k > kGemmKc) {
+    std::fprintf(stderr,
+                 "bigmac: BlockedSgemmPackedB with k = %d of a B packed for %d rows (at most %d)\n",
+                 k, packed_k, kGemmKc);
     std::abort();
   }
-  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, packed_b, beta, c, ldc, {});
+  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, packed_b, packed_k, beta, c,
+        ldc, {});
 }
 
 }  // namespace bigmac::sdk::cpu::internal

@@ -74,18 +74,20 @@ void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, i
                   const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc,
                   const GemmEpilogue& epilogue = {});
 
-// B packed once for several products that read it, or the first columns of it (the attention's
-// keys: one pack per head serves all its query blocks). op(B) is k x n with 1 <= k <= kGemmKc
-// (aborts otherwise), packed into BlockedPackedBFloats(k, n) floats at `out`, 64-byte aligned:
-// panels of kGemmNr columns, the panel of columns [j, j + kGemmNr) at out + j * k, zero-padded.
+// B packed once for several products that read it, or its first columns, or its first rows (the
+// attention's keys and values: one pack per head serves all its query blocks, each of which reads
+// its causal prefix). op(B) is k x n with 1 <= k <= kGemmKc (aborts otherwise), packed into
+// BlockedPackedBFloats(k, n) floats at `out`, 64-byte aligned: panels of kGemmNr columns, the panel
+// of columns [j, j + kGemmNr) at out + j * k, zero-padded.
 int64_t BlockedPackedBFloats(int k, int n);
 void BlockedPackB(bool trans_b, int k, int n, const float* b, int ldb, float* out);
 
-// BlockedSgemm with op(B) given as BlockedPackB packed it (for these k rows and at least n
-// columns; k <= kGemmKc): the same bits as BlockedSgemm with the plain B.
+// BlockedSgemm with op(B) given as BlockedPackB packed it, for packed_k rows (0: k) and at least n
+// columns; the product reads its first k rows (k <= packed_k <= kGemmKc, aborts otherwise). The
+// same bits as BlockedSgemm with the plain B's first k rows.
 void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, float alpha,
                          const float* a, int lda, const float* packed_b, float beta, float* c,
-                         int ldc);
+                         int ldc, int packed_k = 0);
 
 // The rows of C in one chunk of work (pure; tested): threads pack B together, then take chunks
 // of rows as they come free. About 64 chunks per thread, whole micro-tiles, at most kGemmMc.

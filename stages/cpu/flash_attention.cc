@@ -1,12 +1,17 @@
 // Blocked causal attention for the CPU (plugins/sdk/cpu_kernels.h FlashAttentionForward/Backward):
 // the T x T probabilities are never kept. Per (batch, head), the queries are walked in blocks of
 // kQueryBlock rows; a block's scores against its causal prefix of keys (rows x kend, at most
-// kQueryBlock x T: 32 KiB at T = 256) are one small GEMM into a per-thread buffer that stays in
+// kQueryBlock x T: 48 KiB at T = 256) are one small GEMM into a per-thread buffer that stays in
 // L1/L2, so the exact two-pass softmax (row maximum, then exp and sum) costs no memory traffic and
 // no online rescaling is needed. Forward keeps the log-sum-exp per row; backward rebuilds the
 // probabilities from it as exp(s - lse). Against the full-square GEMMs of AttentionForward the
-// GEMMs cover 5/8 of the T x T square at T = 128 (9/16 at T = 256), and the B*h*T*T floats that
+// GEMMs cover 59% of the T x T square at T = 256 (67% at T = 128), and the B*h*T*T floats that
 // forward wrote and backward read are gone.
+//
+// Why 48 rows: the GEMM's micro-tile is 6 x 16, and a multiple of both fills every tile of the
+// products whose rows are a block's (S, O, dP, dQ) and of those whose rows are its keys (dV, dK).
+// With 32, each block's sixth row tile had 2 rows of 6, and the attention ran 5-7% slower;
+// 24 was no faster than 48, 64 and 96 slower (bench/NOTES.md, lever 21).
 //
 // Grouped-query attention (Llama's GQA; kv_heads = 1 is multi-query): each group of h / kv_heads
 // query heads reads one key head and one value head in place, never copied per query head.
@@ -39,7 +44,7 @@ using internal::Gemm;
 using internal::SoftmaxBackwardInPlace;
 using internal::SoftmaxInPlace;
 
-constexpr int kQueryBlock = 32;
+constexpr int kQueryBlock = 48;  // see above
 
 // Where one (batch, kv-head group) reads and writes: the row stride of qkv, and the columns of q
 // head `hi`, of its group's k and of its group's v within a row.
@@ -60,26 +65,32 @@ struct QkvLayout {
   int64_t Value(int g) const { return v_offset + int64_t{g} * hs; }
 };
 
-// One head's keys (or values), t x hs with row stride ld, as the B of the products that read them
-// transposed (S = Q K^T, dP = dO V^T), packed once per head for all its query blocks: a block
-// reads the first kend columns. Packed again for every block, they made the attention 3-6%
-// slower (bench/NOTES.md, lever 17). Doubles, another float GEMM library and heads over kGemmKc
-// take the GEMM with the plain matrix. One per thread; Pack, then Times as often as needed.
+// One head's keys or values, t x hs with row stride ld, as the B of the products that read them:
+// transposed (S = Q K^T, dP = dO V^T read the first kend columns of X^T) or as they are (O = P V,
+// dQ = dS K read the first kend rows of X). Packed once per head for all its query blocks: packed
+// again for every block, the transposed ones made the attention 3-6% slower (bench/NOTES.md, lever
+// 17), and the plain ones were another 4% of its time (lever 21). Doubles, another float GEMM
+// library, and a k over kGemmKc (hs transposed, t plain) take the GEMM with the plain matrix. One
+// per thread and use; Pack, then Times as often as needed.
 template <typename T>
-class TransposedOperand {
+class PackedOperand {
  public:
-  TransposedOperand(int t, int hs) : t_(t), hs_(hs) {
+  enum class Use { kTransposed, kPlain };
+
+  PackedOperand(Use use, int t, int hs) : use_(use), t_(t), hs_(hs) {
     if constexpr (std::is_same_v<T, float>) {
       // 64-byte aligned, uninitialised: Pack writes every float the products read. Without
       // memory for it (null), the products take the plain GEMM.
-      if (internal::CanPackBOnce(hs)) {
+      const int k = use == Use::kTransposed ? hs : t;
+      if (internal::CanPackBOnce(k)) {
         packed_.reset(static_cast<float*>(::bigmac::util::AllocateHost(
-            internal::BlockedPackedBFloats(hs, t) * int64_t{sizeof(float)})));
+            internal::BlockedPackedBFloats(k, use == Use::kTransposed ? t : hs) *
+            int64_t{sizeof(float)})));
       }
     }
   }
-  TransposedOperand(const TransposedOperand&) = delete;
-  TransposedOperand& operator=(const TransposedOperand&) = delete;
+  PackedOperand(const PackedOperand&) = delete;
+  PackedOperand& operator=(const PackedOperand&) = delete;
 
   // x stays valid and unchanged while Times reads it, and while this object lives (the query
   // heads of a group pack the same keys: the second Pack of them does nothing).
@@ -88,19 +99,31 @@ class TransposedOperand {
     x_ = x;
     ld_ = ld;
     if constexpr (std::is_same_v<T, float>) {
-      if (packed_) internal::BlockedPackB(true, hs_, t_, x, ld, packed_.get());
+      if (packed_) {
+        if (use_ == Use::kTransposed) {
+          internal::BlockedPackB(true, hs_, t_, x, ld, packed_.get());
+        } else {
+          internal::BlockedPackB(false, t_, hs_, x, ld, packed_.get());
+        }
+      }
     }
   }
 
-  // c (rows x kend, row stride ldc) = alpha a x[0, kend)^T, a rows x hs with row stride lda.
+  // kTransposed: c (rows x kend) = alpha a X[0, kend)^T, a rows x hs. kPlain: c (rows x hs) =
+  // alpha a X[0, kend), a rows x kend. a has row stride lda, c ldc.
   void Times(int rows, int kend, T alpha, const T* a, int lda, T* c, int ldc) {
+    const bool transposed = use_ == Use::kTransposed;
+    const int n = transposed ? kend : hs_;
+    const int k = transposed ? hs_ : kend;
     if constexpr (std::is_same_v<T, float>) {
       if (packed_) {
-        internal::SgemmPackedB(rows, kend, hs_, alpha, a, lda, packed_.get(), 0.0f, c, ldc);
+        internal::SgemmPackedB(rows, n, k, alpha, a, lda, packed_.get(), 0.0f, c, ldc,
+                               transposed ? hs_ : t_);
         return;
       }
     }
-    Gemm(CblasNoTrans, CblasTrans, rows, kend, hs_, alpha, a, lda, x_, ld_, T(0), c, ldc);
+    Gemm(CblasNoTrans, transposed ? CblasTrans : CblasNoTrans, rows, n, k, alpha, a, lda, x_, ld_,
+         T(0), c, ldc);
   }
 
  private:
@@ -108,7 +131,8 @@ class TransposedOperand {
     void operator()(float* p) const { std::free(p); }
   };
 
-  int t_, hs_;
+  const Use use_;
+  const int t_, hs_;
   const T* x_ = nullptr;
   int ld_ = 0;
   std::unique_ptr<float, Free> packed_;  // null: no packing
@@ -127,7 +151,8 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
 #pragma omp parallel
   {
     std::vector<T> p(int64_t{std::min(t, kQueryBlock)} * t);  // this thread's score block
-    TransposedOperand<T> keys(t, hs);
+    using Operand = PackedOperand<T>;
+    Operand keys(Operand::Use::kTransposed, t, hs), values(Operand::Use::kPlain, t, hs);
 #pragma omp for collapse(2) schedule(static)
     for (int bi = 0; bi < b; ++bi) {
       for (int hi = 0; hi < h; ++hi) {
@@ -138,6 +163,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
         T* o = out + int64_t{bi} * t * c + hi * hs;
         T* l = lse + (int64_t{bi} * h + hi) * t;
         keys.Pack(k, ld);
+        values.Pack(v, ld);
         for (int i0 = 0; i0 < t; i0 += kQueryBlock) {
           ::bigmac::util::ComputeProgress();  // messages in flight move on meanwhile
           const int rows = std::min(kQueryBlock, t - i0);
@@ -150,8 +176,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionForward(T* out, T* lse, const T* qkv, int 
             for (int j = visible; j < kend; ++j) row[j] = 0;
             l[i0 + r] = stats.max + std::log(stats.sum);
           }
-          Gemm(CblasNoTrans, CblasNoTrans, rows, hs, kend, T(1), p.data(), kend, v, ld, T(0),
-               o + int64_t{i0} * c, c);
+          values.Times(rows, kend, T(1), p.data(), kend, o + int64_t{i0} * c, c);
         }
       }
     }
@@ -169,8 +194,11 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
 #pragma omp parallel
   {
     const int64_t block = int64_t{std::min(t, kQueryBlock)} * t;
-    std::vector<T> p(block), ds(block);               // this thread's P, then dP -> dS
-    TransposedOperand<T> keys(t, hs), values(t, hs);  // the group's, for all its query heads
+    std::vector<T> p(block), ds(block);  // this thread's P, then dP -> dS
+    // The group's keys and values, for all its query heads.
+    using Operand = PackedOperand<T>;
+    Operand keys(Operand::Use::kTransposed, t, hs), values(Operand::Use::kTransposed, t, hs);
+    Operand plain_keys(Operand::Use::kPlain, t, hs);
     // One iteration per (batch, kv head): the group's query heads add into its dK and dV one after
     // the other, in head order, so no two threads write the same dK/dV and the sums' order is
     // fixed.
@@ -189,6 +217,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
         }
         keys.Pack(k, ld);
         values.Pack(v, ld);
+        plain_keys.Pack(k, ld);
         for (int hi = g * L.group; hi < (g + 1) * L.group; ++hi) {
           const T* q = row0 + L.Query(hi);
           T* dq = drow0 + L.Query(hi);
@@ -222,8 +251,7 @@ BIGMAC_SIMD_CLONES void FlashAttentionBackward(T* dqkv, const T* dout, const T* 
               for (int j = visible; j < kend; ++j) row[j] = 0;
             }
             // dQ = dS K; dK += dS^T Q.
-            Gemm(CblasNoTrans, CblasNoTrans, rows, hs, kend, T(1), ds.data(), kend, k, ld, T(0),
-                 dq + i0 * L.width, ld);
+            plain_keys.Times(rows, kend, T(1), ds.data(), kend, dq + i0 * L.width, ld);
             Gemm(CblasTrans, CblasNoTrans, kend, hs, rows, T(1), ds.data(), kend, q + i0 * L.width,
                  ld, T(1), dk, ld);
           }

@@ -98,8 +98,9 @@ namespace internal {
 bool CanPackBOnce(int k) { return Chosen().blocked && k > 0 && k <= kGemmKc; }
 
 void SgemmPackedB(int m, int n, int k, float alpha, const float* a, int lda, const float* packed_b,
-                  float beta, float* c, int ldc) {
-  BlockedSgemmPackedB(Chosen().kernel, false, m, n, k, alpha, a, lda, packed_b, beta, c, ldc);
+                  float beta, float* c, int ldc, int packed_k) {
+  BlockedSgemmPackedB(Chosen().kernel, false, m, n, k, alpha, a, lda, packed_b, beta, c, ldc,
+                      packed_k);
 }
 
 namespace {

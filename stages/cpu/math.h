@@ -28,10 +28,11 @@ bool GemmFusesEpilogue();
 
 // B packed once (blocked_gemm.h, BlockedPackB) for several float products: possible when the
 // chosen library is BigMac's GEMM and 0 < k <= kGemmKc (CanPackBOnce). SgemmPackedB multiplies by
-// such a B with the chosen micro-kernel, with the bits of SgemmRowMajor on the plain B.
+// the first k rows of such a B, packed for packed_k rows (0: k), with the chosen micro-kernel and
+// the bits of SgemmRowMajor on the plain B.
 bool CanPackBOnce(int k);
 void SgemmPackedB(int m, int n, int k, float alpha, const float* a, int lda, const float* packed_b,
-                  float beta, float* c, int ldc);
+                  float beta, float* c, int ldc, int packed_k = 0);
 
 inline void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
