@@ -307,7 +307,8 @@ TEST_P(BlockedGemm, EpilogueSeesEachElementOnceAtItsFinalValue) {
 // two column blocks, on one thread and several.
 TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
   const Case cases[] = {
-      {false, true, 32, 256, 64, 0.125f, 0.0f},        // the attention's scores against its keys
+      {false, true, 48, 256, 64, 0.125f, 0.0f},        // the attention's scores against its keys
+      {false, false, 48, 64, kGemmKc, 1.0f, 0.0f},     // its P V against a prefix of the values
       {false, true, 7, 37, 9, 1.0f, 0.5f},             // edges everywhere
       {true, false, 50, 300, kGemmKc, 2.0f, 1.0f},     // A transposed, a whole k block
       {false, false, 13, 4096 + 40, 100, 1.0f, 0.0f},  // two column blocks
@@ -328,8 +329,8 @@ TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
       // All columns, then a leading part of them (whole panels, and a cut inside one); all
       // rows, then a leading part of them.
       for (const int n : {cs.n, cs.n / 2, 16}) {
+        if (n > cs.n) continue;
         for (const int k : {cs.k, (cs.k + 1) / 2, 1}) {
-          if (n > cs.n) continue;
           std::vector<float> plain = o.c, once = o.c;
           BlockedSgemm(GetParam(), cs.ta, cs.tb, cs.m, n, k, cs.alpha, o.a.data(), o.lda,
                        o.b.data(), o.ldb, cs.beta, plain.data(), o.ldc);

@@ -19,9 +19,11 @@ namespace {
 struct Shape {
   int b, t, c, h;
 };
-// t = 110: query blocks of 48, 48 and 14 rows; t = 5: one partial block; t = 300: keys and values
-// past what one GEMM k block packs (kGemmKc = 256), multiplied unpacked.
-const Shape kShapes[] = {{2, 110, 16, 2}, {1, 5, 8, 2}, {3, 33, 12, 3}, {1, 300, 8, 2}};
+// t = 110: query blocks of 48, 48 and 14 rows (head size 8, and 32: two of the GEMM's 16-column
+// panels of packed keys and values); t = 5: one partial block; t = 300: more keys than one GEMM k
+// block packs (kGemmKc = 256), so O = P V and dQ = dS K multiply the plain keys and values.
+const Shape kShapes[] = {
+    {2, 110, 16, 2}, {1, 5, 8, 2}, {3, 33, 12, 3}, {1, 300, 8, 2}, {1, 110, 64, 2}};
 
 using testutil::ScaledError;
 

@@ -10,8 +10,8 @@
 //
 // Why 48 rows: the GEMM's micro-tile is 6 x 16, and a multiple of both fills every tile of the
 // products whose rows are a block's (S, O, dP, dQ) and of those whose rows are its keys (dV, dK).
-// With 32, each block's sixth row tile had 2 rows of 6, and the attention ran 5-7% slower;
-// 24 was no faster than 48, 64 and 96 slower (bench/NOTES.md, lever 21).
+// With 32, each block's sixth row tile had 2 rows of 6, and the attention ran 5-7% slower; 24 ran
+// as fast at T = 256 and slower at T = 1024, 96 slower (bench/NOTES.md, lever 21).
 //
 // Grouped-query attention (Llama's GQA; kv_heads = 1 is multi-query): each group of h / kv_heads
 // query heads reads one key head and one value head in place, never copied per query head.
