@@ -77,15 +77,17 @@ class PackedOperand {
  public:
   enum class Use { kTransposed, kPlain };
 
-  PackedOperand(Use use, int t, int hs) : use_(use), t_(t), hs_(hs) {
+  PackedOperand(Use use, int t, int hs)
+      : transposed_(use == Use::kTransposed),
+        hs_(hs),
+        packed_k_(transposed_ ? hs : t),
+        packed_n_(transposed_ ? t : hs) {
     if constexpr (std::is_same_v<T, float>) {
       // 64-byte aligned, uninitialised: Pack writes every float the products read. Without
       // memory for it (null), the products take the plain GEMM.
-      const int k = use == Use::kTransposed ? hs : t;
-      if (internal::CanPackBOnce(k)) {
+      if (internal::CanPackBOnce(packed_k_)) {
         packed_.reset(static_cast<float*>(::bigmac::util::AllocateHost(
-            internal::BlockedPackedBFloats(k, use == Use::kTransposed ? t : hs) *
-            int64_t{sizeof(float)})));
+            internal::BlockedPackedBFloats(packed_k_, packed_n_) * int64_t{sizeof(float)})));
       }
     }
   }
@@ -100,11 +102,7 @@ class PackedOperand {
     ld_ = ld;
     if constexpr (std::is_same_v<T, float>) {
       if (packed_) {
-        if (use_ == Use::kTransposed) {
-          internal::BlockedPackB(true, hs_, t_, x, ld, packed_.get());
-        } else {
-          internal::BlockedPackB(false, t_, hs_, x, ld, packed_.get());
-        }
+        internal::BlockedPackB(transposed_, packed_k_, packed_n_, x, ld, packed_.get());
       }
     }
   }
@@ -112,17 +110,15 @@ class PackedOperand {
   // kTransposed: c (rows x kend) = alpha a X[0, kend)^T, a rows x hs. kPlain: c (rows x hs) =
   // alpha a X[0, kend), a rows x kend. a has row stride lda, c ldc.
   void Times(int rows, int kend, T alpha, const T* a, int lda, T* c, int ldc) {
-    const bool transposed = use_ == Use::kTransposed;
-    const int n = transposed ? kend : hs_;
-    const int k = transposed ? hs_ : kend;
+    const int n = transposed_ ? kend : hs_;
+    const int k = transposed_ ? hs_ : kend;
     if constexpr (std::is_same_v<T, float>) {
       if (packed_) {
-        internal::SgemmPackedB(rows, n, k, alpha, a, lda, packed_.get(), 0.0f, c, ldc,
-                               transposed ? hs_ : t_);
+        internal::SgemmPackedB(rows, n, k, alpha, a, lda, packed_.get(), 0.0f, c, ldc, packed_k_);
         return;
       }
     }
-    Gemm(CblasNoTrans, transposed ? CblasTrans : CblasNoTrans, rows, n, k, alpha, a, lda, x_, ld_,
+    Gemm(CblasNoTrans, transposed_ ? CblasTrans : CblasNoTrans, rows, n, k, alpha, a, lda, x_, ld_,
          T(0), c, ldc);
   }
 
@@ -131,8 +127,9 @@ class PackedOperand {
     void operator()(float* p) const { std::free(p); }
   };
 
-  const Use use_;
-  const int t_, hs_;
+  const bool transposed_;
+  const int hs_;
+  const int packed_k_, packed_n_;  // op(X) as packed: hs x t transposed, t x hs plain
   const T* x_ = nullptr;
   int ld_ = 0;
   std::unique_ptr<float, Free> packed_;  // null: no packing
