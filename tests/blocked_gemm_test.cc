@@ -301,6 +301,21 @@ TEST_P(BlockedGemm, EpilogueSeesEachElementOnceAtItsFinalValue) {
   omp_set_num_threads(threads_before);
 }
 
+// A 64-byte aligned buffer for B's packing, marked past the packed floats to catch a write
+// beyond them.
+struct PackBuffer {
+  explicit PackBuffer(const Case& cs)
+      : floats(BlockedPackedBFloats(cs.k, cs.n)), storage(floats + 32, 7.0f) {
+    const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+    packed = storage.data() + (64 - address % 64) % 64 / 4;
+  }
+  bool Intact() const { return packed[floats] == 7.0f; }
+
+  int64_t floats;
+  std::vector<float> storage;
+  float* packed;
+};
+
 // B packed once (BlockedPackB) and multiplied by A in full, by its first columns or by its first
 // rows (the attention's causal prefixes): the bits of BlockedSgemm with the plain B, in both of A's
 // layouts, with B transposed or not, alpha and beta, edges of panels and tiles, k up to kGemmKc,
@@ -317,13 +332,10 @@ TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
   const int threads_before = omp_get_max_threads();
   for (const Case& cs : cases) {
     const Operands o = Make(cs, 21);
-    // A 64-byte aligned buffer, marked past the packed floats to catch a write beyond them.
-    const int64_t floats = BlockedPackedBFloats(cs.k, cs.n);
-    std::vector<float> storage(floats + 32, 7.0f);
-    const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
-    float* packed = storage.data() + (64 - address % 64) % 64 / 4;
-    BlockedPackB(cs.tb, cs.k, cs.n, o.b.data(), o.ldb, packed);
-    EXPECT_EQ(packed[floats], 7.0f) << "packed past BlockedPackedBFloats";
+    PackBuffer buffer(cs);
+    BlockedPackB(cs.tb, cs.k, cs.n, o.b.data(), o.ldb, buffer.packed);
+    EXPECT_TRUE(buffer.Intact()) << "packed past BlockedPackedBFloats";
+    const float* packed = buffer.packed;
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
       // All columns, then a leading part of them (whole panels, and a cut inside one); all
@@ -342,6 +354,49 @@ TEST_P(BlockedGemm, PackedOnceGivesThePlainProductsBits) {
               << " k=" << k << " of " << cs.k << " threads=" << threads;
         }
       }
+    }
+  }
+  omp_set_num_threads(threads_before);
+}
+
+// A whole B packed once (BlockedPackWholeB: a weight, k blocks of kGemmKc rows) and multiplied
+// by A: the bits of BlockedSgemm with the plain B, with B transposed (the forward's w^T) or not
+// (the input gradient's w), k within one block, at a block's edge and over several, in one group
+// of k blocks and in several (kGemmPackedB floats of B at a time: 8 blocks at 1024 columns, 2 at
+// 4096; a block of fewer rows last), panel edges, alpha and beta, an epilogue, on one thread and
+// several.
+TEST_P(BlockedGemm, WholeBPackedOnceGivesThePlainProductsBits) {
+  const Case cases[] = {
+      {false, true, 50, 37, 9, 1.0f, 0.0f},                   // edges everywhere, one short block
+      {false, false, 13, 64, kGemmKc, 2.0f, 0.5f},            // one whole block
+      {false, true, 100, 300, kGemmKc + 1, 1.0f, 1.0f},       // a block and one row
+      {false, false, 61, 1536, 3 * kGemmKc + 7, 1.0f, 0.0f},  // several blocks, one group
+      {false, true, 2048, kGemmNc, 2 * kGemmKc, 1.0f, 0.0f},  // the widest B, the team
+      {false, false, 61, kGemmNc, 3 * kGemmKc + 7, 1.0f, 0.5f},  // groups of 2 blocks, short last
+      {false, true, 50, 1024, 9 * kGemmKc + 7, 1.0f, 0.0f},      // a group of 8, then 2
+  };
+  const int threads_before = omp_get_max_threads();
+  for (const Case& cs : cases) {
+    const Operands o = Make(cs, 22);
+    PackBuffer buffer(cs);
+    BlockedPackWholeB(cs.tb, cs.k, cs.n, o.b.data(), o.ldb, buffer.packed);
+    EXPECT_TRUE(buffer.Intact()) << "packed past BlockedPackedBFloats";
+    const float* packed = buffer.packed;
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> plain = o.c, once = o.c;
+      Seen plain_record{&o, std::vector<float>(o.c.size()), std::vector<int>(o.c.size(), 0)};
+      Seen once_record = plain_record;
+      BlockedSgemm(GetParam(), false, cs.tb, cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda,
+                   o.b.data(), o.ldb, cs.beta, plain.data(), o.ldc, {Record, &plain_record});
+      BlockedSgemmPackedWholeB(GetParam(), cs.m, cs.n, cs.k, cs.alpha, o.a.data(), o.lda, packed,
+                               cs.beta, once.data(), o.ldc, {Record, &once_record});
+      ASSERT_NE(plain, o.c);
+      EXPECT_EQ(std::memcmp(plain.data(), once.data(), plain.size() * 4), 0)
+          << "tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n << " k=" << cs.k
+          << " threads=" << threads;
+      EXPECT_EQ(plain_record.value, once_record.value) << "the epilogue saw other values";
+      EXPECT_EQ(plain_record.times, once_record.times);
     }
   }
   omp_set_num_threads(threads_before);

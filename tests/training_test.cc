@@ -16,6 +16,7 @@
 #include "core/engine/trainer.h"
 #include "core/optim/adamw.h"
 #include "plugins/sdk/init.h"
+#include "stages/cpu/blocked_gemm.h"
 #include "tests/testing/run.h"
 
 namespace bigmac {
@@ -283,6 +284,36 @@ TEST(Training, ActivationCheckpointingSavesMemoryAndChangesNothing) {
   EXPECT_EQ(plain.train_losses, recomputed.train_losses);
   EXPECT_EQ(plain.final_parameters, recomputed.final_parameters);
   EXPECT_LT(recomputed.peak_bytes, plain.peak_bytes);
+}
+
+// The CPU GEMM packs each weight once per flush and reuses the pack for the flush's other
+// micro-batches (stages/cpu/gemm.cc): the same losses and weights as packing at every product
+// (BIGMAC_CPU_WEIGHT_PACKS=off), for GPT (its tied head) and llama, over optimizer steps, and the
+// packs were used.
+TEST(Training, PackedWeightsChangeNothing) {
+  for (const std::string arch : {"gpt", "llama"}) {
+    const std::vector<std::string> sets = {"model.arch=" + arch,
+                                           "train.gradient_accumulation_steps=3"};
+    const int64_t before = sdk::cpu::internal::WholeBProductsRun();
+    const engine::TrainResult packed = Train(SmallRun(sets));
+    if (sdk::cpu::internal::BlockedSgemmSupported()) {
+      EXPECT_GT(sdk::cpu::internal::WholeBProductsRun(), before) << arch << ": no pack was used";
+    }
+    engine::TrainResult plain;
+    {
+      // Unset again however this block ends, so that later tests pack.
+      struct PacksOff {
+        PacksOff() { setenv("BIGMAC_CPU_WEIGHT_PACKS", "off", 1); }
+        ~PacksOff() { unsetenv("BIGMAC_CPU_WEIGHT_PACKS"); }
+      } off;
+      const int64_t off_before = sdk::cpu::internal::WholeBProductsRun();
+      plain = Train(SmallRun(sets));
+      EXPECT_EQ(sdk::cpu::internal::WholeBProductsRun(), off_before) << "packs used when off";
+    }
+    EXPECT_EQ(packed.train_losses, plain.train_losses) << arch;
+    EXPECT_EQ(packed.final_parameters, plain.final_parameters) << arch;
+    EXPECT_EQ(packed.val_losses, plain.val_losses) << arch;
+  }
 }
 
 TEST(Training, LossFallsOnText) {

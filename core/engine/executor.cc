@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "core/comm/progress.h"
+#include "core/util/constant_weights.h"
 
 namespace bigmac::engine {
 
@@ -71,6 +74,12 @@ Executor::Executor(RankModel* stage, comm::PipelineComm* comm, const schedule::S
       hidden_size_(hidden_size),
       loss_(stage->device(), {1}, memory::DType::kF64),
       loss_term_(stage->device(), {1}, memory::DType::kF64) {
+  // Counted from the list (not the spec): a test's hand-written list may compute fewer.
+  std::set<int> microbatches;
+  for (const Action& action : flush_) {
+    if (action.op == Op::kForward) microbatches.insert(action.microbatch);
+  }
+  flush_microbatches_ = static_cast<int>(microbatches.size());
   set_dp_reduce(DpReduceOptions());
   model_->set_weight_gradient_hook([this](int layer) { dp_reducer_->WeightGradientDone(layer); });
 }
@@ -99,6 +108,11 @@ std::string Executor::Describe(const Action& a) const {
 double Executor::RunFlush(const Batch& batch, bool last) {
   loss_.Zero();
   if (last) dp_reducer_->BeginLastFlush();
+  // The weights stay as they are until the tail's optimizer step, so the CPU kernels may pack
+  // them once for all of the flush's micro-batches (util/constant_weights.h).
+  std::optional<util::ConstantWeightsScope> constant_weights;
+  if (flush_microbatches_ > 1 && model_->device()->backend() == device::Backend::kCpu)
+    constant_weights.emplace(model_->WeightBuffersReadAsIs());
   Run(flush_, batch, [] {});
   return loss_.Scalar();
 }

@@ -96,6 +96,7 @@ class Executor {
   comm::PipelineComm* comm_;
   schedule::ScheduleSpec spec_;
   std::vector<schedule::Action> flush_;
+  int flush_microbatches_ = 0;  // the micro-batches flush_ computes on this rank
   std::vector<schedule::Action> tail_;
   int hidden_size_;
   std::map<std::pair<int, int>, memory::Tensor> inbox_;   // received, keyed by (mb, stage)

@@ -280,6 +280,17 @@ std::vector<RankModel::NamedParam> RankModel::OwnedParams() {
   return params;
 }
 
+std::vector<std::pair<const void*, int64_t>> RankModel::WeightBuffersReadAsIs() {
+  std::vector<std::pair<const void*, int64_t>> buffers;
+  for (auto& layer : layers_) {
+    for (layer::Param* param : layer->Params()) {
+      if (param->compute.empty() && !param->value.empty())
+        buffers.emplace_back(param->value.raw(), param->value.bytes());
+    }
+  }
+  return buffers;
+}
+
 const layer::TpShard& RankModel::TpShardOf(const layer::Param* param) const {
   auto it = shards_.find(param);
   if (it == shards_.end()) throw std::logic_error("a parameter of no layer of this stage");

@@ -109,6 +109,10 @@ class RankModel {
     layer::Param* param;
   };
   std::vector<NamedParam> OwnedParams();
+  // (start, bytes) of each parameter buffer the layers multiply by as it is (masters without a
+  // compute copy, tied copies included), for util::ConstantWeightsScope. Valid while this
+  // RankModel lives.
+  std::vector<std::pair<const void*, int64_t>> WeightBuffersReadAsIs();
   // How this rank holds `param` over the tp group (replicated at tp = 1 and for layers without a
   // tensor-parallel implementation).
   const layer::TpShard& TpShardOf(const layer::Param* param) const;

@@ -50,7 +50,9 @@ class PackBuffer {
 // TLB entry: packing was 3.4% of the llama_20m step).
 constexpr int kPackPanels = 8;
 
-std::atomic<int64_t> wide_tiles{0};  // AVX-512 tiles run, for WideTilesRun()
+std::atomic<int64_t> wide_tiles{0};     // AVX-512 tiles run, for WideTilesRun()
+std::atomic<int64_t> whole_b_runs{0};   // for WholeBProductsRun()
+std::atomic<int64_t> whole_b_packs{0};  // for WholeBPacksMade()
 
 thread_local PackBuffer a_buffer;
 thread_local PackBuffer b_buffer;
@@ -493,26 +495,36 @@ int64_t PackedBFloats(bool trans_a, int k, int nc) {
   return PackedKRows(trans_a, k, nc) * PaddedColumns(nc);
 }
 
+// A B packed before the product, or none (data null).
+struct PrepackedB {
+  const float* data = nullptr;
+  // BlockedPackB's panels for packed_k >= k rows (one block, packed_k <= kGemmKc), column block
+  // jc at data + jc * packed_k; or, with `whole`, BlockedPackWholeB's (one column block), the
+  // group from k_begin at data + k_begin * PaddedColumns(n).
+  int packed_k = 0;
+  bool whole = false;
+};
+
 // The whole product, by one thread or by the team that calls it together (`team`). For each
 // column block and group of k blocks the threads pack B's panels into the shared bp, then take
 // chunks of rows as they come free, which keeps both cores busy when one of them is slowed (on a
-// shared host it often is). With `prepacked` (BlockedPackB's panels for packed_k >= k rows;
-// packed_k <= kGemmKc) B is not packed: column block jc reads its panels from
-// prepacked + jc * packed_k.
-void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const float* prepacked,
-         int packed_k) {
+// shared host it often is). A `prepacked` B is not packed.
+void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const PrepackedB& prepacked) {
   const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
   for (int jc = 0; jc < pr.n; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, pr.n - jc);
     const int panels = static_cast<int>(PaddedColumns(nc) / kGemmNr);
     const int group_rows = PackedKRows(pr.trans_a, pr.k, nc);
     for (int k_begin = 0; k_begin < pr.k; k_begin += group_rows) {
-      const PackedB packed{prepacked ? prepacked + int64_t{jc} * packed_k : bp, k_begin,
-                           std::min(pr.k, k_begin + group_rows), PaddedColumns(nc),
-                           prepacked ? packed_k : 0};
+      const float* group_b = !prepacked.data ? bp
+                             : prepacked.whole
+                                 ? prepacked.data + int64_t{k_begin} * PaddedColumns(nc)
+                                 : prepacked.data + int64_t{jc} * prepacked.packed_k;
+      const PackedB packed{group_b, k_begin, std::min(pr.k, k_begin + group_rows),
+                           PaddedColumns(nc), prepacked.whole ? 0 : prepacked.packed_k};
       const int blocks = (packed.k_end - k_begin + kGemmKc - 1) / kGemmKc;
       const int pieces = (panels + kPackPanels - 1) / kPackPanels;  // per k block
-      if (!prepacked) {
+      if (!prepacked.data) {
         ForEach(team, false, blocks * pieces, [&](int item) {
           const int pc = k_begin + item / pieces * kGemmKc;
           const int j = item % pieces * kPackPanels * kGemmNr;
@@ -573,10 +585,9 @@ int BlockedSgemmThreads(int m, int n, int k, int available) {
 
 namespace {
 
-// BlockedSgemm, with B given packed (`prepacked`, for packed_k rows, k <= packed_k <= kGemmKc) or
-// not (null).
+// BlockedSgemm, with B given packed (`prepacked`) or not (its data null).
 void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-           const float* a, int lda, const float* b, int ldb, const float* prepacked, int packed_k,
+           const float* a, int lda, const float* b, int ldb, const PrepackedB& prepacked,
            float beta, float* c, int ldc, const GemmEpilogue& epilogue) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {  // as BLAS: A and B are not read
@@ -589,16 +600,16 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
   const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
   // B's packed block is shared by the team: the calling thread's buffer.
   // (Column blocks are kGemmNc wide but the last, so two sizes at most.)
-  float* bp = prepacked ? nullptr
-                        : b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
-                                                PackedBFloats(trans_a, k, n % kGemmNc)));
+  float* bp = prepacked.data
+                  ? nullptr
+                  : b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
+                                          PackedBFloats(trans_a, k, n % kGemmNc)));
   if (threads == 1) {
-    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp, prepacked, packed_k);
+    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp, prepacked);
     return;
   }
 #pragma omp parallel num_threads(threads)
-  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp, prepacked,
-      packed_k);
+  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp, prepacked);
 }
 
 }  // namespace
@@ -606,11 +617,31 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
 void BlockedSgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                   const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc,
                   const GemmEpilogue& epilogue) {
-  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, 0, beta, c, ldc,
-        epilogue);
+  Sgemm(kernel, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, {}, beta, c, ldc, epilogue);
 }
 
 int64_t BlockedPackedBFloats(int k, int n) { return int64_t{k} * PaddedColumns(n); }
+
+namespace {
+
+// op(B) (k x n) in blocks of kGemmKc rows, block pc at out + pc * PaddedColumns(n) laid out as
+// PackB lays out its rows; by the OpenMP team when called outside a parallel region and large.
+void PackBlocks(bool trans_b, int k, int n, const float* b, int ldb, float* out) {
+  const int blocks = (k + kGemmKc - 1) / kGemmKc;
+  const int pieces = (n + kPackPanels * kGemmNr - 1) / (kPackPanels * kGemmNr);
+  const int64_t padded_n = PaddedColumns(n);
+  const bool team = !omp_in_parallel() && int64_t{k} * n >= (int64_t{1} << 16);  // 256 KB
+#pragma omp parallel for schedule(static) if (team)
+  for (int item = 0; item < blocks * pieces; ++item) {
+    const int pc = item / pieces * kGemmKc;
+    const int kc = std::min(kGemmKc, k - pc);
+    const int j = item % pieces * kPackPanels * kGemmNr;
+    PackB(trans_b, b, ldb, pc, kc, j, std::min(kPackPanels * kGemmNr, n - j),
+          out + pc * padded_n + int64_t{j} * kc);
+  }
+}
+
+}  // namespace
 
 void BlockedPackB(bool trans_b, int k, int n, const float* b, int ldb, float* out) {
   if (k <= 0 || k > kGemmKc || reinterpret_cast<std::uintptr_t>(out) % 64 != 0) {
@@ -618,9 +649,35 @@ void BlockedPackB(bool trans_b, int k, int n, const float* b, int ldb, float* ou
                  k, kGemmKc, static_cast<void*>(out));
     std::abort();
   }
-  for (int j = 0; j < n; j += kPackPanels * kGemmNr)
-    PackB(trans_b, b, ldb, 0, k, j, std::min(kPackPanels * kGemmNr, n - j), out + int64_t{j} * k);
+  PackBlocks(trans_b, k, n, b, ldb, out);  // one block
 }
+
+void BlockedPackWholeB(bool trans_b, int k, int n, const float* b, int ldb, float* out) {
+  if (k <= 0 || n <= 0 || n > kGemmNc || reinterpret_cast<std::uintptr_t>(out) % 64 != 0) {
+    std::fprintf(stderr,
+                 "bigmac: BlockedPackWholeB with k = %d (at least 1), n = %d (1 to %d) into %p "
+                 "(64-byte aligned)\n",
+                 k, n, kGemmNc, static_cast<void*>(out));
+    std::abort();
+  }
+  whole_b_packs.fetch_add(1, std::memory_order_relaxed);
+  PackBlocks(trans_b, k, n, b, ldb, out);
+}
+
+void BlockedSgemmPackedWholeB(GemmKernel kernel, int m, int n, int k, float alpha, const float* a,
+                              int lda, const float* packed_b, float beta, float* c, int ldc,
+                              const GemmEpilogue& epilogue) {
+  if (n > kGemmNc) {
+    std::fprintf(stderr, "bigmac: BlockedSgemmPackedWholeB with n = %d (at most %d)\n", n, kGemmNc);
+    std::abort();
+  }
+  whole_b_runs.fetch_add(1, std::memory_order_relaxed);
+  Sgemm(kernel, false, false, m, n, k, alpha, a, lda, nullptr, 0, {packed_b, 0, true}, beta, c, ldc,
+        epilogue);
+}
+
+int64_t WholeBProductsRun() { return whole_b_runs.load(std::memory_order_relaxed); }
+int64_t WholeBPacksMade() { return whole_b_packs.load(std::memory_order_relaxed); }
 
 void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, float alpha,
                          const float* a, int lda, const float* packed_b, float beta, float* c,
@@ -632,8 +689,8 @@ void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, f
                  k, packed_k, kGemmKc);
     std::abort();
   }
-  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, packed_b, packed_k, beta, c,
-        ldc, {});
+  Sgemm(kernel, trans_a, false, m, n, k, alpha, a, lda, nullptr, 0, {packed_b, packed_k, false},
+        beta, c, ldc, {});
 }
 
 }  // namespace bigmac::sdk::cpu::internal

@@ -89,6 +89,23 @@ void BlockedSgemmPackedB(GemmKernel kernel, bool trans_a, int m, int n, int k, f
                          const float* a, int lda, const float* packed_b, float beta, float* c,
                          int ldc, int packed_k = 0);
 
+// A whole B packed once for several products (a weight, constant while a flush's micro-batches
+// pass it): op(B) is k x n with k >= 1 and 1 <= n <= kGemmNc (aborts otherwise), in blocks of
+// kGemmKc rows, block pc at out + pc * (n rounded up to kGemmNr) laid out as BlockedPackB lays out
+// a B of that block's rows; BlockedPackedBFloats(k, n) floats at `out`, 64-byte aligned. The
+// OpenMP team packs it when called outside a parallel region.
+void BlockedPackWholeB(bool trans_b, int k, int n, const float* b, int ldb, float* out);
+
+// BlockedSgemm (A untransposed) with op(B) as BlockedPackWholeB packed it for these k and n: the
+// same bits as BlockedSgemm on the plain B, and the same epilogue.
+void BlockedSgemmPackedWholeB(GemmKernel kernel, int m, int n, int k, float alpha, const float* a,
+                              int lda, const float* packed_b, float beta, float* c, int ldc,
+                              const GemmEpilogue& epilogue = {});
+// How many BlockedSgemmPackedWholeB products and BlockedPackWholeB packs this process has run
+// (for the tests).
+int64_t WholeBProductsRun();
+int64_t WholeBPacksMade();
+
 // The rows of C in one chunk of work (pure; tested): threads pack B together, then take chunks
 // of rows as they come free. About 64 chunks per thread, whole micro-tiles, at most kGemmMc.
 int BlockedSgemmChunkRows(int m, int threads);

@@ -12,8 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
+#include "core/util/constant_weights.h"
+#include "core/util/host_memory.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "stages/cpu/blocked_gemm.h"
 #include "stages/cpu/math.h"
@@ -133,6 +138,116 @@ void LibrarySgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
 }  // namespace
 
 bool GemmFusesEpilogue() { return Chosen().blocked; }
+
+namespace {
+
+// The weights' packed copies for BigMac's GEMM while a util::ConstantWeightsScope lives: one per
+// weight and orientation, packed at its first product of an epoch (a flush) and read by the
+// rest, so that a stage's weights are packed once per flush instead of once per micro-batch and
+// pass (bench/NOTES.md, lever 22). The buffers stay for the next epoch's packing, up to
+// kMaxBytes in all: past it, the copies of buffers the scope no longer lists go, and a copy that
+// still does not fit is not made (that product packs as before), so the kept set stays stable.
+class WeightPacks {
+ public:
+  static constexpr int64_t kMaxBytes = int64_t{1} << 30;
+
+  WeightPacks() = default;
+  WeightPacks(const WeightPacks&) = delete;
+  WeightPacks& operator=(const WeightPacks&) = delete;
+  ~WeightPacks() {
+    for (auto& [key, entry] : entries_) std::free(entry.data);
+  }
+
+  // op(B) = w (trans_b: w^T) k x n, w being `w_bytes` long, packed for `epoch`; null when it
+  // cannot be kept. The pointer stays valid for the epoch (only copies of unlisted buffers are
+  // freed).
+  const float* Get(uint64_t epoch, bool trans_b, int k, int n, const float* w, int ldw,
+                   int64_t w_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Key key{w, trans_b, k, n, ldw};
+    auto it = entries_.find(key);
+    if (it == entries_.end()) {
+      const int64_t bytes = BlockedPackedBFloats(k, n) * int64_t{sizeof(float)};
+      if (bytes_ + bytes > kMaxBytes) EvictUnlisted();
+      if (bytes_ + bytes > kMaxBytes) return nullptr;
+      it = entries_.emplace(key, Entry{0, nullptr, bytes, w_bytes}).first;
+      it->second.data = static_cast<float*>(::bigmac::util::AllocateHost(bytes));
+      if (!it->second.data) {
+        entries_.erase(it);
+        return nullptr;
+      }
+      bytes_ += bytes;
+    }
+    Entry& entry = it->second;
+    if (entry.epoch != epoch) {
+      BlockedPackWholeB(trans_b, k, n, w, ldw, entry.data);
+      entry.epoch = epoch;
+    }
+    return entry.data;
+  }
+
+ private:
+  using Key = std::tuple<const float*, bool, int, int, int>;
+  struct Entry {
+    uint64_t epoch;  // the epoch its contents were packed in
+    float* data;     // owned: AllocateHost, std::free
+    int64_t bytes;
+    int64_t w_bytes;  // the weight's, as the scope lists it
+  };
+
+  // Drops the copies of buffers the live scope does not list (an earlier model's weights, say).
+  void EvictUnlisted() {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (::bigmac::util::ConstantWeightEpoch(std::get<0>(it->first), it->second.w_bytes) != 0) {
+        ++it;
+        continue;
+      }
+      std::free(it->second.data);
+      bytes_ -= it->second.bytes;
+      it = entries_.erase(it);
+    }
+  }
+
+  std::mutex mutex_;
+  std::map<Key, Entry> entries_;
+  int64_t bytes_ = 0;
+};
+
+// BIGMAC_CPU_WEIGHT_PACKS=off (or 0) packs at every product instead, as without a scope: the
+// packs take up to the stage's weights twice over in host memory (at most 1 GiB). Read at each
+// product, so that a test can compare both in one process.
+bool WeightPacksOn() {
+  const char* value = std::getenv("BIGMAC_CPU_WEIGHT_PACKS");
+  return !value || (std::strcmp(value, "off") != 0 && std::strcmp(value, "0") != 0);
+}
+
+WeightPacks& Packs() {
+  static WeightPacks* packs = new WeightPacks;  // never destroyed: kernels may run at exit
+  return *packs;
+}
+
+}  // namespace
+
+void SgemmWeight(bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* w, int ldw, float beta, float* c, int ldc,
+                 const GemmEpilogue& epilogue) {
+  if (Chosen().blocked && m > 0 && k > 0 && n > 0 && n <= kGemmNc && alpha != 0.0f &&
+      WeightPacksOn()) {
+    const int64_t rows = trans_b ? n : k;
+    const int64_t cols = trans_b ? k : n;
+    if (ldw == cols) {  // a whole, dense weight: the scope lists weights by their bytes
+      const int64_t w_bytes = rows * cols * int64_t{sizeof(float)};
+      const uint64_t epoch = ::bigmac::util::ConstantWeightEpoch(w, w_bytes);
+      const float* packed = epoch ? Packs().Get(epoch, trans_b, k, n, w, ldw, w_bytes) : nullptr;
+      if (packed) {
+        BlockedSgemmPackedWholeB(Chosen().kernel, m, n, k, alpha, a, lda, packed, beta, c, ldc,
+                                 epilogue);
+        return;
+      }
+    }
+  }
+  SgemmRowMajor(false, trans_b, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc, epilogue);
+}
 
 void SgemmRowMajor(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc,

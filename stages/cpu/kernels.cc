@@ -29,6 +29,7 @@ using ::bigmac::stages::kGeluCubic;
 using ::bigmac::stages::kLayerNormEpsilon;
 using internal::Exp;
 using internal::Gemm;
+using internal::GemmWeight;
 using internal::SoftmaxBackwardInPlace;
 using internal::SoftmaxInPlace;
 
@@ -53,19 +54,19 @@ template <typename T>
 BIGMAC_SIMD_CLONES void MatmulForward(T* out, const T* inp, const T* w, const T* bias, int n, int c,
                                       int oc) {
   if (!bias) {
-    Gemm(CblasNoTrans, CblasTrans, n, oc, c, T(1), inp, c, w, c, T(0), out, oc);
+    GemmWeight(CblasTrans, n, oc, c, T(1), inp, c, w, c, T(0), out, oc);
     return;
   }
   // The bias goes in first and the GEMM accumulates onto it (beta = 1), as llm.c's fused matmul
   // does: one write pass over out instead of the GEMM's zeroing pass plus a read-modify-write
   // pass for the bias (bench/NOTES.md, lever 12).
   FillRows(out, bias, n, oc);
-  Gemm(CblasNoTrans, CblasTrans, n, oc, c, T(1), inp, c, w, c, T(1), out, oc);
+  GemmWeight(CblasTrans, n, oc, c, T(1), inp, c, w, c, T(1), out, oc);
 }
 
 template <typename T>
 void MatmulBackwardInput(T* dinp, const T* dout, const T* w, int n, int c, int oc) {
-  Gemm(CblasNoTrans, CblasNoTrans, n, c, oc, T(1), dout, oc, w, c, T(0), dinp, c);
+  GemmWeight(CblasNoTrans, n, c, oc, T(1), dout, oc, w, c, T(0), dinp, c);
 }
 
 template <typename T>
@@ -427,8 +428,8 @@ void MatmulGeluForward(T* out, T* act, const T* inp, const T* w, const T* bias, 
     if (internal::GemmFusesEpilogue()) {
       GeluContext context{act, nullptr, oc};
       if (bias) FillRows(out, bias, n, oc);
-      internal::SgemmRowMajor(false, true, n, oc, c, 1.0f, inp, c, w, c, bias ? 1.0f : 0.0f, out,
-                              oc, {GeluEpilogue, &context});
+      internal::SgemmWeight(true, n, oc, c, 1.0f, inp, c, w, c, bias ? 1.0f : 0.0f, out, oc,
+                            {GeluEpilogue, &context});
       return;
     }
   }
@@ -442,8 +443,8 @@ void MatmulGeluBackwardInput(T* dinp, const T* dout, const T* w, const T* pre, i
   if constexpr (std::is_same_v<T, float>) {
     if (internal::GemmFusesEpilogue()) {
       GeluContext context{nullptr, pre, c};
-      internal::SgemmRowMajor(false, false, n, c, oc, 1.0f, dout, oc, w, c, 0.0f, dinp, c,
-                              {GeluGradEpilogue, &context});
+      internal::SgemmWeight(false, n, c, oc, 1.0f, dout, oc, w, c, 0.0f, dinp, c,
+                            {GeluGradEpilogue, &context});
       return;
     }
   }
@@ -476,8 +477,8 @@ void MatmulSwigluForward(T* gate_up, T* h, const T* inp, const T* w, int n, int 
   if constexpr (std::is_same_v<T, float>) {
     if (internal::GemmFusesEpilogue()) {
       SwigluContext context{h, gate_up, nullptr, width};
-      internal::SgemmRowMajor(false, true, n, 2 * width, c, 1.0f, inp, c, w, c, 0.0f, gate_up,
-                              2 * width, {SwigluEpilogue, &context});
+      internal::SgemmWeight(true, n, 2 * width, c, 1.0f, inp, c, w, c, 0.0f, gate_up, 2 * width,
+                            {SwigluEpilogue, &context});
       return;
     }
   }
@@ -491,8 +492,8 @@ void MatmulSwigluBackwardInput(T* dh, T* dgate_up, const T* dout, const T* w, co
   if constexpr (std::is_same_v<T, float>) {
     if (internal::GemmFusesEpilogue()) {
       SwigluContext context{nullptr, gate_up, dgate_up, width};
-      internal::SgemmRowMajor(false, false, n, width, oc, 1.0f, dout, oc, w, width, 0.0f, dh, width,
-                              {SwigluGradEpilogue, &context});
+      internal::SgemmWeight(false, n, width, oc, 1.0f, dout, oc, w, width, 0.0f, dh, width,
+                            {SwigluGradEpilogue, &context});
       return;
     }
   }

@@ -34,6 +34,18 @@ bool CanPackBOnce(int k);
 void SgemmPackedB(int m, int n, int k, float alpha, const float* a, int lda, const float* packed_b,
                   float beta, float* c, int ldc, int packed_k = 0);
 
+// SgemmRowMajor with A untransposed and B a weight w (op(B) = w, or w^T with trans_b): while a
+// util::ConstantWeightsScope lists w, BigMac's GEMM packs it once per scope and reuses the pack
+// (gemm.cc); otherwise, and with another library, SgemmRowMajor. The same bits either way.
+void SgemmWeight(bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* w, int ldw, float beta, float* c, int ldc,
+                 const GemmEpilogue& epilogue = {});
+
+inline void GemmWeight(CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
+                       int lda, const float* w, int ldw, float beta, float* c, int ldc) {
+  SgemmWeight(tb == CblasTrans, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
+}
+
 inline void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   SgemmRowMajor(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -43,6 +55,11 @@ inline void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, do
                  const double* a, int lda, const double* b, int ldb, double beta, double* c,
                  int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void GemmWeight(CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a,
+                       int lda, const double* w, int ldw, double beta, double* c, int ldc) {
+  Gemm(CblasNoTrans, tb, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
 }
 
 // exp for the elementwise loops. Doubles (the gradient checks) use libm. Floats use a Cephes-style
