@@ -215,7 +215,7 @@ class WeightPacks {
 
 // BIGMAC_CPU_WEIGHT_PACKS=off (or 0) packs at every product instead, as without a scope: the
 // packs take up to the stage's weights twice over in host memory (at most 1 GiB). Read at each
-// product, so that a test can compare both in one process.
+// product by a listed weight, so that a test can compare both in one process.
 bool WeightPacksOn() {
   const char* value = std::getenv("BIGMAC_CPU_WEIGHT_PACKS");
   return !value || (std::strcmp(value, "off") != 0 && std::strcmp(value, "0") != 0);
@@ -231,14 +231,15 @@ WeightPacks& Packs() {
 void SgemmWeight(bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* w, int ldw, float beta, float* c, int ldc,
                  const GemmEpilogue& epilogue) {
-  if (Chosen().blocked && m > 0 && k > 0 && n > 0 && n <= kGemmNc && alpha != 0.0f &&
-      WeightPacksOn()) {
+  if (Chosen().blocked && m > 0 && k > 0 && n > 0 && n <= kGemmNc && alpha != 0.0f) {
     const int64_t rows = trans_b ? n : k;
     const int64_t cols = trans_b ? k : n;
     if (ldw == cols) {  // a whole, dense weight: the scope lists weights by their bytes
       const int64_t w_bytes = rows * cols * int64_t{sizeof(float)};
       const uint64_t epoch = ::bigmac::util::ConstantWeightEpoch(w, w_bytes);
-      const float* packed = epoch ? Packs().Get(epoch, trans_b, k, n, w, ldw, w_bytes) : nullptr;
+      // The switch is read only for a listed weight: outside a scope no product pays for it.
+      const float* packed =
+          epoch && WeightPacksOn() ? Packs().Get(epoch, trans_b, k, n, w, ldw, w_bytes) : nullptr;
       if (packed) {
         BlockedSgemmPackedWholeB(Chosen().kernel, m, n, k, alpha, a, lda, packed, beta, c, ldc,
                                  epilogue);
