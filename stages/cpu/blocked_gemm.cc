@@ -11,6 +11,7 @@
 
 #include "core/util/compute_progress.h"
 #include "core/util/host_memory.h"
+#include "stages/cpu/chunk_queues.h"
 
 namespace bigmac::sdk::cpu::internal {
 namespace {
@@ -55,7 +56,8 @@ std::atomic<int64_t> whole_b_runs{0};   // for WholeBProductsRun()
 std::atomic<int64_t> whole_b_packs{0};  // for WholeBPacksMade()
 
 thread_local PackBuffer a_buffer;
-thread_local PackBuffer b_buffer;
+thread_local PackBuffer b_buffer;      // B packed by one thread, or shared by the team (nested)
+thread_local PackBuffer own_b_buffer;  // this thread's own copy of B in a team's product
 
 // How a micro-kernel folds its accumulators into C (all fused, so the rounding is stated here):
 // the first k block overwrites (beta == 0) or scales C, later blocks add to it.
@@ -506,17 +508,24 @@ struct PrepackedB {
 };
 
 // The whole product, by one thread or by the team that calls it together (`team`). For each
-// column block and group of k blocks the threads pack B's panels into the shared bp, then take
-// chunks of rows as they come free, which keeps both cores busy when one of them is slowed (on a
-// shared host it often is). A `prepacked` B is not packed.
-void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const PrepackedB& prepacked) {
+// column block and group of k blocks B's panels are packed, then the threads take chunks of
+// rows. With bp null each thread packs all of B into its own buffer (twice the packing of one
+// shared copy, but no packed line that one core wrote is read by the other: on this host's
+// far-apart vCPUs that was slower, bench/NOTES.md lever 23); otherwise the team packs B into
+// the shared bp together. A team with `queues` shares the chunks out by them, one without takes
+// chunks as they come free. A `prepacked` B is not packed.
+void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const PrepackedB& prepacked,
+         ChunkQueues* queues) {
   const int chunks = (pr.m + chunk_rows - 1) / chunk_rows;
+  const bool own_b = !prepacked.data && !bp;
+  int loop = 0;
   for (int jc = 0; jc < pr.n; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, pr.n - jc);
     const int panels = static_cast<int>(PaddedColumns(nc) / kGemmNr);
     const int group_rows = PackedKRows(pr.trans_a, pr.k, nc);
+    float* pack_to = own_b ? own_b_buffer.Get(PackedBFloats(pr.trans_a, pr.k, nc)) : bp;
     for (int k_begin = 0; k_begin < pr.k; k_begin += group_rows) {
-      const float* group_b = !prepacked.data ? bp
+      const float* group_b = !prepacked.data ? pack_to
                              : prepacked.whole
                                  ? prepacked.data + int64_t{k_begin} * PaddedColumns(nc)
                                  : prepacked.data + int64_t{jc} * prepacked.packed_k;
@@ -525,20 +534,26 @@ void Run(const Problem& pr, bool team, int chunk_rows, float* bp, const Prepacke
       const int blocks = (packed.k_end - k_begin + kGemmKc - 1) / kGemmKc;
       const int pieces = (panels + kPackPanels - 1) / kPackPanels;  // per k block
       if (!prepacked.data) {
-        ForEach(team, false, blocks * pieces, [&](int item) {
+        ForEach(team && !own_b, false, blocks * pieces, [&](int item) {
           const int pc = k_begin + item / pieces * kGemmKc;
           const int j = item % pieces * kPackPanels * kGemmNr;
           PackB(pr.trans_b, pr.b, pr.ldb, pc, std::min(kGemmKc, pr.k - pc), jc + j,
-                std::min(kPackPanels * kGemmNr, nc - j), bp + packed.Offset(pc, j));
+                std::min(kPackPanels * kGemmNr, nc - j), pack_to + packed.Offset(pc, j));
         });
       }
-      // The worksharing loop's closing barrier is what finishes a column block in every row
-      // before the next one starts (GemmEpilogue's promise): no nowait here.
-      ForEach(team, true, chunks, [&](int chunk) {
+      const auto rows = [&](int chunk) {
         ::bigmac::util::ComputeProgress();  // messages in flight move on while the rows compute
         const int begin = chunk * chunk_rows;
         RunRows(pr, begin, std::min(pr.m, begin + chunk_rows), jc, nc, packed);
-      });
+      };
+      // The closing barrier is what finishes a column block in every row before the next one
+      // starts (GemmEpilogue's promise), and a k block in every row before the next adds to it.
+      if (team && queues) {
+        queues->ForEach(++loop, chunks, rows);
+#pragma omp barrier
+      } else {
+        ForEach(team, true, chunks, rows);  // no nowait: its barrier as above
+      }
     }
   }
 }
@@ -598,18 +613,25 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
   const Problem problem{kernel, trans_a, trans_b, m,    n, k,   alpha,   a,
                         lda,    b,       ldb,     beta, c, ldc, epilogue};
   const int threads = omp_in_parallel() ? 1 : BlockedSgemmThreads(m, n, k, omp_get_max_threads());
-  // B's packed block is shared by the team: the calling thread's buffer.
-  // (Column blocks are kGemmNc wide but the last, so two sizes at most.)
-  float* bp = prepacked.data
-                  ? nullptr
-                  : b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
-                                          PackedBFloats(trans_a, k, n % kGemmNc)));
+  const int chunk_rows = BlockedSgemmChunkRows(m, threads);
+  // B's packed block when one thread packs it, or a team without queues shares it: the calling
+  // thread's buffer. (Column blocks are kGemmNc wide but the last, so two sizes at most.)
+  const auto callers_b = [&]() -> float* {
+    return prepacked.data ? nullptr
+                          : b_buffer.Get(std::max(PackedBFloats(trans_a, k, std::min(kGemmNc, n)),
+                                                  PackedBFloats(trans_a, k, n % kGemmNc)));
+  };
   if (threads == 1) {
-    Run(problem, false, BlockedSgemmChunkRows(m, 1), bp, prepacked);
+    Run(problem, false, chunk_rows, callers_b(), prepacked, nullptr);
     return;
   }
+  const int64_t loops = int64_t{(n + kGemmNc - 1) / kGemmNc} * ((k + kGemmKc - 1) / kGemmKc);
+  ChunkQueues queues;
+  ChunkQueues* use =
+      ChunkQueues::Fits(threads, (m + chunk_rows - 1) / chunk_rows, loops) ? &queues : nullptr;
+  float* bp = use ? nullptr : callers_b();  // with queues each thread packs into its own
 #pragma omp parallel num_threads(threads)
-  Run(problem, omp_get_num_threads() > 1, BlockedSgemmChunkRows(m, threads), bp, prepacked);
+  Run(problem, omp_get_num_threads() > 1, chunk_rows, bp, prepacked, use);
 }
 
 }  // namespace

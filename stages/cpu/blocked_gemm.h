@@ -4,17 +4,18 @@
 // BigMac's own float GEMM for x86 CPUs with AVX2 and FMA, with an opt-in AVX-512 kernel
 // (bench/NOTES.md, lever 13 and issue 34's item 5): row-major
 // C = alpha op(A) op(B) + beta C, blocked much as BLIS does (6 x 16 micro-tiles over a packed B, k
-// in blocks of kGemmKc), with chunks of C's rows shared out to the OpenMP threads as they come
-// free.
+// in blocks of kGemmKc), with chunks of C's rows shared out to the OpenMP threads: each its own
+// share first, then what is left of the others' (chunk_queues.h).
 //
 // Why not a library's: every element of C is computed by one thread, whichever, as the same chain
 // of fused multiply-adds over k, block by block in a fixed order, and edge tiles take the same
 // vector path as full ones. So its bits do not depend on the thread count, on how C is split, or on
 // whether it is called inside a parallel region: pp/dp layouts that give their ranks different
 // thread counts stay bitwise equal at any model size (with OpenBLAS they are not, docs/build.md).
-// It also packs less than OpenBLAS on the block's small-k shapes: B is packed once per call and
-// shared by the threads, and A a row tile at a time, into L1, just before its tile runs (a
-// transposed A a chunk of rows at a time).
+// It also packs less than OpenBLAS on the block's small-k shapes: B is packed once per call (by
+// each thread of a team into its own buffer, so that no core reads lines the other wrote), and A
+// a row tile at a time, into L1, just before its tile runs (a transposed A a chunk of rows at a
+// time).
 //
 // Stateless apart from per-thread packing buffers that live as long as their thread.
 #include <cstdint>
