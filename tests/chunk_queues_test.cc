@@ -68,6 +68,20 @@ TEST(ChunkQueues, OwnShareFromTheFrontThenTheOthersFromTheBack) {
   EXPECT_TRUE(order[1].empty());
 }
 
+// A thread still in loop 1 when its share has moved on to loop 2 takes nothing from it (loop 1's
+// chunks were all taken before anyone set up loop 2), rather than running loop 1 again.
+TEST(ChunkQueues, AnEarlierLoopTakesNothingFromALaterLoopsShare) {
+  ChunkQueues queues;
+  std::vector<int> second, first;
+#pragma omp parallel num_threads(1)
+  {
+    queues.ForEach(2, 6, [&](int chunk) { second.push_back(chunk); });
+    queues.ForEach(1, 6, [&](int chunk) { first.push_back(chunk); });
+  }
+  EXPECT_EQ(second, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_TRUE(first.empty());
+}
+
 TEST(ChunkQueues, FitsBoundsTheTeamTheChunksAndTheLoops) {
   EXPECT_TRUE(ChunkQueues::Fits(2, 128, 64));
   EXPECT_FALSE(ChunkQueues::Fits(ChunkQueues::kMaxThreads + 1, 128, 64));

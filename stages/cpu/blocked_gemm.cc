@@ -46,7 +46,8 @@ class PackBuffer {
   int64_t capacity_ = 0;
 };
 
-// B is packed by the team in pieces of one k block and up to kPackPanels panels: an untransposed
+// B is packed in pieces (shared out when a large team packs one copy) of one k block and up to
+// kPackPanels panels: an untransposed
 // B row by row, 512 contiguous bytes at a time (panel by panel, its rows ldb apart each cost a
 // TLB entry: packing was 3.4% of the llama_20m step).
 constexpr int kPackPanels = 8;
@@ -56,8 +57,12 @@ std::atomic<int64_t> whole_b_runs{0};   // for WholeBProductsRun()
 std::atomic<int64_t> whole_b_packs{0};  // for WholeBPacksMade()
 
 thread_local PackBuffer a_buffer;
-thread_local PackBuffer b_buffer;      // B packed by one thread, or shared by the team (nested)
-thread_local PackBuffer own_b_buffer;  // this thread's own copy of B in a team's product
+thread_local PackBuffer b_buffer;      // B packed by one thread, or shared by a large team
+thread_local PackBuffer own_b_buffer;  // this thread's own copy of B in a small team's product
+
+// Teams of up to this many threads pack a copy of B each (measured with two; with more, B's
+// packing and its place in the L3 would grow with the team, which was not measured).
+constexpr int kOwnBMaxThreads = 2;
 
 // How a micro-kernel folds its accumulators into C (all fused, so the rounding is stated here):
 // the first k block overwrites (beta == 0) or scales C, later blocks add to it.
@@ -509,8 +514,8 @@ struct PrepackedB {
 
 // The whole product, by one thread or by the team that calls it together (`team`). For each
 // column block and group of k blocks B's panels are packed, then the threads take chunks of
-// rows. With bp null each thread packs all of B into its own buffer (twice the packing of one
-// shared copy, but no packed line that one core wrote is read by the other: on this host's
+// rows. With bp null each thread packs all of B into its own buffer (a pair packs twice what one
+// shared copy takes, but no packed line that one core wrote is read by the other: on this host's
 // far-apart vCPUs that was slower, bench/NOTES.md lever 23); otherwise the team packs B into
 // the shared bp together. A team with `queues` shares the chunks out by them, one without takes
 // chunks as they come free. A `prepacked` B is not packed.
@@ -629,7 +634,7 @@ void Sgemm(GemmKernel kernel, bool trans_a, bool trans_b, int m, int n, int k, f
   ChunkQueues queues;
   ChunkQueues* use =
       ChunkQueues::Fits(threads, (m + chunk_rows - 1) / chunk_rows, loops) ? &queues : nullptr;
-  float* bp = use ? nullptr : callers_b();  // with queues each thread packs into its own
+  float* bp = use && threads <= kOwnBMaxThreads ? nullptr : callers_b();  // null: each its own
 #pragma omp parallel num_threads(threads)
   Run(problem, omp_get_num_threads() > 1, chunk_rows, bp, prepacked, use);
 }

@@ -12,10 +12,10 @@
 // vector path as full ones. So its bits do not depend on the thread count, on how C is split, or on
 // whether it is called inside a parallel region: pp/dp layouts that give their ranks different
 // thread counts stay bitwise equal at any model size (with OpenBLAS they are not, docs/build.md).
-// It also packs less than OpenBLAS on the block's small-k shapes: B is packed once per call (by
-// each thread of a team into its own buffer, so that no core reads lines the other wrote), and A
-// a row tile at a time, into L1, just before its tile runs (a transposed A a chunk of rows at a
-// time).
+// It also packs less than OpenBLAS on the block's small-k shapes: B is packed once per call and
+// thread (a pair of threads packs a copy each, so that neither core reads lines the other wrote;
+// a larger team shares one), and A a row tile at a time, into L1, just before its tile runs (a
+// transposed A a chunk of rows at a time).
 //
 // Stateless apart from per-thread packing buffers that live as long as their thread.
 #include <cstdint>
@@ -107,8 +107,9 @@ void BlockedSgemmPackedWholeB(GemmKernel kernel, int m, int n, int k, float alph
 int64_t WholeBProductsRun();
 int64_t WholeBPacksMade();
 
-// The rows of C in one chunk of work (pure; tested): threads pack B together, then take chunks
-// of rows as they come free. About 64 chunks per thread, whole micro-tiles, at most kGemmMc.
+// The rows of C in one chunk of work (pure; tested): the team packs B, then each thread runs its
+// own share of the chunks and takes what is left of the others' (chunk_queues.h). About 64
+// chunks per thread, whole micro-tiles, at most kGemmMc.
 int BlockedSgemmChunkRows(int m, int threads);
 
 // How many threads a product of this size uses at most `available` (pure): one below about a

@@ -13,9 +13,10 @@
 // (bench/NOTES.md, lever 23). Which thread runs a chunk never changes a bit of the result.
 //
 // One object per product, shared by its team, which outlives every call. Its loops are numbered
-// 1, 2, ... in the order the team runs them; no loop needs a barrier before it (whoever first
-// touches a share in a loop sets it up), but whatever must follow all of a loop's chunks needs
-// one after it.
+// 1, 2, ... in the order the team runs them; whoever first touches a share in a loop sets it up,
+// so no loop needs a barrier before it (a thread still in an earlier loop finds the newer loop's
+// shares and takes nothing from them), but whatever must follow all of a loop's chunks needs one
+// after it.
 #include <omp.h>
 
 #include <array>
@@ -67,7 +68,9 @@ class ChunkQueues {
         Pack(loop, int64_t{count} * owner / threads, int64_t{count} * (owner + 1) / threads);
     uint64_t seen = word.load(std::memory_order_acquire);
     while (true) {
-      if (static_cast<int64_t>(seen >> 48) != loop) {  // an earlier loop's share, emptied
+      const int64_t seen_loop = static_cast<int64_t>(seen >> 48);
+      if (seen_loop > loop) return -1;  // this loop's chunks are all taken: a later loop's share
+      if (seen_loop < loop) {           // an earlier loop's share, emptied
         if (!word.compare_exchange_weak(seen, fresh, std::memory_order_acq_rel)) continue;
         seen = fresh;
       }
