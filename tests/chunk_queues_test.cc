@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 namespace bigmac::sdk::cpu::internal {
@@ -51,8 +52,7 @@ TEST(ChunkQueues, OwnShareFromTheFrontThenTheOthersFromTheBack) {
       const int self = omp_get_thread_num();
       for (int loop = 1; loop <= 3; ++loop) {
         if (self == 1) {
-          while (done.load() < loop) {
-          }
+          while (done.load() < loop) std::this_thread::yield();  // kind to a one-CPU host
         }
         queues.ForEach(loop, 10, [&](int chunk) { order[self].push_back(chunk); });
         if (self == 0) done.store(loop);

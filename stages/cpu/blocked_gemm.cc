@@ -46,10 +46,9 @@ class PackBuffer {
   int64_t capacity_ = 0;
 };
 
-// B is packed in pieces (shared out when a large team packs one copy) of one k block and up to
-// kPackPanels panels: an untransposed
-// B row by row, 512 contiguous bytes at a time (panel by panel, its rows ldb apart each cost a
-// TLB entry: packing was 3.4% of the llama_20m step).
+// B is packed in pieces of one k block and up to kPackPanels panels (shared out when a large team
+// packs one copy): an untransposed B row by row, 512 contiguous bytes at a time (panel by panel,
+// its rows ldb apart each cost a TLB entry: packing was 3.4% of the llama_20m step).
 constexpr int kPackPanels = 8;
 
 std::atomic<int64_t> wide_tiles{0};     // AVX-512 tiles run, for WideTilesRun()
