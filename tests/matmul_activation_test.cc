@@ -1,6 +1,7 @@
-// The MLP's GEMMs fused with their activations (plugins/sdk/cpu_kernels.h: MatmulGeluForward,
-// MatmulGeluBackwardInput, MatmulSwigluForward, MatmulSwigluBackwardInput): the bits of the
-// separate kernels (the GEMM, then GeluForward, GeluBackward, SwigluForward or SwigluBackward), in
+// The GEMMs fused with what follows them (plugins/sdk/cpu_kernels.h: MatmulGeluForward,
+// MatmulGeluBackwardInput, MatmulSwigluForward, MatmulSwigluBackwardInput, MatmulResidualForward):
+// the bits of the separate kernels (the GEMM, then GeluForward, GeluBackward, SwigluForward,
+// SwigluBackward or AddInPlace), in
 // float, where BigMac's GEMM runs the activation block by block as its epilogue, and in double,
 // where they are the two calls; on shapes with edge tiles, several k blocks and (SwiGLU) several
 // column blocks, at one thread and two (float's bits do not depend on the thread count; double's
@@ -43,6 +44,39 @@ struct Shape {
 };
 // Rows that are not whole micro-tiles, columns that are not whole panels, k of several blocks.
 const Shape kShapes[] = {{64, 48, 192}, {37, 300, 70}, {130, 600, 1030}};
+
+template <typename T>
+class MatmulResidual : public ::testing::Test {};
+using ResidualTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(MatmulResidual, ResidualTypes);
+
+TYPED_TEST(MatmulResidual, ForwardGivesTheSeparateKernelsBits) {
+  using T = TypeParam;
+  const int threads_before = omp_get_max_threads();
+  // kShapes, and two column blocks (each block's residual from its own columns).
+  const Shape shapes[] = {kShapes[0], kShapes[1], kShapes[2], {30, 64, 4096 + 40}};
+  for (const Shape& s : shapes) {
+    const std::vector<T> inp = Random<T>(int64_t{s.n} * s.c, 1, 1.0);
+    const std::vector<T> w = Random<T>(int64_t{s.oc} * s.c, 2, 0.2);
+    const std::vector<T> bias = Random<T>(s.oc, 3, 0.5);
+    const std::vector<T> residual = Random<T>(int64_t{s.n} * s.oc, 4, 1.0);
+    for (const bool with_bias : {false, true}) {
+      const T* b = with_bias ? bias.data() : nullptr;
+      for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        std::vector<T> out(int64_t{s.n} * s.oc);
+        MatmulForward(out.data(), inp.data(), w.data(), b, s.n, s.c, s.oc);
+        AddInPlace(out.data(), residual.data(), int64_t{s.n} * s.oc);
+        std::vector<T> fused(out.size(), T(7));
+        MatmulResidualForward(fused.data(), inp.data(), w.data(), b, residual.data(), s.n, s.c,
+                              s.oc);
+        EXPECT_TRUE(BitwiseEqual(fused, out)) << "n=" << s.n << " c=" << s.c << " oc=" << s.oc
+                                              << " bias=" << with_bias << " threads=" << threads;
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
+}
 
 template <typename T>
 class MatmulGelu : public ::testing::Test {};

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
+#include <vector>
 
 #include "core/device/device.h"
 #include "core/util/simd.h"
@@ -187,6 +189,32 @@ class CpuDevice : public Device {
     return ForFloat(dtype, "SumSquares", [&](auto zero) {
       return SumSquaresTyped(static_cast<const decltype(zero)*>(data), n);
     });
+  }
+
+  // Each region summed on one thread as SumSquares sums it (the same bits), the regions shared
+  // out to the OpenMP threads, largest first: on one thread the gradient norm left the others
+  // idle (bench/NOTES.md, lever 24).
+  std::vector<double> SumSquaresEach(const std::vector<Region>& regions) override {
+    const int count = static_cast<int>(regions.size());
+    const bool floats = std::all_of(regions.begin(), regions.end(), [](const Region& r) {
+      return r.dtype == DType::kF32 || r.dtype == DType::kF64;
+    });
+    if (!floats || count < 2 || omp_in_parallel() || omp_get_max_threads() == 1) {
+      return Device::SumSquaresEach(regions);  // one thread (and its errors, outside OpenMP)
+    }
+    std::vector<int> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int x, int y) { return regions[x].n > regions[y].n; });
+    std::vector<double> sums(count);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < count; ++i) {
+      const Region& r = regions[order[i]];
+      sums[order[i]] = r.dtype == DType::kF64
+                           ? SumSquaresTyped(static_cast<const double*>(r.data), r.n)
+                           : SumSquaresTyped(static_cast<const float*>(r.data), r.n);
+    }
+    return sums;
   }
 
   bool AllFinite(const void* data, DType dtype, int64_t n) override {

@@ -340,8 +340,10 @@ Trainer::Trainer(const config::ResolvedConfig& resolved, comm::PipelineComm& com
   for (const RankModel::NamedParam& named : model_->OwnedParams()) params_.push_back(named.param);
   result_.parameter_count = model_->OwnedParameterCount();
   // Messages in flight move on while this rank computes (core/util/compute_progress.h): the
-  // transport's non-blocking progress, from the GEMMs, at most every 50 us.
-  util::SetComputeProgress([&comm] { comm.Progress(); }, 50e-6);
+  // transport's non-blocking progress, from the GEMMs, at most every 50 us. A rank alone in its
+  // job has none: without it, the compute loops skip a clock read per chunk (0.3% of the
+  // llama_20m step, bench/NOTES.md lever 24).
+  if (comm.world().size() > 1) util::SetComputeProgress([&comm] { comm.Progress(); }, 50e-6);
   if (!cfg_.checkpoint().dir().empty())
     saver_ = std::make_unique<checkpoint::Saver>(cfg_.checkpoint().async());
   report_ = std::make_unique<RunReport>(RunView{resolved, comm, options, device_, *model_,

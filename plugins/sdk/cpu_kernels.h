@@ -28,6 +28,13 @@ namespace bigmac::sdk::cpu {
 // out(N,OC) = inp(N,C) @ w(OC,C)^T + bias (bias may be null).
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* w, const T* bias, int n, int c, int oc);
+// MatmulForward, then AddInPlace(out, residual): the same bits. With BigMac's GEMM the residual
+// joins each block of the product while it is in cache (a transformer block's projections into its
+// residual stream), instead of in a pass over memory of its own. residual aliases neither out nor
+// inp.
+template <typename T>
+void MatmulResidualForward(T* out, const T* inp, const T* w, const T* bias, const T* residual,
+                           int n, int c, int oc);
 // dinp(N,C) = dout(N,OC) @ w(OC,C).
 template <typename T>
 void MatmulBackwardInput(T* dinp, const T* dout, const T* w, int n, int c, int oc);

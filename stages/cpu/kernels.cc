@@ -355,6 +355,24 @@ void GeluGradEpilogue(void* context, float* c, int64_t ldc, int row0, int col0, 
   }
 }
 
+// The residual a projection's output joins: c += residual, AddInPlace's arithmetic, on a finished
+// block of the product while it is in cache.
+struct ResidualContext {
+  const float* residual;
+  int64_t ld;
+};
+
+BIGMAC_SIMD_CLONES void AddRow(float* c, const float* residual, int cols) {
+#pragma omp simd
+  for (int j = 0; j < cols; ++j) c[j] += residual[j];
+}
+
+void ResidualEpilogue(void* context, float* c, int64_t ldc, int row0, int col0, int rows,
+                      int cols) {
+  const auto* g = static_cast<const ResidualContext*>(context);
+  for (int r = 0; r < rows; ++r) AddRow(c + r * ldc, g->residual + (row0 + r) * g->ld + col0, cols);
+}
+
 // SwiGLU's rows, the one formula of the separate kernels and of the epilogues:
 // h = silu(g) u with silu(g) = g sigmoid(g); d silu / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
 template <typename T>
@@ -421,15 +439,38 @@ BIGMAC_SIMD_CLONES void GeluBackward(T* dinp, const T* inp, const T* dout, int64
   for (int64_t i = 0; i < n; ++i) dinp[i] = GeluGrad(inp[i]) * dout[i];
 }
 
+namespace {
+
+// MatmulForward's float product with `epilogue` on each finished block of out (BigMac's GEMM).
+void MatmulForwardFused(float* out, const float* inp, const float* w, const float* bias, int n,
+                        int c, int oc, const internal::GemmEpilogue& epilogue) {
+  if (bias) FillRows(out, bias, n, oc);
+  internal::SgemmWeight(true, n, oc, c, 1.0f, inp, c, w, c, bias ? 1.0f : 0.0f, out, oc, epilogue);
+}
+
+}  // namespace
+
+template <typename T>
+void MatmulResidualForward(T* out, const T* inp, const T* w, const T* bias, const T* residual,
+                           int n, int c, int oc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (internal::GemmFusesEpilogue()) {
+      ResidualContext context{residual, oc};
+      MatmulForwardFused(out, inp, w, bias, n, c, oc, {ResidualEpilogue, &context});
+      return;
+    }
+  }
+  MatmulForward(out, inp, w, bias, n, c, oc);
+  AddInPlace(out, residual, int64_t{n} * oc);
+}
+
 template <typename T>
 void MatmulGeluForward(T* out, T* act, const T* inp, const T* w, const T* bias, int n, int c,
                        int oc) {
   if constexpr (std::is_same_v<T, float>) {
     if (internal::GemmFusesEpilogue()) {
       GeluContext context{act, nullptr, oc};
-      if (bias) FillRows(out, bias, n, oc);
-      internal::SgemmWeight(true, n, oc, c, 1.0f, inp, c, w, c, bias ? 1.0f : 0.0f, out, oc,
-                            {GeluEpilogue, &context});
+      MatmulForwardFused(out, inp, w, bias, n, c, oc, {GeluEpilogue, &context});
       return;
     }
   }
@@ -644,6 +685,8 @@ BIGMAC_SIMD_CLONES void CrossEntropyBackward(T* dlogits, const T* logits, const 
 
 #define BIGMAC_INSTANTIATE(T)                                                                      \
   template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);                 \
+  template void MatmulResidualForward<T>(T*, const T*, const T*, const T*, const T*, int, int,     \
+                                         int);                                                     \
   template void MatmulBackwardInput<T>(T*, const T*, const T*, int, int, int);                     \
   template void MatmulBackwardWeight<T>(T*, T*, const T*, const T*, int, int, int);                \
   template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);           \

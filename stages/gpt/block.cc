@@ -40,6 +40,7 @@ class Block : public CpuBlockBody<T> {
   }
   void SumOverGroup(Tensor*, const char*) override {}  // a group of one
   bool AddsRowParallelBias() const override { return true; }
+  bool HasGroup() const override { return false; }
 
  private:
   std::vector<ParamSpec> specs_;

@@ -111,14 +111,24 @@ class CpuBlockBody : public CheckpointedBlock<T> {
   virtual void SumOverGroup(Tensor* tensor, const char* what) = 0;
   // Whether this rank adds the row-parallel GEMMs' biases (one rank per group does).
   virtual bool AddsRowParallelBias() const = 0;
+  // Whether the row-parallel GEMMs' outputs are summed over a group (false: a group of one).
+  virtual bool HasGroup() const = 0;
 
  private:
-  // A row-parallel GEMM: out = sum over the group of inp @ w^T, plus the bias.
-  void RowParallel(Tensor* out, const Tensor& inp, int w, int bias, int n, int in, int oc,
-                   const char* what) {
-    sdk::cpu::MatmulForward(Base::D(*out), Base::D(inp), this->W(w),
-                            AddsRowParallelBias() ? this->W(bias) : nullptr, n, in, oc);
+  // A row-parallel GEMM into the residual stream: out = sum over the group of inp @ w^T, plus the
+  // bias, plus residual. Without a group the residual joins inside the GEMM, with the same bits
+  // (MatmulResidualForward).
+  void RowParallelResidual(Tensor* out, const Tensor& inp, int w, int bias, const Tensor& residual,
+                           int n, int in, int oc, const char* what) {
+    const T* b = AddsRowParallelBias() ? this->W(bias) : nullptr;
+    if (!HasGroup()) {
+      sdk::cpu::MatmulResidualForward(Base::D(*out), Base::D(inp), this->W(w), b, Base::D(residual),
+                                      n, in, oc);
+      return;
+    }
+    sdk::cpu::MatmulForward(Base::D(*out), Base::D(inp), this->W(w), b, n, in, oc);
     SumOverGroup(out, what);
+    sdk::cpu::AddInPlace(Base::D(*out), Base::D(residual), int64_t{n} * oc);
   }
 
   // Fills saved[kLn1 .. kFchGelu] from saved[kX].
@@ -148,10 +158,8 @@ class CpuBlockBody : public CheckpointedBlock<T> {
                             this->W(kQkvBias), n, c, 3 * cl_);
     sdk::cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kAtt]), Base::D(s[kQkv]), mb.batch,
                                     mb.seq, cl_, hl_);
-    Tensor attn_out = this->NewForOverwrite({n, c});
-    RowParallel(&attn_out, s[kAtty], kProjWeight, kProjBias, n, cl_, c,
-                "tp block: attn.proj output (g)");
-    sdk::cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
+    RowParallelResidual(&s[kRes2], s[kAtty], kProjWeight, kProjBias, s[kX], n, cl_, c,
+                        "tp block: attn.proj output (g)");
     sdk::cpu::LayerNormForward(Base::D(s[kLn2]), Base::D(s[kLn2Mean]), Base::D(s[kLn2Rstd]),
                                Base::D(s[kRes2]), this->W(kLn2Weight), this->W(kLn2Bias), n, c);
     sdk::cpu::MatmulGeluForward(Base::D(s[kFch]), Base::D(s[kFchGelu]), Base::D(s[kLn2]),
@@ -160,9 +168,9 @@ class CpuBlockBody : public CheckpointedBlock<T> {
 
   void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) override {
     const int n = mb.batch * mb.seq;
-    RowParallel(y, saved.tensors[kFchGelu], kFcProjWeight, kFcProjBias, n, 4 * cl_, this->C(),
-                "tp block: mlp.proj output (g)");
-    sdk::cpu::AddInPlace(Base::D(*y), Base::D(saved.tensors[kRes2]), int64_t{n} * this->C());
+    RowParallelResidual(y, saved.tensors[kFchGelu], kFcProjWeight, kFcProjBias,
+                        saved.tensors[kRes2], n, 4 * cl_, this->C(),
+                        "tp block: mlp.proj output (g)");
   }
 
   const int cl_;  // hidden / tp: this rank's share of the attention width

@@ -60,6 +60,7 @@ class TpBlock : public CpuBlockBody<T>, public layer::TpSharded {
     group_->AllReduceSum(tensor, what);
   }
   bool AddsRowParallelBias() const override { return group_->rank() == 0; }
+  bool HasGroup() const override { return true; }
 
  private:
   layer::TpGroup* group_;

@@ -200,11 +200,8 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
     Rotate(&s[kQkv], mb, /*inverse=*/false);
     cpu::FlashAttentionForward(Base::D(s[kAtty]), Base::D(s[kLse]), Base::D(s[kQkv]), mb.batch,
                                mb.seq, cl(), hl_, kvl_);
-    Tensor attn_out = this->NewForOverwrite({n, c});
-    cpu::MatmulForward<T>(Base::D(attn_out), Base::D(s[kAtty]), this->W(kOWeight), nullptr, n, cl(),
-                          c);
-    SumOverGroup(&attn_out, "tp llama block: self_attn.o_proj output (g)");
-    cpu::Add(Base::D(s[kRes2]), Base::D(s[kX]), Base::D(attn_out), int64_t{n} * c);
+    RowParallelResidual(&s[kRes2], s[kAtty], kOWeight, s[kX], n, cl(),
+                        "tp llama block: self_attn.o_proj output (g)");
     cpu::RmsNormForward(Base::D(s[kNorm2]), Base::D(s[kRstd2]), Base::D(s[kRes2]),
                         this->W(kMlpNormWeight), n, c, eps);
     cpu::MatmulSwigluForward(Base::D(s[kGateUp]), Base::D(s[kSwiglu]), Base::D(s[kNorm2]),
@@ -212,11 +209,24 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
   }
 
   void ComputeOutput(const MicroBatch& mb, const Saved& saved, Tensor* y) override {
-    const int n = mb.batch * mb.seq;
-    cpu::MatmulForward<T>(Base::D(*y), Base::D(saved.tensors[kSwiglu]), this->W(kDownWeight),
-                          nullptr, n, il_, this->C());
-    SumOverGroup(y, "tp llama block: mlp.down_proj output (g)");
-    cpu::AddInPlace(Base::D(*y), Base::D(saved.tensors[kRes2]), int64_t{n} * this->C());
+    RowParallelResidual(y, saved.tensors[kSwiglu], kDownWeight, saved.tensors[kRes2],
+                        mb.batch * mb.seq, il_, "tp llama block: mlp.down_proj output (g)");
+  }
+
+  // out = inp w^T, summed over the group, + residual (a row-parallel projection into the residual
+  // stream). Without a group the residual joins inside the GEMM, with the same bits
+  // (MatmulResidualForward).
+  void RowParallelResidual(Tensor* out, const Tensor& inp, BlockParam w, const Tensor& residual,
+                           int n, int in, const char* what) {
+    const int c = this->C();
+    if (group_ == nullptr) {
+      cpu::MatmulResidualForward<T>(Base::D(*out), Base::D(inp), this->W(w), nullptr,
+                                    Base::D(residual), n, in, c);
+      return;
+    }
+    cpu::MatmulForward<T>(Base::D(*out), Base::D(inp), this->W(w), nullptr, n, in, c);
+    SumOverGroup(out, what);
+    cpu::AddInPlace(Base::D(*out), Base::D(residual), int64_t{n} * c);
   }
 
   layer::TpGroup* group_;  // null at tp = 1; else outlives the layer
