@@ -32,8 +32,9 @@ TEST(CpuDevice, SumSquaresEachGivesEachRegionItsOwnSumAtAnyThreadCount) {
   std::vector<double> doubles(4097);
   for (double& x : doubles) x = normal(rng);
   std::vector<Device::Region> regions;
-  for (const auto& v : floats) regions.push_back({v.data(), DType::kF32, int64_t(v.size())});
-  regions.push_back({doubles.data(), DType::kF64, int64_t(doubles.size())});
+  for (const auto& v : floats)
+    regions.push_back({v.data(), DType::kF32, static_cast<int64_t>(v.size())});
+  regions.push_back({doubles.data(), DType::kF64, static_cast<int64_t>(doubles.size())});
   std::vector<double> alone;
   for (const Device::Region& r : regions) alone.push_back(cpu->SumSquares(r.data, r.dtype, r.n));
 

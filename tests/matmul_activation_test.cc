@@ -1,12 +1,11 @@
 // The GEMMs fused with what follows them (plugins/sdk/cpu_kernels.h: MatmulGeluForward,
 // MatmulGeluBackwardInput, MatmulSwigluForward, MatmulSwigluBackwardInput, MatmulResidualForward):
 // the bits of the separate kernels (the GEMM, then GeluForward, GeluBackward, SwigluForward,
-// SwigluBackward or AddInPlace), in
-// float, where BigMac's GEMM runs the activation block by block as its epilogue, and in double,
-// where they are the two calls; on shapes with edge tiles, several k blocks and (SwiGLU) several
-// column blocks, at one thread and two (float's bits do not depend on the thread count; double's
-// GEMM, OpenBLAS's, rounds by it). Built twice: with BigMac's GEMM (fused), and as
-// matmul_activation_openblas_test with OpenBLAS (the two calls).
+// SwigluBackward or AddInPlace), in float, where BigMac's GEMM runs the second step block by block
+// as its epilogue, and in double, where they are the two calls; on shapes with edge tiles, several
+// k blocks and (SwiGLU, the residual) several column blocks, at one thread and two (float's bits
+// do not depend on the thread count; double's GEMM, OpenBLAS's, rounds by it). Built twice: with
+// BigMac's GEMM (fused), and as matmul_activation_openblas_test with OpenBLAS (the two calls).
 #include <gtest/gtest.h>
 #include <omp.h>
 

@@ -43,7 +43,7 @@ TEST(ConstantWeightsScope, EpochsOnlyForTheListedWholeBuffersWhileItLives) {
 }
 
 // The weight products of the CPU kernels, each once: forward (w^T, bias or not), input gradient
-// (w), and the fused GELU and SwiGLU forms. Returns every output, concatenated.
+// (w), and the fused GELU, residual and SwiGLU forms. Returns every output, concatenated.
 std::vector<float> WeightProducts(const std::vector<float>& x, const std::vector<float>& w,
                                   const std::vector<float>& bias, int n, int c, int oc) {
   std::vector<float> out(int64_t{n} * oc), act(out.size()), dinp(int64_t{n} * c);
@@ -62,6 +62,10 @@ std::vector<float> WeightProducts(const std::vector<float>& x, const std::vector
   keep(act);
   sdk::cpu::MatmulGeluBackwardInput(dinp.data(), dout.data(), w.data(), x.data(), n, c, oc);
   keep(dinp);
+  const std::vector<float> residual = Random<float>(int64_t{n} * oc, 7);
+  sdk::cpu::MatmulResidualForward(out.data(), x.data(), w.data(), bias.data(), residual.data(), n,
+                                  c, oc);
+  keep(out);
   // SwiGLU: w as gate_up (oc = 2 width rows of c) forward, as down (c rows of width) backward.
   const int width = oc / 2;
   std::vector<float> gate_up(int64_t{n} * oc), h(int64_t{n} * width), dh(int64_t{n} * width);
@@ -100,7 +104,7 @@ TEST(WeightPacks, SameBitsReusedWithinAScopePackedAgainInTheNext) {
     if (blocked) EXPECT_EQ(sdk::cpu::internal::WholeBPacksMade() - packs_before, 3) << "repacked";
   }
   if (blocked) {
-    EXPECT_EQ(sdk::cpu::internal::WholeBProductsRun() - products_before, 14)
+    EXPECT_EQ(sdk::cpu::internal::WholeBProductsRun() - products_before, 16)
         << "every weight product of both rounds from a pack";
   }
 

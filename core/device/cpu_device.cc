@@ -210,9 +210,7 @@ class CpuDevice : public Device {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < count; ++i) {
       const Region& r = regions[order[i]];
-      sums[order[i]] = r.dtype == DType::kF64
-                           ? SumSquaresTyped(static_cast<const double*>(r.data), r.n)
-                           : SumSquaresTyped(static_cast<const float*>(r.data), r.n);
+      sums[order[i]] = SumSquares(r.data, r.dtype, r.n);  // f32 or f64: does not throw
     }
     return sums;
   }

@@ -30,8 +30,8 @@ template <typename T>
 void MatmulForward(T* out, const T* inp, const T* w, const T* bias, int n, int c, int oc);
 // MatmulForward, then AddInPlace(out, residual): the same bits. With BigMac's GEMM the residual
 // joins each block of the product while it is in cache (a transformer block's projections into its
-// residual stream), instead of in a pass over memory of its own. residual aliases neither out nor
-// inp.
+// residual stream), instead of in a pass over memory of its own. residual must not overlap out (the
+// GEMM writes out before the residual is read).
 template <typename T>
 void MatmulResidualForward(T* out, const T* inp, const T* w, const T* bias, const T* residual,
                            int n, int c, int oc);

@@ -5,17 +5,20 @@
 // tensor-parallel one (tp_block.cc): x + attn(ln1(x)), then + mlp(ln2(.)), causal multi-head
 // attention over this rank's heads and a GELU MLP over this rank's 4C/tp columns. A derived block
 // gives the local widths and the Megatron hooks: SumOverGroup (the all-reduce after each
-// row-parallel GEMM's forward and each column-parallel GEMM's input gradient; nothing at tp = 1)
-// and AddsRowParallelBias (only one rank of a group adds the bias before the sum). Activation
+// row-parallel GEMM's forward and each column-parallel GEMM's input gradient; nothing at tp = 1),
+// HasGroup (whether there is a sum) and AddsRowParallelBias (only one rank of a group adds the
+// bias before the sum). Activation
 // checkpointing: stages/checkpointed_block.h. Saved tensors follow stages/gpt/params.h BlockSaved.
 
 #include <cstdint>
+#include <functional>
 
 #include "core/layer/cost.h"
 #include "plugins/sdk/cpu_kernels.h"
 #include "plugins/sdk/cpu_layer.h"
 #include "stages/checkpointed_block.h"
 #include "stages/gpt/params.h"
+#include "stages/residual_projection.h"
 
 namespace bigmac::stages::gpt {
 
@@ -115,20 +118,14 @@ class CpuBlockBody : public CheckpointedBlock<T> {
   virtual bool HasGroup() const = 0;
 
  private:
-  // A row-parallel GEMM into the residual stream: out = sum over the group of inp @ w^T, plus the
-  // bias, plus residual. Without a group the residual joins inside the GEMM, with the same bits
-  // (MatmulResidualForward).
+  // A row-parallel GEMM into the residual stream (stages/residual_projection.h): out = sum over
+  // the group of inp @ w^T, plus the bias, plus residual.
   void RowParallelResidual(Tensor* out, const Tensor& inp, int w, int bias, const Tensor& residual,
                            int n, int in, int oc, const char* what) {
-    const T* b = AddsRowParallelBias() ? this->W(bias) : nullptr;
-    if (!HasGroup()) {
-      sdk::cpu::MatmulResidualForward(Base::D(*out), Base::D(inp), this->W(w), b, Base::D(residual),
-                                      n, in, oc);
-      return;
-    }
-    sdk::cpu::MatmulForward(Base::D(*out), Base::D(inp), this->W(w), b, n, in, oc);
-    SumOverGroup(out, what);
-    sdk::cpu::AddInPlace(Base::D(*out), Base::D(residual), int64_t{n} * oc);
+    std::function<void(Tensor*)> sum;
+    if (HasGroup()) sum = [this, what](Tensor* t) { SumOverGroup(t, what); };
+    ProjectIntoResidual<T>(out, inp, this->W(w), AddsRowParallelBias() ? this->W(bias) : nullptr,
+                           residual, n, in, oc, sum);
   }
 
   // Fills saved[kLn1 .. kFchGelu] from saved[kX].

@@ -5,6 +5,7 @@
 // BlockShards): at tp = 1 the group sums are no-ops. Activation checkpointing:
 // stages/checkpointed_block.h. Saved tensors follow stages/llama/params.h BlockSaved.
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "plugins/sdk/cpu_layer.h"
 #include "stages/checkpointed_block.h"
 #include "stages/llama/params.h"
+#include "stages/residual_projection.h"
 
 namespace bigmac::stages::llama {
 namespace {
@@ -213,20 +215,13 @@ class Block : public CheckpointedBlock<T>, public layer::TpSharded {
                         mb.batch * mb.seq, il_, "tp llama block: mlp.down_proj output (g)");
   }
 
-  // out = inp w^T, summed over the group, + residual (a row-parallel projection into the residual
-  // stream). Without a group the residual joins inside the GEMM, with the same bits
-  // (MatmulResidualForward).
+  // out = inp w^T, summed over the group, + residual: a row-parallel projection into the residual
+  // stream (stages/residual_projection.h).
   void RowParallelResidual(Tensor* out, const Tensor& inp, BlockParam w, const Tensor& residual,
                            int n, int in, const char* what) {
-    const int c = this->C();
-    if (group_ == nullptr) {
-      cpu::MatmulResidualForward<T>(Base::D(*out), Base::D(inp), this->W(w), nullptr,
-                                    Base::D(residual), n, in, c);
-      return;
-    }
-    cpu::MatmulForward<T>(Base::D(*out), Base::D(inp), this->W(w), nullptr, n, in, c);
-    SumOverGroup(out, what);
-    cpu::AddInPlace(Base::D(*out), Base::D(residual), int64_t{n} * c);
+    std::function<void(Tensor*)> sum;
+    if (group_ != nullptr) sum = [this, what](Tensor* t) { SumOverGroup(t, what); };
+    ProjectIntoResidual<T>(out, inp, this->W(w), nullptr, residual, n, in, this->C(), sum);
   }
 
   layer::TpGroup* group_;  // null at tp = 1; else outlives the layer
