@@ -7,8 +7,8 @@
 // gives the local widths and the Megatron hooks: SumOverGroup (the all-reduce after each
 // row-parallel GEMM's forward and each column-parallel GEMM's input gradient; nothing at tp = 1),
 // HasGroup (whether there is a sum) and AddsRowParallelBias (only one rank of a group adds the
-// bias before the sum). Activation
-// checkpointing: stages/checkpointed_block.h. Saved tensors follow stages/gpt/params.h BlockSaved.
+// bias before the sum). Activation checkpointing: stages/checkpointed_block.h. Saved tensors
+// follow stages/gpt/params.h BlockSaved.
 
 #include <cstdint>
 #include <functional>
